@@ -1,0 +1,28 @@
+"""precsim.formats — number formats and rounding (NVFP4, MX, FP8, FP16, BF16, ...).
+
+``quantize(x, fmt, rounding="rne", *, seed=None, **options)`` fake-quantizes a NumPy array or a
+torch tensor; ``get(name)`` returns a format object; ``names()`` lists the registry.
+"""
+
+from .core import (
+    ALIASES,
+    OVERFLOWS,
+    REGISTRY,
+    ROUNDINGS,
+    SCALE_FLOORS,
+    TENSOR_SCOPES,
+    BlockFormat,
+    FloatFormat,
+    FormatError,
+    IdentityFormat,
+    get,
+    names,
+    quantize,
+)
+from .rng import random_bits_numpy, random_bits_torch, stream_id, stream_keys
+
+__all__ = [
+    "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "TENSOR_SCOPES",
+    "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "get", "names", "quantize",
+    "random_bits_numpy", "random_bits_torch", "stream_id", "stream_keys",
+]

@@ -1,0 +1,188 @@
+"""The few array operations the rounding code needs, for NumPy and for torch.
+
+One algorithm (``formats/core.py``) runs on both backends through this shim, so the NumPy and torch
+paths are the same arithmetic step for step, and RNE results are bit-identical by construction
+(tests check it anyway).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rng import random_bits_numpy, random_bits_torch
+
+
+class NumpyOps:
+    name = "numpy"
+
+    @staticmethod
+    def is_mine(x) -> bool:
+        return isinstance(x, np.ndarray)
+
+    abs = staticmethod(np.abs)
+    floor = staticmethod(np.floor)
+    rint = staticmethod(np.rint)  # round half to even
+    isnan = staticmethod(np.isnan)
+    isinf = staticmethod(np.isinf)
+    where = staticmethod(np.where)
+    minimum = staticmethod(np.minimum)
+    maximum = staticmethod(np.maximum)
+    copysign = staticmethod(np.copysign)
+
+    @staticmethod
+    def exponent(ax):
+        """Biased-exponent field minus the bias, for |x| (subnormals give emin-1; callers clamp)."""
+        if ax.dtype == np.float64:
+            return ((ax.view(np.int64) >> 52) - 1023).astype(np.int32)
+        return (ax.view(np.int32) >> 23) - 127
+
+    @staticmethod
+    def pow2(e, like):
+        return np.ldexp(np.ones((), dtype=like.dtype), np.minimum(e, 127).astype(np.int32))
+
+    @staticmethod
+    def full_like(x, v):
+        return np.full_like(x, v)
+
+    @staticmethod
+    def amax(ax, axis, keepdims=True):
+        if ax.size == 0:
+            return ax
+        return np.max(ax, axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def random_u(shape, bits, seed, stream, offset, like):
+        n = int(np.prod(shape))
+        r = random_bits_numpy(n, seed, stream, offset) >> np.uint32(32 - bits)
+        return r.reshape(shape).astype(like.dtype)
+
+    @staticmethod
+    def as_dtype(x, dtype_name):
+        return x.astype(dtype_name)
+
+
+class TorchOps:
+    name = "torch"
+
+    @staticmethod
+    def is_mine(x) -> bool:
+        import torch
+
+        return isinstance(x, torch.Tensor)
+
+    def __getattr__(self, item):  # pragma: no cover - defensive
+        raise AttributeError(item)
+
+    @staticmethod
+    def abs(x):
+        return x.abs()
+
+    @staticmethod
+    def floor(x):
+        return x.floor()
+
+    @staticmethod
+    def rint(x):
+        import torch
+
+        return torch.round(x)  # half to even
+
+    @staticmethod
+    def isnan(x):
+        return x.isnan()
+
+    @staticmethod
+    def isinf(x):
+        return x.isinf()
+
+    @staticmethod
+    def where(c, a, b):
+        import torch
+
+        return torch.where(c, a, b)
+
+    @staticmethod
+    def minimum(a, b):
+        import torch
+
+        if not isinstance(b, torch.Tensor):
+            return a.clamp(max=b)
+        return torch.minimum(a, b)
+
+    @staticmethod
+    def maximum(a, b):
+        import torch
+
+        if not isinstance(b, torch.Tensor):
+            return a.clamp(min=b)
+        return torch.maximum(a, b)
+
+    @staticmethod
+    def copysign(a, b):
+        import torch
+
+        return torch.copysign(a, b)
+
+    @staticmethod
+    def exponent(ax):
+        import torch
+
+        if ax.dtype == torch.float64:
+            return (ax.view(torch.int64) >> 52) - 1023
+        return (ax.view(torch.int32) >> 23) - 127
+
+    @staticmethod
+    def pow2(e, like):
+        """2**e exactly, built from bits (e within the carrier's finite range)."""
+        import torch
+
+        if like.dtype == torch.float64:
+            return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+        e = e.to(torch.int32).clamp(max=127)
+        normal = (e + 127).clamp(min=1) << 23
+        sub = torch.ones_like(e) << (e + 149).clamp(0, 22)  # float32 subnormal powers
+        return torch.where(e >= -126, normal, sub).view(torch.float32)
+
+    @staticmethod
+    def full_like(x, v):
+        import torch
+
+        return torch.full_like(x, v)
+
+    @staticmethod
+    def amax(ax, axis, keepdims=True):
+        if ax.numel() == 0:
+            return ax
+        return ax.amax(dim=axis, keepdim=keepdims)
+
+    @staticmethod
+    def random_u(shape, bits, seed, stream, offset, like):
+        n = 1
+        for s in shape:
+            n *= int(s)
+        if like.device.type == "cpu":  # NumPy's uint32 hash is ~3x faster than torch int64 here
+            import torch
+
+            r = random_bits_numpy(n, seed, stream, offset) >> np.uint32(32 - bits)
+            return torch.from_numpy(r.astype(np.float32 if like.dtype == torch.float32
+                                             else np.float64)).reshape(shape)
+        r = random_bits_torch(n, seed, stream, offset, device=like.device) >> (32 - bits)
+        return r.reshape(shape).to(like.dtype)
+
+
+NUMPY = NumpyOps()
+TORCH = TorchOps()
+
+
+def ops_for(x):
+    if isinstance(x, np.ndarray):
+        return NUMPY
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is not None and isinstance(x, torch.Tensor):
+        return TORCH
+    raise TypeError(
+        f"quantize: x must be a numpy.ndarray or a torch.Tensor, got {type(x).__name__}"
+    )

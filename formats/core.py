@@ -1,0 +1,447 @@
+"""Number formats: the registry, fake quantization (RNE and stochastic rounding), bit codecs.
+
+A format is one small frozen dataclass in ``REGISTRY``; every generic test runs over all entries.
+Element formats (``FloatFormat``) round each value on its own; block formats (``BlockFormat``)
+share a scale over ``block`` contiguous elements of the last axis (NVFP4 adds an FP32 scale per
+tensor).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._ops import TORCH, ops_for
+
+ROUNDINGS = ("rne", "sr")
+OVERFLOWS = ("satfinite", "ieee")
+SCALE_FLOORS = ("subnormal", "normal")
+TENSOR_SCOPES = ("matrix", "tensor", "none")
+
+
+class FormatError(ValueError):
+    """Bad format name, rounding mode or option. The message names the key, value and choices."""
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point element format (sign, ``ebits`` exponent, ``mbits`` mantissa)."""
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int
+    max_value: float
+    has_inf: bool
+    has_nan: bool
+    signed: bool = True
+    has_zero: bool = True
+    default_sr_bits: int = 0  # 0 = exact SR (as many random bits as the input drops)
+    nan_note: str = ""
+    description: str = ""
+
+    @property
+    def kind(self) -> str:
+        return "float"
+
+    @property
+    def bits(self) -> int:
+        return int(self.signed) + self.ebits + self.mbits
+
+    @property
+    def bits_per_element(self) -> float:
+        """Storage cost in bits per element, scales included (none for element formats)."""
+        return float(self.bits)
+
+    @property
+    def tensor_overhead_bits(self) -> int:
+        return 0
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number (e8m0 has no subnormals: code 0 is 2^-127)."""
+        return 1 - self.bias if self.has_zero else -self.bias
+
+    @property
+    def min_normal(self) -> float:
+        return math.ldexp(1.0, self.emin)
+
+    @property
+    def min_subnormal(self) -> float:
+        """Smallest positive value (the smallest normal where the format has no subnormals)."""
+        if self.mbits == 0:
+            return self.min_normal
+        return math.ldexp(1.0, self.emin - self.mbits)
+
+    def sr_bits_for(self, x_dtype_bits: int) -> int:
+        """Random bits used by SR: the default, or exact (bits the input mantissa drops)."""
+        if self.default_sr_bits:
+            return self.default_sr_bits
+        return max(1, min(32, x_dtype_bits - self.mbits))
+
+    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
+        return quantize(x, self, rounding, seed=seed, **options)
+
+    # --- bit codecs (formats of at most 8 bits; used by exhaustive tests and docs) ---
+    def decode(self, codes) -> np.ndarray:
+        """Bit patterns (ints) → float64 values."""
+        b = np.asarray(codes, dtype=np.int64)
+        m_mask = (1 << self.mbits) - 1
+        e_mask = (1 << self.ebits) - 1
+        sign = ((b >> (self.ebits + self.mbits)) & 1) if self.signed else np.zeros_like(b)
+        e = (b >> self.mbits) & e_mask
+        m = (b & m_mask).astype(np.float64)
+        if self.mbits == 0 and not self.has_zero:  # e8m0: pure power of two
+            val = np.ldexp(1.0, (e - self.bias).astype(np.int32))
+        else:
+            sub = np.ldexp(m, (np.full_like(e, self.emin - self.mbits)).astype(np.int32))
+            nrm = np.ldexp(1.0 + m / (1 << self.mbits), (e - self.bias).astype(np.int32))
+            val = np.where(e == 0, sub, nrm)
+        if self.has_inf:
+            val = np.where((e == e_mask) & (m == 0), np.inf, val)
+            val = np.where((e == e_mask) & (m != 0), np.nan, val)
+        elif self.has_nan:
+            nan_pat = (e == e_mask) & ((b & m_mask) == m_mask) if self.mbits else (e == e_mask)
+            val = np.where(nan_pat, np.nan, val)
+        return np.where(sign == 1, -val, val)
+
+    def encode(self, values) -> np.ndarray:
+        """Representable float values → bit patterns (NaN → the canonical NaN pattern)."""
+        v = np.asarray(values, dtype=np.float64)
+        sign = np.signbit(v).astype(np.int64) if self.signed else np.zeros(v.shape, np.int64)
+        a = np.abs(v)
+        e_mask = (1 << self.ebits) - 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            E = np.floor(np.log2(np.where(a > 0, a, 1.0))).astype(np.int64)
+        is_sub = (a < self.min_normal) & bool(self.has_zero)
+        e_field = np.where(is_sub, 0, E + self.bias)
+        frac = np.where(is_sub, a / math.ldexp(1.0, self.emin - self.mbits),
+                        (a / np.ldexp(1.0, E.astype(np.int32)) - 1.0) * (1 << self.mbits))
+        m_field = np.rint(np.nan_to_num(frac)).astype(np.int64)
+        code = (e_field << self.mbits) | m_field
+        if self.has_inf:
+            code = np.where(np.isinf(a), e_mask << self.mbits, code)
+        if self.has_nan:
+            nan_code = (e_mask << self.mbits) | ((1 << self.mbits) - 1)
+            code = np.where(np.isnan(a), nan_code, code)
+        if self.signed:
+            code = code | (sign << (self.ebits + self.mbits))
+        return code
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """Elements of ``element`` sharing one ``scale`` per ``block`` contiguous elements (last axis).
+
+    ``two_level`` adds one FP32 scale per tensor (NVFP4): ``amax / (element.max * scale.max)``.
+    """
+
+    name: str
+    element: FloatFormat
+    scale: FloatFormat
+    block: int
+    two_level: bool
+    description: str = ""
+    options: tuple = field(default=("scale_floor", "tensor_scope"))
+
+    @property
+    def kind(self) -> str:
+        return "block"
+
+    @property
+    def bits(self) -> int:
+        return self.element.bits
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.element.bits + self.scale.bits / self.block
+
+    @property
+    def tensor_overhead_bits(self) -> int:
+        return 32 if self.two_level else 0
+
+    @property
+    def max_value(self) -> float:
+        return self.element.max_value * (1.0 if self.two_level else self.scale.max_value)
+
+    @property
+    def has_inf(self) -> bool:
+        return False
+
+    @property
+    def has_nan(self) -> bool:
+        return self.element.has_nan
+
+    @property
+    def default_sr_bits(self) -> int:
+        return self.element.default_sr_bits
+
+    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
+        return quantize(x, self, rounding, seed=seed, **options)
+
+
+@dataclass(frozen=True)
+class IdentityFormat:
+    """fp64: the carrier itself (no rounding)."""
+
+    name: str = "fp64"
+    description: str = "IEEE binary64; identity (the ground truth's precision)"
+
+    kind = "identity"
+    bits = 64
+    bits_per_element = 64.0
+    tensor_overhead_bits = 0
+    max_value = float(np.finfo(np.float64).max)
+    has_inf = True
+    has_nan = True
+    default_sr_bits = 0
+
+    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
+        return quantize(x, self, rounding, seed=seed, **options)
+
+
+def _ff(name, e, m, bias, maxv, inf, nan, **kw) -> FloatFormat:
+    return FloatFormat(name, e, m, bias, float(maxv), inf, nan, **kw)
+
+
+FP32 = _ff("fp32", 8, 23, 127, np.finfo(np.float32).max, True, True,
+           description="IEEE binary32")
+FP16 = _ff("fp16", 5, 10, 15, 65504.0, True, True, description="IEEE binary16")
+BF16 = _ff("bf16", 8, 7, 127, float(np.float32(3.3895313892515355e38)), True, True,
+           description="bfloat16 (binary32 with a 7-bit mantissa)")
+FP8_E4M3 = _ff("fp8_e4m3", 4, 3, 7, 448.0, False, True,
+               description="OCP E4M3FN: no Inf, NaN = S.1111.111")
+FP8_E5M2 = _ff("fp8_e5m2", 5, 2, 15, 57344.0, True, True, description="OCP E5M2")
+FP4_E2M1 = _ff("fp4_e2m1", 2, 1, 1, 6.0, False, False, default_sr_bits=8,
+               nan_note="no NaN encoding: NaN passes through the float carrier",
+               description="OCP E2M1: ±{0, .5, 1, 1.5, 2, 3, 4, 6}")
+E8M0 = FloatFormat("e8m0", 8, 0, 127, math.ldexp(1.0, 127), False, True, signed=False,
+                   has_zero=False, description="MX scale: 2^(k-127), k=255 is NaN")
+
+NVFP4 = BlockFormat("nvfp4", FP4_E2M1, FP8_E4M3, 16, True,
+                    description="E2M1 elements, E4M3 scale per 16, FP32 scale per tensor")
+MXFP4 = BlockFormat("mxfp4", FP4_E2M1, E8M0, 32, False, options=(),
+                    description="OCP MX: E2M1 elements, E8M0 scale per 32")
+MXFP8 = BlockFormat("mxfp8", FP8_E4M3, E8M0, 32, False, options=(),
+                    description="OCP MX: E4M3 elements, E8M0 scale per 32")
+
+REGISTRY: dict[str, object] = {
+    f.name: f
+    for f in (IdentityFormat(), FP32, BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1, E8M0,
+              NVFP4, MXFP4, MXFP8)
+}
+ALIASES = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "e2m1": "fp4_e2m1", "fp8": "fp8_e4m3",
+           "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name):
+    """The format object registered under ``name`` (a format object passes through)."""
+    if not isinstance(name, str):
+        if isinstance(name, (FloatFormat, BlockFormat, IdentityFormat)):
+            return name
+        raise FormatError(f"format: expected a name, got {name!r}; known: {', '.join(REGISTRY)}")
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in REGISTRY:
+        raise FormatError(f"format={name!r} is unknown; known formats: {', '.join(REGISTRY)}")
+    return REGISTRY[key]
+
+
+# ----------------------------------------------------------------------------------------------
+# rounding
+
+_COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow")
+
+
+def _check_options(fmt, rounding, options):
+    if rounding not in ROUNDINGS:
+        raise FormatError(f"rounding={rounding!r} is unknown; allowed: {', '.join(ROUNDINGS)}")
+    allowed = set(_COMMON_OPTIONS) | set(getattr(fmt, "options", ()))
+    for k in options:
+        if k not in allowed:
+            raise FormatError(
+                f"option {k!r} is not accepted by format {fmt.name!r}; allowed: "
+                f"{', '.join(sorted(allowed))}")
+    ov = options.get("overflow", "satfinite")
+    if ov not in OVERFLOWS:
+        raise FormatError(f"overflow={ov!r} is unknown; allowed: {', '.join(OVERFLOWS)}")
+    sf = options.get("scale_floor", "subnormal")
+    if sf not in SCALE_FLOORS:
+        raise FormatError(f"scale_floor={sf!r} is unknown; allowed: {', '.join(SCALE_FLOORS)}")
+    ts = options.get("tensor_scope", "matrix")
+    if ts not in TENSOR_SCOPES:
+        raise FormatError(
+            f"tensor_scope={ts!r} is unknown; allowed: {', '.join(TENSOR_SCOPES)}")
+    sb = options.get("sr_bits")
+    if sb is not None and not (isinstance(sb, (int, np.integer)) and 1 <= sb <= 32):
+        raise FormatError(f"sr_bits={sb!r} is out of range; allowed: an integer 1..32")
+
+
+def _dtype_bits(x) -> int:
+    """Mantissa bits (with the hidden bit) of the input carrier: 24 for float32, 53 for float64."""
+    name = str(x.dtype)
+    if "float64" in name:
+        return 53
+    if "float32" in name:
+        return 24
+    raise FormatError(f"x.dtype={name} is not supported; allowed: float32, float64")
+
+
+def round_float(x, fmt: FloatFormat, rounding: str, ops, *, seed, stream=0, offset=0,
+                sr_bits=None, overflow="satfinite"):
+    """Round every element of ``x`` to ``fmt`` (result in x's dtype). SR keyed by counters."""
+    ax = ops.abs(x)
+    e = ops.maximum(ops.exponent(ax), fmt.emin)  # below the normal range the quantum is fixed
+    q = ops.pow2(e - fmt.mbits, ax)  # spacing of representable values around |x|
+    y = ax / q  # exact: division by a power of two
+    if rounding == "rne":
+        r = ops.rint(y)
+    else:
+        lo = ops.floor(y)
+        bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
+        # round up with probability floor(frac * 2^bits) / 2^bits: hardware SR with `bits` bits
+        thr = ops.floor((y - lo) * float(2**bits))
+        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x)
+        r = lo + (u < thr)
+    out = r * q
+    if not fmt.has_zero:  # e8m0: no zero; below 2^-127 clamps up, 0 and negatives are NaN
+        out = ops.maximum(out, fmt.min_normal)
+        out = ops.where(x > 0, out, ops.full_like(out, math.nan))
+    over = out > fmt.max_value
+    if overflow == "ieee":
+        out = ops.where(over, ops.full_like(out, math.inf if fmt.has_inf else math.nan), out)
+    else:
+        out = ops.where(over, ops.full_like(out, fmt.max_value), out)
+    if fmt.signed:
+        out = ops.copysign(out, x)
+    return out
+
+
+_TORCH_FAST = {"fp16": "float16", "bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn",
+               "fp8_e5m2": "float8_e5m2"}
+
+
+def _torch_fast_rne(x, fmt):
+    """RNE of a float32 tensor through torch's own cast (bit-identical; tests check)."""
+    import torch
+
+    dt = getattr(torch, _TORCH_FAST[fmt.name])
+    return x.clamp(-fmt.max_value, fmt.max_value).to(dt).to(x.dtype)
+
+
+def _fast_ok(x, fmt, rounding, ops, overflow) -> bool:
+    return (ops is TORCH and rounding == "rne" and overflow == "satfinite"
+            and fmt.name in _TORCH_FAST and str(x.dtype) == "torch.float32")
+
+
+def round_elements(x, fmt, rounding, ops, **kw):
+    if _fast_ok(x, fmt, rounding, ops, kw.get("overflow", "satfinite")):
+        return _torch_fast_rne(x, fmt)
+    return round_float(x, fmt, rounding, ops, **kw)
+
+
+def _f32(ops, a):
+    if ops is TORCH:
+        import torch
+
+        return a.to(torch.float32)
+    return a.astype(np.float32)
+
+
+def _like(ops, a, x):
+    if ops is TORCH:
+        return a.to(x.dtype)
+    return a.astype(x.dtype)
+
+
+def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset=0,
+                   sr_bits=None, overflow="satfinite", scale_floor="subnormal",
+                   tensor_scope="matrix"):
+    """Fake-quantize along the last axis in blocks of ``fmt.block``. Scales are deterministic."""
+    shape = tuple(x.shape)
+    if len(shape) == 0 or shape[-1] % fmt.block:
+        raise FormatError(
+            f"{fmt.name}: last axis (shape {shape}) must be a multiple of the block size "
+            f"{fmt.block}")
+    xb = x.reshape(*shape[:-1], shape[-1] // fmt.block, fmt.block)
+    bmax = _f32(ops, ops.amax(ops.abs(xb), -1))  # (..., nblocks, 1), float32
+    el, sc = fmt.element, fmt.scale
+    rne = dict(seed=0, overflow="satfinite")
+    if fmt.two_level:
+        if tensor_scope == "none":
+            s_t = None
+        else:
+            axes = tuple(range(bmax.ndim)) if tensor_scope == "tensor" else (-3, -2)
+            if bmax.ndim < 3:  # a 1-D input is one row: its matrix is itself
+                axes = tuple(range(bmax.ndim))
+            tmax = bmax
+            for ax in sorted(axes, key=lambda a: a % bmax.ndim, reverse=True):
+                tmax = ops.amax(tmax, ax)
+            s_t = tmax / np.float32(el.max_value * sc.max_value)
+            s_t = ops.where(s_t == 0, ops.full_like(s_t, 1.0), s_t)  # all-zero scope
+        bs = bmax / np.float32(el.max_value)
+        if s_t is not None:
+            bs = bs / s_t
+        bs = ops.minimum(bs, sc.max_value)
+        if scale_floor == "normal":  # torchao's nvfp4_quantize clamps to the smallest normal
+            bs = ops.maximum(bs, sc.min_normal)
+        bs = round_elements(bs, sc, "rne", ops, **rne)
+        total = bs if s_t is None else s_t * bs
+    else:
+        # OCP MX: shared exponent floor(log2 amax) - emax(element); E8M0 keeps it exactly
+        e = ops.exponent(bmax) - (int(el.max_value).bit_length() - 1)
+        e = ops.minimum(ops.maximum(e, -127), 127)
+        total = ops.pow2(e, bmax)
+    total = ops.where((bmax - bmax) == 0, total, ops.full_like(total, math.nan))
+    total = _like(ops, total, x)
+    safe = ops.where(total > 0, total, ops.full_like(total, 1.0))
+    scaled = ops.minimum(ops.maximum(xb / safe, -el.max_value), el.max_value)
+    qe = round_elements(scaled, el, rounding, ops, seed=seed, stream=stream, offset=offset,
+                        sr_bits=sr_bits, overflow="satfinite")
+    out = ops.where(total > 0, qe * total, xb * 0.0)  # an all-zero block stays (signed) zero
+    # NaN/Inf anywhere in a scale's scope make that scale non-finite: the scope comes out NaN
+    out = ops.where(total == total, out, ops.full_like(out, math.nan))
+    return out.reshape(shape)
+
+
+def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, **options):
+    """Fake-quantize ``x`` to ``fmt`` and return it in x's own type, shape and dtype.
+
+    Args:
+        x: ``numpy.ndarray`` or ``torch.Tensor`` (CPU or CUDA), float32 or float64, any shape.
+            Block formats scale blocks along the last axis, which must divide by the block size.
+        fmt: a format name (``precsim.formats.names()``) or a format object.
+        rounding: ``"rne"`` (round to nearest, ties to even) or ``"sr"`` (stochastic).
+        seed: SR key (64-bit). ``None`` draws a fresh one (not reproducible).
+        **options: ``stream`` (SR stream id), ``offset`` (element index of x's first element, so
+            chunked calls reproduce an unchunked one), ``sr_bits`` (1..32), ``overflow``
+            (``"satfinite"`` or ``"ieee"``); NVFP4 also ``scale_floor`` (``"subnormal"`` or
+            ``"normal"``) and ``tensor_scope`` (``"matrix"``: last two axes, ``"tensor"``: all,
+            ``"none"``: block scales only).
+
+    Example:
+        >>> import numpy as np, precsim.formats as pf
+        >>> pf.quantize(np.array([1.3, 7.0], np.float32), "fp4_e2m1").tolist()
+        [1.5, 6.0]
+    """
+    fmt = get(fmt)
+    _check_options(fmt, rounding, options)
+    ops = ops_for(x)
+    _dtype_bits(x)
+    if rounding == "sr" and seed is None:
+        seed = secrets.randbits(63)
+    seed = 0 if seed is None else int(seed)
+    if fmt.kind == "identity":
+        return x.copy() if ops is not TORCH else x.clone()
+    if fmt.kind == "float" and fmt.name == "fp32" and "float32" in str(x.dtype):
+        return x.copy() if ops is not TORCH else x.clone()
+    with np.errstate(all="ignore"):  # NaN/Inf are handled explicitly, never warned about
+        if fmt.kind == "float":
+            return round_elements(x, fmt, rounding, ops, seed=seed, **options)
+        return quantize_block(x, fmt, rounding, ops, seed=seed, **options)
