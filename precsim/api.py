@@ -1,0 +1,103 @@
+"""The Python API: ``simulate(cfg)`` runs a study without Hydra and writes its files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+from . import results as res
+from .config import Config, to_config
+from .engine import Result, run, summary_figures
+
+
+def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> Result:
+    """Run every scheme of ``cfg`` against the float64 truth; write files when ``out_dir``.
+
+    ``cfg`` is a :class:`precsim.config.Config`, a dict or an OmegaConf node (validated here).
+
+    Example:
+        >>> from precsim import simulate
+        >>> r = simulate({"schemes": {"c32": {"kind": "conventional"}},
+        ...               "model": {"heads": 1, "head_dim": 4, "state_dim": 16},
+        ...               "run": {"steps": 64, "progress": False}})
+        >>> r.rows[-1]["step"]
+        64
+    """
+    cfg = to_config(cfg)
+    result = run(cfg, progress=progress)
+    if out_dir is not None:
+        write_outputs(cfg, result, Path(out_dir))
+    return result
+
+
+def build_summary(cfg: Config, result: Result) -> dict:
+    from .cost import scheme_costs
+
+    summary = {
+        "complete": True,
+        "name": cfg.name,
+        "engine": result.engine,
+        "device": result.device,
+        "wall_s": round(result.wall_s, 4),
+        "steps": result.steps,
+        "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "figures": summary_figures(result.rows, list(cfg.metrics.lengths), result.steps),
+        "schemes": result.schemes,
+        "cost": scheme_costs(cfg),
+        "info": result.info,
+        "config": asdict(cfg),
+    }
+    return summary
+
+
+def write_outputs(cfg: Config, result: Result, out: Path) -> dict:
+    """metrics.csv, per_step.npz, the PNG, then summary.json last (it marks completion)."""
+    out.mkdir(parents=True, exist_ok=True)
+    res.atomic_write_text(out / res.METRICS_FILE, res.rows_to_csv(result.rows))
+    res.write_per_step(out / res.PER_STEP_FILE, result.per_step_rel_err)
+    summary = build_summary(cfg, result)
+    if cfg.metrics.plot:
+        from .plots import plot_error_vs_length
+
+        m = cfg.model
+        title = (f"{m.name}: {m.heads}×{m.head_dim}×{m.state_dim}, {cfg.workload.kind}, "
+                 f"L={cfg.replay.buffer_len}" + (f", T={cfg.replay.drafts}" if cfg.replay.drafts
+                                                 else "") + f", seed {cfg.run.seed}")
+        labels = {n: s["label"] for n, s in result.schemes.items()}
+        plot_error_vs_length(result.rows, labels, out / res.PLOT_FILE, title)
+    res.write_json(out / res.SUMMARY_FILE, summary)
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    """A plain-text table of the headline figures (printed by the CLI)."""
+    figs = summary["figures"]
+    lengths = sorted({int(k) for f in figs.values() for k in f if k.isdigit()})
+    head = f"{'scheme':<26}" + "".join(f"{'err@' + _k(L):>11}" for L in lengths) + \
+        f"{'KL(final)':>11}{'drift':>10}{'B/step/hd':>11}"
+    lines = [head, "-" * len(head)]
+    cost = summary.get("cost", {})
+    for name, f in figs.items():
+        cells = "".join(f"{_fmt(f.get(str(L), {}).get('rel_err')):>11}" for L in lengths)
+        fin = f.get("final", {})
+        b = cost.get(name, {}).get("bytes_per_step")
+        dead = summary["schemes"].get(name, {}).get("dead_at")
+        tail = f"  (non-finite from step {dead})" if dead else ""
+        lines.append(f"{name:<26}{cells}{_fmt(fin.get('kl')):>11}"
+                     f"{_fmt(fin.get('state_drift')):>10}"
+                     f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")
+    return "\n".join(lines)
+
+
+def _k(L: int) -> str:
+    return f"{L // 1024}K" if L >= 1024 and L % 1024 == 0 else str(L)
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "nan"
+    return f"{v:.3g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"

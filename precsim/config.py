@@ -1,0 +1,219 @@
+"""Typed configuration (Hydra structured configs) and its validation.
+
+The dataclasses are registered in Hydra's ConfigStore as the schema of ``conf/config.yaml``, so a
+wrong key or type is named by Hydra itself; :func:`validate` checks values (ranges, names) and
+raises :class:`~precsim.errors.PrecsimError` with one line naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PrecsimError, check, check_choice
+
+FAMILIES = ("mamba2", "gdn")
+SCHEME_KINDS = ("conventional", "shared", "split")
+ENGINES = ("auto", "numpy", "torch", "triton")
+DEVICES = ("auto", "cpu", "cuda")
+WORKLOADS = ("synthetic", "seed_article", "trace")
+BUFFER_DTYPES = ("fp32", "bf16", "fp16", "fp64")
+COMPUTE_DTYPES = ("fp32", "fp64")
+U_SOURCES = ("read", "master")
+
+
+@dataclass
+class ModelConfig:
+    """Layer shape. ``head_dim`` is P (Mamba-2) or V (GDN); ``state_dim`` is N or K."""
+
+    family: str = "mamba2"
+    name: str = "mamba2"
+    heads: int = 8
+    head_dim: int = 64
+    state_dim: int = 128
+    groups: int = 1  # Mamba-2: heads of a group share B and C
+
+
+@dataclass
+class SchemeConfig:
+    """One precision scheme (DESIGN.md §4).
+
+    conventional(fmt, rounding) | shared(fmt, rounding) | split(fmt=update format,
+    rounding=update rounding, read_fmt=read-copy format, always RNE).
+    """
+
+    kind: str = "conventional"
+    fmt: str = "fp32"
+    rounding: str = "rne"
+    read_fmt: str | None = None
+    sr_bits: int | None = None
+    overflow: str = "satfinite"
+    label: str | None = None
+
+
+@dataclass
+class ReplayConfig:
+    buffer_len: int = 16
+    buffer_dtype: str = "fp32"  # activations in the replay buffer (bf16 in real kernels)
+    drafts: int = 0  # speculative decoding: T drafted tokens per verification (0 = off)
+    acceptance: float = 0.7  # i.i.d. per-token acceptance probability of a draft
+    accept_seq: list[int] | None = None  # or a given sequence of accepted counts (cycled)
+    gdn_u_source: str = "read"  # GDN: S_{t-1}k_t reads the read copy (fast kernel) or master
+
+
+@dataclass
+class FormatOptionsConfig:
+    """Options passed to every quantize call (see precsim.formats.quantize)."""
+
+    scale_floor: str = "subnormal"
+    tensor_scope: str = "matrix"
+
+
+@dataclass
+class WorkloadConfig:
+    kind: str = "synthetic"
+    path: str | None = None  # trace .npz
+    long_memory_frac: float = 0.5  # seed_article: share of very long-memory heads
+    dt_noise: float = 0.5  # synthetic: std of the raw dt projection around dt_bias
+
+
+@dataclass
+class RunConfig:
+    steps: int = 4096
+    seed: int = 0
+    seqs: int = 1  # independent sequences simulated together (percentile bands)
+    device: str = "auto"
+    engine: str = "auto"
+    compute_dtype: str = "fp32"
+    progress: bool = True
+    out_dir: str | None = None  # default: Hydra's run directory (cwd when no Hydra)
+
+
+@dataclass
+class MetricsConfig:
+    window: int = 256
+    vocab: int = 1024  # readout head vocabulary for KL
+    logit_scale: float = 3.0  # logits = logit_scale * W @ rms_normalise(y)
+    kl: bool = True
+    lengths: list[int] = field(default_factory=lambda: [256, 1024, 4096, 32768, 131072])
+    plot: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    schemes: dict[str, SchemeConfig] = field(default_factory=dict)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    formats: FormatOptionsConfig = field(default_factory=FormatOptionsConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    experiment: Any = None
+    name: str = "run"
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (called by the CLI and by tests)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="precsim_schema", node=Config)
+    cs.store(group="model", name="schema_model", node=ModelConfig)
+    cs.store(group="workload", name="schema_workload", node=WorkloadConfig)
+
+
+def to_config(cfg) -> Config:
+    """An OmegaConf/dict/Config → a validated :class:`Config` instance."""
+    if isinstance(cfg, Config):
+        out = cfg
+    else:
+        from omegaconf import OmegaConf
+
+        if not OmegaConf.is_config(cfg):
+            cfg = OmegaConf.create(cfg)
+        merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        out = OmegaConf.to_object(merged)
+    validate(out)
+    return out
+
+
+def validate(cfg: Config) -> None:
+    """Check every value a user can get wrong; one-line PrecsimError naming the key."""
+    from precsim import formats as pf
+
+    m = cfg.model
+    check_choice("model.family", m.family, FAMILIES)
+    for key in ("heads", "head_dim", "state_dim", "groups"):
+        v = getattr(m, key)
+        check(isinstance(v, int) and v > 0, f"model.{key}", v, "a positive integer")
+    check(m.heads % m.groups == 0, "model.groups", m.groups, f"a divisor of model.heads={m.heads}")
+    r = cfg.replay
+    check(isinstance(r.buffer_len, int) and r.buffer_len > 0, "replay.buffer_len", r.buffer_len,
+          "an integer >= 1")
+    check_choice("replay.buffer_dtype", r.buffer_dtype, BUFFER_DTYPES)
+    check_choice("replay.gdn_u_source", r.gdn_u_source, U_SOURCES)
+    check(isinstance(r.drafts, int) and 0 <= r.drafts <= r.buffer_len, "replay.drafts", r.drafts,
+          f"an integer 0..replay.buffer_len={r.buffer_len} (drafts must fit in the buffer)")
+    check(0.0 < r.acceptance <= 1.0, "replay.acceptance", r.acceptance, "a probability in (0, 1]")
+    if r.accept_seq is not None:
+        seq = list(r.accept_seq)
+        check(len(seq) > 0 and all(0 <= int(a) <= max(r.drafts, 1) for a in seq)
+              and any(int(a) > 0 for a in seq), "replay.accept_seq", seq,
+              f"a non-empty list of accepted counts 0..drafts={r.drafts}, not all zero")
+    w = cfg.workload
+    check_choice("workload.kind", w.kind, WORKLOADS)
+    if w.kind == "trace":
+        check(bool(w.path), "workload.path", w.path, "a .npz trace file (workload=trace)")
+    check(0.0 <= w.long_memory_frac <= 1.0, "workload.long_memory_frac", w.long_memory_frac,
+          "a fraction in [0, 1]")
+    run = cfg.run
+    check(isinstance(run.steps, int) and run.steps > 0, "run.steps", run.steps, "an integer >= 1")
+    check(isinstance(run.seqs, int) and run.seqs > 0, "run.seqs", run.seqs, "an integer >= 1")
+    check(isinstance(run.seed, int) and run.seed >= 0, "run.seed", run.seed, "an integer >= 0")
+    check_choice("run.device", run.device, DEVICES)
+    check_choice("run.engine", run.engine, ENGINES)
+    check_choice("run.compute_dtype", run.compute_dtype, COMPUTE_DTYPES)
+    mc = cfg.metrics
+    check(isinstance(mc.window, int) and mc.window > 0, "metrics.window", mc.window,
+          "an integer >= 1")
+    check(isinstance(mc.vocab, int) and mc.vocab >= 2, "metrics.vocab", mc.vocab,
+          "an integer >= 2")
+    check_choice("formats.scale_floor", cfg.formats.scale_floor, pf.SCALE_FLOORS)
+    check_choice("formats.tensor_scope", cfg.formats.tensor_scope, pf.TENSOR_SCOPES)
+    if not cfg.schemes:
+        raise PrecsimError("schemes is empty; choose a preset, e.g. experiment=split_nvfp4 "
+                           "or schemes=seed_table")
+    for name, s in cfg.schemes.items():
+        key = f"schemes.{name}"
+        check_choice(f"{key}.kind", s.kind, SCHEME_KINDS)
+        _check_fmt(f"{key}.fmt", s.fmt)
+        check_choice(f"{key}.rounding", s.rounding, pf.ROUNDINGS)
+        check_choice(f"{key}.overflow", s.overflow, pf.OVERFLOWS)
+        if s.kind == "split":
+            check(s.read_fmt is not None, f"{key}.read_fmt", s.read_fmt,
+                  "a format name (split needs a read-copy format)")
+            _check_fmt(f"{key}.read_fmt", s.read_fmt)
+        elif s.read_fmt is not None:
+            raise PrecsimError(f"{key}.read_fmt={s.read_fmt!r} is only valid for kind=split "
+                               f"(this scheme is kind={s.kind})")
+        if s.sr_bits is not None:
+            check(1 <= s.sr_bits <= 32, f"{key}.sr_bits", s.sr_bits, "an integer 1..32")
+        for f in (s.fmt, s.read_fmt):
+            fo = pf.get(f) if f else None
+            if fo is not None and fo.kind == "block":
+                blk = fo.block
+                check(m.state_dim % blk == 0, "model.state_dim", m.state_dim,
+                      f"a multiple of {blk} (the {fo.name} block, scheme {name})")
+
+
+def _check_fmt(key: str, name) -> None:
+    from precsim import formats as pf
+
+    try:
+        f = pf.get(name)
+    except pf.FormatError:
+        raise PrecsimError(f"{key}={name!r} is an unknown format; allowed: "
+                           f"{', '.join(pf.names())}") from None
+    if f.name == "e8m0":
+        raise PrecsimError(f"{key}={name!r} cannot hold a state (no sign, no zero); allowed: "
+                           f"{', '.join(n for n in pf.names() if n != 'e8m0')}")

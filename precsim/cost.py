@@ -1,0 +1,71 @@
+"""Cost model (DESIGN.md §8): bytes moved per decode step per head and sequence.
+
+Counted per step, averaged over one buffer window of ``L`` steps:
+
+* conventional(F): read the state and write it back every step: ``2·B(F)``.
+* shared(F): read the checkpoint every step, write it once per ``L``: ``B(F)·(1 + 1/L)``.
+* split(F_upd; F_read): ``L-1`` steps read the read copy; the flush step reads the master, then
+  writes the master and the read copy: ``((L-1)·B(F_read) + 2·B(F_upd) + B(F_read)) / L``.
+* replay buffer: each step writes one entry (Mamba-2: x (P) and B (N) in the buffer dtype plus
+  dt in FP32; GDN: u (V), k (K) plus the decay in FP32) and reads the entries so far:
+  ``(L+1)/2`` entries on average. Speculative decoding is not modelled in the buffer traffic.
+
+``B(F) = P·N·bits_per_element(F)/8`` (block scales included) plus the per-tensor FP32 scale of
+two-level formats (4 bytes per head matrix). The predicted speed-up at the memory roofline is
+``bytes(conventional FP32) / bytes(scheme)``.
+"""
+
+from __future__ import annotations
+
+from precsim import formats as pf
+
+from .config import BUFFER_DTYPES, Config
+
+BUFFER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
+assert set(BUFFER_BYTES) == set(BUFFER_DTYPES)
+
+
+def state_bytes(fmt: str, rows: int, cols: int) -> float:
+    """Bytes of one head's state matrix stored in ``fmt`` (scales included)."""
+    f = pf.get(fmt)
+    return rows * cols * f.bits_per_element / 8 + f.tensor_overhead_bits / 8
+
+
+def buffer_entry_bytes(family: str, head_dim: int, state_dim: int, buffer_dtype: str) -> float:
+    """One replay-buffer entry: the two activation vectors plus one FP32 scalar."""
+    return (head_dim + state_dim) * BUFFER_BYTES[buffer_dtype] + 4
+
+
+def scheme_cost(kind: str, fmt: str, read_fmt: str | None, *, family: str, head_dim: int,
+                state_dim: int, buffer_len: int, buffer_dtype: str = "fp32") -> dict:
+    """Bytes per decode step per head for one scheme (see the module docstring)."""
+    L = buffer_len
+    b_upd = state_bytes(fmt, head_dim, state_dim)
+    if kind == "conventional":
+        sr, sw, br, bw, transfers = b_upd, b_upd, 0.0, 0.0, 2.0
+    else:
+        entry = buffer_entry_bytes(family, head_dim, state_dim, buffer_dtype)
+        bw, br = entry, entry * (L + 1) / 2
+        transfers = 1.0 + 1.0 / L
+        if kind == "shared":
+            sr, sw = b_upd, b_upd / L
+        elif kind == "split":
+            b_read = state_bytes(read_fmt, head_dim, state_dim)
+            sr = ((L - 1) * b_read + b_upd) / L
+            sw = (b_upd + b_read) / L
+            transfers = 1.0 + 2.0 / L
+        else:
+            raise ValueError(f"kind={kind!r} is unknown; allowed: conventional, shared, split")
+    total = sr + sw + br + bw
+    base = 2 * state_bytes("fp32", head_dim, state_dim)
+    return {"state_read": sr, "state_write": sw, "buffer_read": br, "buffer_write": bw,
+            "bytes_per_step": total, "state_transfers_per_step": transfers,
+            "fraction_of_fp32": total / base, "roofline_speedup": base / total}
+
+
+def scheme_costs(cfg: Config) -> dict[str, dict]:
+    m, r = cfg.model, cfg.replay
+    return {name: scheme_cost(s.kind, s.fmt, s.read_fmt, family=m.family, head_dim=m.head_dim,
+                              state_dim=m.state_dim, buffer_len=r.buffer_len,
+                              buffer_dtype=r.buffer_dtype)
+            for name, s in cfg.schemes.items()}

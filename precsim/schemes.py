@@ -1,0 +1,143 @@
+"""Precision schemes (registry): how the state is stored, read and written (DESIGN.md §4).
+
+| kind         | stored state                     | output (normal step)        | written            |
+|--------------|----------------------------------|-----------------------------|--------------------|
+| conventional | state in F                       | unrounded updated state     | Q_F,R every step   |
+| shared       | checkpoint in F                  | checkpoint + buffer         | Q_F,R at flush     |
+| split        | master in F_upd + read copy      | read copy + buffer          | master: Q_upd,R_upd|
+|              | in F_read                        |                             | (fold of master);  |
+|              |                                  |                             | read: Q_read,RNE   |
+
+A scheme advances over a *segment* (the positions between two flushes) and returns its outputs.
+Random bits for SR are keyed by (run seed, scheme name, event index, purpose), so a scheme's
+numbers do not depend on which other schemes run beside it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from precsim import formats as pf
+
+from .config import Config, SchemeConfig
+
+UPDATE, READ = 0, 1
+
+
+@dataclass
+class Scheme:
+    name: str
+    cfg: SchemeConfig
+    seed: int
+    fmt_options: dict
+    tensor_scope: str
+    state: torch.Tensor | None = None
+    read: torch.Tensor | None = None
+    dead_at: int | None = None  # first step whose output was not finite
+    events: int = 0
+    extra: dict = field(default_factory=dict)
+
+    kind = "base"
+    replay = False
+
+    @property
+    def label(self) -> str:
+        return self.cfg.label or describe(self.cfg)
+
+    def _q(self, x: torch.Tensor, fmt: str, rounding: str, purpose: int) -> torch.Tensor:
+        f = pf.get(fmt)
+        if f.kind == "identity" or (f.name == "fp32" and x.dtype == torch.float32):
+            return x
+        opts = {}
+        if f.kind == "block" and "tensor_scope" in f.options:
+            opts = dict(self.fmt_options)
+        shape = x.shape
+        if self.tensor_scope == "tensor" and f.kind == "block":
+            x = x.reshape(shape[0], shape[1] * shape[2], shape[3])  # one layer per sequence
+        stream = pf.stream_id(zlib.crc32(self.name.encode()), self.events, purpose)
+        out = pf.quantize(x, f, rounding, seed=self.seed, stream=stream,
+                          sr_bits=self.cfg.sr_bits, overflow=self.cfg.overflow, **opts)
+        return out.reshape(shape)
+
+    def init(self, shape, device, dtype) -> None:
+        self.state = torch.zeros(shape, device=device, dtype=dtype)
+        self.read = self.state
+
+    def held(self) -> dict[str, torch.Tensor]:
+        return {"state": self.state}
+
+
+class Conventional(Scheme):
+    kind = "conventional"
+
+    def run_segment(self, family, inp, params, t0: int, flush: bool) -> torch.Tensor:
+        m = next(iter(inp.values())).shape[0]
+        ys = []
+        for i in range(m):
+            step = {k: v[i] for k, v in inp.items()}
+            S_new, y = family.conv_step(self.state, step, params)
+            self.state = self._q(S_new, self.cfg.fmt, self.cfg.rounding, UPDATE)
+            self.events += 1
+            ys.append(y)
+        return torch.stack(ys)
+
+
+class Shared(Scheme):
+    kind = "shared"
+    replay = True
+
+    def run_segment(self, family, inp, params, t0: int, flush: bool, *, out_from_fold=True,
+                    buffer_round=None, u_from_master=False) -> torch.Tensor:
+        Y, fold = family.segment(self.state, self.state, inp, params, out_from_fold=out_from_fold,
+                                 buffer_round=buffer_round, u_from_master=u_from_master)
+        if flush:
+            self.state = self._q(fold, self.cfg.fmt, self.cfg.rounding, UPDATE)
+            self.read = self.state
+            self.events += 1
+        return Y
+
+
+class Split(Scheme):
+    kind = "split"
+    replay = True
+
+    def init(self, shape, device, dtype) -> None:
+        super().init(shape, device, dtype)
+        self.read = torch.zeros(shape, device=device, dtype=dtype)
+
+    def run_segment(self, family, inp, params, t0: int, flush: bool, *, out_from_fold=True,
+                    buffer_round=None, u_from_master=False) -> torch.Tensor:
+        Y, fold = family.segment(self.read, self.state, inp, params, out_from_fold=out_from_fold,
+                                 buffer_round=buffer_round, u_from_master=u_from_master)
+        if flush:
+            self.state = self._q(fold, self.cfg.fmt, self.cfg.rounding, UPDATE)
+            self.read = self._q(self.state, self.cfg.read_fmt, "rne", READ)
+            self.events += 1
+        return Y
+
+    def held(self) -> dict[str, torch.Tensor]:
+        return {"state": self.state, "read": self.read}
+
+
+SCHEMES: dict[str, type[Scheme]] = {"conventional": Conventional, "shared": Shared,
+                                    "split": Split}
+
+
+def describe(s: SchemeConfig) -> str:
+    """Human label, e.g. ``split(fp16/sr + nvfp4 read)``."""
+    upd = f"{s.fmt}" + ("/sr" if s.rounding == "sr" else "")
+    if s.kind == "split":
+        return f"split({upd} update + {s.read_fmt} read)"
+    return f"{s.kind}({upd})"
+
+
+def build_schemes(cfg: Config) -> list[Scheme]:
+    fo = {"scale_floor": cfg.formats.scale_floor,
+          "tensor_scope": "matrix" if cfg.formats.tensor_scope == "tensor"
+          else cfg.formats.tensor_scope}
+    return [SCHEMES[s.kind](name=n, cfg=s, seed=cfg.run.seed, fmt_options=fo,
+                            tensor_scope=cfg.formats.tensor_scope)
+            for n, s in cfg.schemes.items()]
