@@ -19,10 +19,19 @@ from .core import (
     names,
     quantize,
 )
-from .rng import random_bits_numpy, random_bits_torch, stream_id, stream_keys
+from .rng import (
+    lane_layout,
+    random_bits_numpy,
+    random_bits_torch,
+    random_uint_numpy,
+    random_uint_torch,
+    stream_id,
+    stream_keys,
+)
 
 __all__ = [
     "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "TENSOR_SCOPES",
     "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "get", "names", "quantize",
-    "random_bits_numpy", "random_bits_torch", "stream_id", "stream_keys",
+    "lane_layout", "random_bits_numpy", "random_bits_torch", "random_uint_numpy",
+    "random_uint_torch", "stream_id", "stream_keys",
 ]

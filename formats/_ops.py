@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rng import random_bits_numpy, random_bits_torch
+from .rng import random_uint_numpy, random_uint_torch
 
 
 class NumpyOps:
@@ -53,8 +53,7 @@ class NumpyOps:
     @staticmethod
     def random_u(shape, bits, seed, stream, offset, like):
         n = int(np.prod(shape))
-        r = random_bits_numpy(n, seed, stream, offset) >> np.uint32(32 - bits)
-        return r.reshape(shape).astype(like.dtype)
+        return random_uint_numpy(n, bits, seed, stream, offset).reshape(shape).astype(like.dtype)
 
     @staticmethod
     def as_dtype(x, dtype_name):
@@ -163,10 +162,10 @@ class TorchOps:
         if like.device.type == "cpu":  # NumPy's uint32 hash is ~3x faster than torch int64 here
             import torch
 
-            r = random_bits_numpy(n, seed, stream, offset) >> np.uint32(32 - bits)
+            r = random_uint_numpy(n, bits, seed, stream, offset)
             return torch.from_numpy(r.astype(np.float32 if like.dtype == torch.float32
                                              else np.float64)).reshape(shape)
-        r = random_bits_torch(n, seed, stream, offset, device=like.device) >> (32 - bits)
+        r = random_uint_torch(n, bits, seed, stream, offset, device=like.device)
         return r.reshape(shape).to(like.dtype)
 
 

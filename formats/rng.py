@@ -7,10 +7,15 @@ and Triton (``kernels/rng.py``) — and tests check they agree bit for bit.
 
 The mixer is ``lowbias32`` (C. Wellons' 32-bit integer hash, two xor-shift-multiply rounds), applied
 twice: ``bits = mix(mix(lo ^ k0) ^ hi ^ k1)`` where ``lo``/``hi`` are the low/high 32 bits of the
-element index and ``k0``/``k1`` are derived from the seed and the stream on the host. This is much
-cheaper than Philox-4x32-10 (about 14 integer ops per element instead of ~120), which matters for the
-CPU engine that rounds a whole layer state every step, and its statistical quality is ample for
-stochastic rounding (the SR tests check unbiasedness and the 2^-r granularity).
+element index and ``k0``/``k1`` are derived from the seed and the stream on the host. This is
+much cheaper than Philox-4x32-10 (about 14 integer ops per word instead of ~120), which matters
+for the CPU engine that rounds a whole layer state every step; its statistical quality is ample
+for stochastic rounding (the SR tests check unbiasedness and the 2^-r granularity).
+
+SR with ``r`` random bits takes them from *lanes* of one 32-bit word, as hardware does (Blackwell's
+``cvt.rs...e2m1x4`` feeds four E2M1 conversions from one 32-bit register): ``slot = 8`` bits if
+``r <= 8``, 16 if ``r <= 16``, else 32; element ``i`` uses word ``i // lanes`` (``lanes = 32 //
+slot``) and the top ``r`` bits of its lane ``i % lanes`` (lane 0 = least significant slot).
 """
 
 from __future__ import annotations
@@ -90,3 +95,38 @@ def random_bits_torch(n: int, seed: int, stream: int = 0, offset: int = 0, devic
     hi = idx >> 32
     x = _mix_torch(lo ^ k0)
     return _mix_torch(x ^ hi ^ k1)
+
+
+def lane_layout(bits: int) -> tuple[int, int]:
+    """(slot width, lanes per 32-bit word) for SR with ``bits`` random bits."""
+    slot = 8 if bits <= 8 else 16 if bits <= 16 else 32
+    return slot, 32 // slot
+
+
+def random_uint_numpy(n: int, bits: int, seed: int, stream: int = 0, offset: int = 0):
+    """``n`` uniform integers in [0, 2^bits) for elements ``offset ..`` (uint32 array)."""
+    slot, lanes = lane_layout(bits)
+    if lanes == 1:
+        return random_bits_numpy(n, seed, stream, offset) >> np.uint32(32 - bits)
+    w0, first = divmod(offset, lanes)
+    nw = (first + n + lanes - 1) // lanes
+    words = random_bits_numpy(nw, seed, stream, w0)
+    shifts = (np.arange(lanes, dtype=np.uint32) * slot + (slot - bits)).astype(np.uint32)
+    u = (words[:, None] >> shifts[None, :]) & np.uint32((1 << bits) - 1)
+    return u.reshape(-1)[first:first + n]
+
+
+def random_uint_torch(n: int, bits: int, seed: int, stream: int = 0, offset: int = 0,
+                      device=None):
+    """Torch twin of :func:`random_uint_numpy` (int64 tensor)."""
+    import torch
+
+    slot, lanes = lane_layout(bits)
+    if lanes == 1:
+        return random_bits_torch(n, seed, stream, offset, device) >> (32 - bits)
+    w0, first = divmod(offset, lanes)
+    nw = (first + n + lanes - 1) // lanes
+    words = random_bits_torch(nw, seed, stream, w0, device)
+    shifts = torch.arange(lanes, dtype=torch.int64, device=words.device) * slot + (slot - bits)
+    u = (words[:, None] >> shifts[None, :]) & ((1 << bits) - 1)
+    return u.reshape(-1)[first:first + n]

@@ -29,7 +29,7 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
         panels = [PANELS[0]]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, ttl) in zip(axes[0], panels):
+    for ax, (key, ttl) in zip(axes[0], panels, strict=True):
         for i, s in enumerate(schemes):
             c = colors[i % len(colors)]
             x, y = _series(rows, s, key)

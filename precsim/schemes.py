@@ -1,12 +1,9 @@
 """Precision schemes (registry): how the state is stored, read and written (DESIGN.md §4).
 
-| kind         | stored state                     | output (normal step)        | written            |
-|--------------|----------------------------------|-----------------------------|--------------------|
-| conventional | state in F                       | unrounded updated state     | Q_F,R every step   |
-| shared       | checkpoint in F                  | checkpoint + buffer         | Q_F,R at flush     |
-| split        | master in F_upd + read copy      | read copy + buffer          | master: Q_upd,R_upd|
-|              | in F_read                        |                             | (fold of master);  |
-|              |                                  |                             | read: Q_read,RNE   |
+* conventional(F, R): state in F; output from the unrounded updated state; Q_F,R every step.
+* shared(F, R): checkpoint in F; output from checkpoint + buffer; Q_F,R(fold) at each flush.
+* split(F_upd, R_upd; F_read): master in F_upd and a read copy in F_read; output from the read
+  copy + buffer; at a flush master <- Q_upd(fold of the master), read <- Q_read,RNE(master).
 
 A scheme advances over a *segment* (the positions between two flushes) and returns its outputs.
 Random bits for SR are keyed by (run seed, scheme name, event index, purpose), so a scheme's
