@@ -108,7 +108,9 @@ def _buffer_rounder(dtype_name: str, compute: torch.dtype):
     return lambda x: pf.quantize(x, dtype_name, "rne")
 
 
-def run_torch(cfg: Config, device: str, progress: bool = True) -> Result:
+def run_torch(cfg: Config, device: str, progress: bool = True,
+              record_outputs: bool = False) -> Result:
+    """The vectorised engine. ``record_outputs`` keeps every output (tests, small runs)."""
     t_start = time.perf_counter()
     family = get_family(cfg.model.family)
     wl = make_workload(cfg)
@@ -134,6 +136,7 @@ def run_torch(cfg: Config, device: str, progress: bool = True) -> Result:
     u_master = cfg.replay.gdn_u_source == "master"
     bar = _progress(cfg, progress)
     pos = n_flush = 0
+    recorded: dict[str, list] = {n: [] for n in ["truth", *(s.name for s in schemes)]}
     for m in flush_schedule(cfg):
         raw = wl.chunk(pos, pos + m)
         inp64 = {k: torch.as_tensor(v, device=dev) for k, v in raw.items()}
@@ -161,6 +164,11 @@ def run_torch(cfg: Config, device: str, progress: bool = True) -> Result:
         pos += m
         n_flush += 1
         acc.push(y_ref, ys)
+        if record_outputs:
+            recorded["truth"].append(y_ref.cpu().numpy())
+            for n, y in ys.items():
+                recorded[n].append(np.full(y_ref.shape, np.nan) if y is None
+                                   else y.cpu().numpy())
         if acc.want_drift(pos):
             acc.record_drift(pos, S_ref, {s.name: (None if s.dead_at else s.held())
                                           for s in schemes})
@@ -171,6 +179,8 @@ def run_torch(cfg: Config, device: str, progress: bool = True) -> Result:
         bar.close()
     info = {"flushes": n_flush, "workload": cfg.workload.kind,
             "mean_segment": cfg.run.steps / max(n_flush, 1)}
+    if record_outputs:
+        info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
     return Result(
         rows=acc.rows(),
         per_step_rel_err={n: np.concatenate(v) for n, v in acc.per_step_rel_err.items()},

@@ -140,13 +140,14 @@ class TraceWorkload(Workload):
         self.data = validate_trace(data, where=f"trace {path.name}")
         self.family = "mamba2" if "dt" in self.data else "gdn"
         self.max_steps = self.data["dt" if self.family == "mamba2" else "g"].shape[0]
+        # the trace fixes the layer: its family and shape replace model.* (then re-validated)
         m = cfg.model
-        H, P, N = _trace_dims(self.data, self.family)
-        if (m.family, m.heads, m.head_dim, m.state_dim) != (self.family, H, P, N):
-            raise PrecsimError(
-                f"model=({m.family}, heads={m.heads}, head_dim={m.head_dim}, "
-                f"state_dim={m.state_dim}) does not match the trace ({self.family}, heads={H}, "
-                f"head_dim={P}, state_dim={N}); set model.family/heads/head_dim/state_dim")
+        m.family = self.family
+        m.heads, m.head_dim, m.state_dim = _trace_dims(self.data, self.family)
+        m.groups = 1
+        from .config import validate
+
+        validate(cfg)
         if cfg.run.seqs != 1:
             raise PrecsimError(f"run.seqs={cfg.run.seqs} with workload=trace; allowed: 1 "
                                "(a trace is one sequence)")

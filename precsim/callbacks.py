@@ -1,0 +1,188 @@
+"""Hydra glue for sweeps: unique run directories, failed jobs, GPU placement, aggregation.
+
+Registered in ``conf/config.yaml`` under ``hydra.callbacks``. What :class:`SweepCallback` does:
+
+* **on_job_start** — a job whose ``summary.json`` exists but whose files are broken (e.g. a
+  truncated ``metrics.csv``) gets its summary moved aside, so the app redoes it; under the joblib
+  launcher with several visible GPUs it takes a free GPU (see *GPU placement*).
+* **on_job_end** — a failed job leaves ``error.txt`` (message + traceback) in its directory and
+  the traceback in its log. Under ``-m`` the failure is then held back from Hydra, so the other
+  jobs of the sweep keep running and the sweep is still aggregated.
+* **on_multirun_end** — writes ``sweep_summary.csv`` and the comparison plots into the sweep
+  directory (:func:`precsim.report.aggregate`) and exits with status 1 when a job failed.
+
+*GPU placement* (joblib only; submitit/SLURM give each job its own GPU): a job takes an exclusive
+lock on one GPU for its duration — preferring ``job.num % n_gpus`` — and makes it the current
+CUDA device (``torch.cuda.set_device``; ``CUDA_VISIBLE_DEVICES`` would be ignored in a reused
+joblib worker that already initialised CUDA). So at most one job runs per GPU at a time; pick
+``hydra/launcher=joblib_gpus`` to run exactly one worker per GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("precsim")
+
+ERROR_FILE = "error.txt"
+BROKEN_SUFFIX = ".broken"
+
+
+def _uid() -> str:
+    """A short suffix unique among sweeps started in the same second (pid + random)."""
+    return f"{os.getpid():x}{secrets.token_hex(2)}"
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch/CUDA means no GPU to spread over
+        return 0
+
+
+def register_resolvers() -> None:
+    """``${precsim_uid:}`` (cached per config, so every job of a sweep agrees on it) and
+    ``${precsim_gpus:}`` (visible CUDA devices, at least 1). Call before Hydra resolves dirs."""
+    if not OmegaConf.has_resolver("precsim_uid"):
+        OmegaConf.register_new_resolver("precsim_uid", _uid, use_cache=True)
+    if not OmegaConf.has_resolver("precsim_gpus"):
+        OmegaConf.register_new_resolver("precsim_gpus", lambda: max(1, _gpu_count()),
+                                        use_cache=True)
+
+
+# Unpickling a callback in a launcher's worker process imports this module: the resolvers must
+# exist there before the worker resolves hydra.sweep.dir.
+register_resolvers()
+
+
+def acquire_gpu(n_gpus: int, prefer: int, lock_dir: Path, poll_s: float = 0.5,
+                timeout_s: float | None = None) -> tuple[int, Any]:
+    """Take an exclusive lock on one of ``n_gpus`` GPUs, trying ``prefer`` first; wait while all
+    are taken. Returns ``(gpu index, open lock file)``; closing the file releases the GPU."""
+    import fcntl
+
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    order = [(prefer + i) % n_gpus for i in range(n_gpus)]
+    t0 = time.monotonic()
+    while True:
+        for i in order:
+            f = open(lock_dir / f"gpu{i}.lock", "a")  # noqa: SIM115 - held for the job
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                continue
+            return i, f
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"no free GPU among {n_gpus} after {timeout_s} s")
+        time.sleep(poll_s)
+
+
+def _gpu_lock_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"precsim-gpu-locks-{os.getuid()}"
+
+
+class SweepCallback(Callback):
+    """See the module docstring."""
+
+    def __init__(self, aggregate: bool = True, plots: bool = True) -> None:
+        self.aggregate = aggregate
+        self.plots = plots
+        self._gpu_lock: Any = None
+
+    # -- jobs ------------------------------------------------------------------------------
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        out = Path(config.hydra.runtime.output_dir)
+        _set_aside_broken(out)
+        if _wants_gpu_spread(config):
+            n = _gpu_count()
+            if n > 1:
+                import torch
+
+                gpu, self._gpu_lock = acquire_gpu(n, int(config.hydra.job.num) % n,
+                                                  _gpu_lock_dir())
+                torch.cuda.set_device(gpu)
+                log.info("job %s runs on cuda:%d of %d", config.hydra.job.num, gpu, n)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self._gpu_lock is not None:
+            self._gpu_lock.close()
+            self._gpu_lock = None
+        out = Path(config.hydra.runtime.output_dir)
+        err_file = out / ERROR_FILE
+        if job_return.status != JobStatus.FAILED:
+            if err_file.exists():
+                err_file.unlink()  # an earlier attempt failed; this one did not
+            return
+        from .results import atomic_write_text
+
+        exc = job_return._return_value
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        atomic_write_text(err_file, f"{type(exc).__name__}: {first}\n\n{tb}")
+        log.error("job failed (%s): %s\n%s", out, first, tb)
+        if config.hydra.mode == RunMode.MULTIRUN:
+            # hold the failure back: Hydra would abort the sweep before aggregation; the exit
+            # status comes from on_multirun_end, which finds error.txt
+            job_return.status = JobStatus.COMPLETED
+            job_return.return_value = None
+
+    # -- sweeps ----------------------------------------------------------------------------
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from .report import aggregate
+
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not self.aggregate or not sweep_dir.is_dir():
+            return
+        try:
+            agg = aggregate(sweep_dir, plots=self.plots)
+        except Exception as e:  # noqa: BLE001 - results stay on disk; say why, exit non-zero
+            print(f"precsim: error: aggregating {sweep_dir} failed: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(f"precsim: {agg.n_complete}/{len(agg.jobs)} jobs complete -> {agg.csv_path}")
+        bad = [j for j in agg.jobs if j.status != "complete"]
+        if bad:
+            for j in bad:
+                why = j.error or j.status
+                print(f"precsim: job {j.name} {j.status}: {why}", file=sys.stderr)
+            print(f"precsim: error: {len(bad)} of {len(agg.jobs)} jobs did not finish (see "
+                  f"{ERROR_FILE} and the log in each); re-run the same command to redo only "
+                  "those", file=sys.stderr)
+            sys.exit(1)
+
+
+def _wants_gpu_spread(config: DictConfig) -> bool:
+    if config.hydra.mode != RunMode.MULTIRUN:
+        return False
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    device = OmegaConf.select(config, "run.device", default="auto")
+    return "joblib" in target.lower() and device in ("auto", "cuda")
+
+
+def _set_aside_broken(out: Path) -> None:
+    """If ``out`` claims completion but its files do not hold up, move the summary aside."""
+    from .report import check_run_dir
+    from .results import SUMMARY_FILE
+
+    summary = out / SUMMARY_FILE
+    if not summary.is_file():
+        return
+    why = check_run_dir(out)
+    if why is not None:
+        summary.replace(summary.with_name(SUMMARY_FILE + BROKEN_SUFFIX))
+        log.warning("%s: %s; redoing the job", out, why)

@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny configs and trace files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+def tiny_cfg(family="mamba2", steps=96, heads=2, schemes=None, **over):
+    """A small, fast config dict (validated by precsim.config.to_config)."""
+    dims = {"mamba2": (8, 32), "gdn": (16, 32)}[family]
+    cfg = {
+        "model": {"family": family, "name": family, "heads": heads, "head_dim": dims[0],
+                  "state_dim": dims[1]},
+        "schemes": schemes or {"conventional_fp32": {"kind": "conventional", "fmt": "fp32"}},
+        "run": {"steps": steps, "progress": False, "seqs": 1},
+        "metrics": {"window": 32, "vocab": 64},
+    }
+    for key, val in over.items():
+        sec, _, k = key.partition("__")
+        cfg.setdefault(sec, {})[k] = val
+    return cfg
+
+
+def make_trace(family="mamba2", T=64, H=2, P=4, N=8, seed=0, with_D=False):
+    rng = np.random.default_rng(seed)
+    if family == "mamba2":
+        tr = {"A": -rng.uniform(0.01, 1.0, H), "dt": np.log1p(np.exp(rng.normal(size=(T, H)))),
+              "x": rng.normal(size=(T, H, P)), "B": rng.normal(size=(T, H, N)),
+              "C": rng.normal(size=(T, H, N))}
+        if with_D:
+            tr["D"] = rng.normal(size=H)
+        return tr
+    q = rng.normal(size=(T, H, N))
+    k = rng.normal(size=(T, H, N))
+    q /= np.linalg.norm(q, axis=-1, keepdims=True) * np.sqrt(N)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    return {"g": -rng.uniform(0.001, 0.5, (T, H)), "beta": rng.uniform(0.05, 0.95, (T, H)),
+            "q": q, "k": k, "v": rng.normal(size=(T, H, P))}
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    def _make(family="mamba2", **kw):
+        tr = make_trace(family, **kw)
+        path = tmp_path / f"{family}.npz"
+        np.savez(path, **tr)
+        return path, tr
+    return _make
