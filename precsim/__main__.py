@@ -23,8 +23,8 @@ def main() -> None:
     from precsim.config import register_configs
 
     register_configs()
-    # Hydra prints full tracebacks for config errors unless told otherwise
-    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    # let exceptions reach us unprinted, so user errors become one line (bugs still show a trace)
+    os.environ["HYDRA_FULL_ERROR"] = "1"
 
     @hydra.main(version_base="1.3", config_path="pkg://precsim.conf", config_name="config")
     def _app(cfg: DictConfig) -> None:
@@ -35,13 +35,37 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as e:  # noqa: BLE001 - the last line of defence for one-line errors
-        from omegaconf.errors import OmegaConfBaseException
-
-        from precsim.errors import PrecsimError
-
-        if isinstance(e, (PrecsimError, OmegaConfBaseException)):
-            _fail(str(e).splitlines()[0])
+        if is_user_error(e):
+            _fail(one_line(e))
         raise
+
+
+def is_user_error(e: BaseException) -> bool:
+    """Config and input errors (ours, Hydra's, OmegaConf's), as opposed to bugs."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from precsim.errors import PrecsimError
+
+    return isinstance(e, (PrecsimError, OmegaConfBaseException, HydraException))
+
+
+def one_line(e: BaseException) -> str:
+    """Collapse a multi-line Hydra/OmegaConf message into one line that keeps the key."""
+    text = str(e)
+    if e.__cause__ is not None:  # e.g. "Error merging override" hides the reason in its cause
+        text += "\n" + str(e.__cause__)
+    text = text.split("Config search path")[0]
+    parts = [p.strip() for p in text.splitlines() if p.strip()]
+    if not parts:
+        return type(e).__name__
+    head, rest = parts[0], parts[1:]
+    keep = [p for p in rest if p.startswith(("full_key", "Available options"))
+            or not p.startswith(("object_type", "reference_type", "provider", "Set the env"))]
+    if any(p.startswith("Available options") for p in keep):
+        i = next(i for i, p in enumerate(keep) if p.startswith("Available options"))
+        keep = keep[:i] + [keep[i].rstrip(":") + ": " + ", ".join(keep[i + 1:])]
+    return "; ".join([head, *keep])
 
 
 def _run_app(cfg) -> None:
