@@ -116,6 +116,9 @@ def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (called by the CLI and by tests)."""
     from hydra.core.config_store import ConfigStore
 
+    from .callbacks import register_resolvers
+
+    register_resolvers()  # ${precsim_uid:} in hydra.run.dir / hydra.sweep.dir
     cs = ConfigStore.instance()
     cs.store(name="precsim_schema", node=Config)
     cs.store(group="model", name="schema_model", node=ModelConfig)

@@ -1,0 +1,480 @@
+"""Sweep reports: ``python -m precsim.report DIR [--metric kl --budget 1e-3 --horizon 131072]``.
+
+Reads every job directory under ``DIR`` (a sweep directory, a single run directory, or a folder
+of sweeps) and writes into ``DIR``:
+
+* ``sweep_summary.csv`` — one row per job and scheme: the job's overrides as columns, rel_err /
+  kl / state_drift at each reported length and at the final step, the cost model's bytes per step
+  (DESIGN.md §8); jobs that failed or never finished get one row with their status.
+* ``sweep_error_vs_length.png`` — error (and KL) vs length of every job and scheme.
+* ``sweep_pareto.png`` — error / KL at the horizon vs bytes per step, with the Pareto front.
+
+With ``--budget`` it also recommends the cheapest configuration (fewest bytes per step) whose
+metric at the horizon is within the budget, lists the runners-up and the margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import results as res
+
+METRICS = ("kl", "rel_err", "state_drift")
+CSV_FILE = "sweep_summary.csv"
+ERROR_PLOT = "sweep_error_vs_length.png"
+PARETO_PLOT = "sweep_pareto.png"
+ERROR_FILE = "error.txt"
+_IGNORED_OVERRIDES = ("run.progress", "run.out_dir")
+_COST_COLS = ("bytes_per_step", "fraction_of_fp32", "roofline_speedup",
+              "state_transfers_per_step")
+
+
+class ReportError(Exception):
+    """Bad input to the report (missing directory, no results, bad horizon)."""
+
+
+@dataclass
+class Job:
+    """One run directory: ``status`` is complete, failed, broken or incomplete."""
+
+    path: Path
+    name: str
+    status: str
+    overrides: dict[str, str] = field(default_factory=dict)
+    summary: dict | None = None
+    error: str | None = None
+
+
+@dataclass
+class Candidate:
+    """One (job, scheme) configuration evaluated at ``length`` (<= the horizon)."""
+
+    job: str
+    scheme: str
+    label: str
+    bytes_per_step: float
+    value: float
+    length: int
+    tag: str = ""  # the job's overrides that differ between jobs (short keys)
+
+
+@dataclass
+class Aggregate:
+    jobs: list[Job]
+    rows: list[dict]
+    csv_path: Path
+    plots: list[Path]
+
+    @property
+    def n_complete(self) -> int:
+        return sum(j.status == "complete" for j in self.jobs)
+
+
+# -- reading ---------------------------------------------------------------------------------
+def check_run_dir(path: Path) -> str | None:
+    """``None`` when ``path`` holds a complete, readable result; else why not (one line)."""
+    path = Path(path)
+    if not res.is_complete(path):
+        return f"no complete {res.SUMMARY_FILE}"
+    try:
+        summary = json.loads((path / res.SUMMARY_FILE).read_text())
+        rows = res.read_rows(path / res.METRICS_FILE)
+    except (OSError, ValueError) as e:
+        return f"unreadable result files ({e})"
+    steps = summary.get("steps")
+    for scheme in summary.get("schemes", {}):
+        last = max((r.get("step", -1) for r in rows if r.get("scheme") == scheme), default=None)
+        if last is None or (steps is not None and last != steps):
+            return f"{res.METRICS_FILE} is truncated (scheme {scheme} ends at step {last})"
+    return None
+
+
+def _read_overrides(path: Path) -> dict[str, str]:
+    f = path / ".hydra" / "overrides.yaml"
+    if not f.is_file():
+        return {}
+    import yaml
+
+    out = {}
+    for item in yaml.safe_load(f.read_text()) or []:
+        key, sep, value = str(item).partition("=")
+        key = key.lstrip("+")
+        if sep and not key.startswith("~") and key not in _IGNORED_OVERRIDES:
+            out[key] = value
+    return out
+
+
+def _is_job_dir(path: Path) -> bool:
+    return any((path / n).exists() for n in (res.SUMMARY_FILE, ".hydra", ERROR_FILE))
+
+
+def collect(root: Path) -> list[Job]:
+    """Every job directory under ``root`` (``root`` itself when it is one), in name order."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"{root} is not a directory")
+    dirs = []
+    for cur, subdirs, _ in os.walk(root):
+        p = Path(cur)
+        if _is_job_dir(p):
+            dirs.append(p)
+            subdirs[:] = []  # a job directory holds no further jobs
+        else:
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+    jobs = []
+    for p in sorted(dirs, key=lambda p: _natural_key(p.relative_to(root).as_posix())):
+        name = p.relative_to(root).as_posix()
+        job = Job(path=p, name=name, status="complete", overrides=_read_overrides(p))
+        why = check_run_dir(p)
+        if why is None:
+            job.summary = json.loads((p / res.SUMMARY_FILE).read_text())
+        else:
+            err = p / ERROR_FILE
+            if err.is_file():
+                job.status, job.error = "failed", (err.read_text().splitlines() or [""])[0]
+            elif (p / res.SUMMARY_FILE).exists():
+                job.status, job.error = "broken", why
+            else:
+                job.status = "incomplete"
+        jobs.append(job)
+    return jobs
+
+
+def _natural_key(s: str) -> list:
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+# -- the summary table -----------------------------------------------------------------------
+def _lengths(jobs: list[Job]) -> list[int]:
+    out = set()
+    for j in jobs:
+        for figs in (j.summary or {}).get("figures", {}).values():
+            out.update(int(k) for k in figs if k.isdigit())
+    return sorted(out)
+
+
+def _costs(summary: dict) -> dict:
+    if summary.get("cost"):
+        return summary["cost"]
+    try:  # results written before the cost model existed: recompute from the config
+        from .config import to_config
+        from .cost import scheme_costs
+
+        return scheme_costs(to_config(summary["config"]))
+    except Exception:  # noqa: BLE001 - the cost columns stay empty
+        return {}
+
+
+def summary_rows(jobs: list[Job]) -> list[dict]:
+    """The rows of ``sweep_summary.csv`` (see the module docstring)."""
+    keys = list(dict.fromkeys(k for j in jobs for k in j.overrides))
+    lengths = _lengths(jobs)
+    rows = []
+    for j in jobs:
+        base = {"job": j.name, "status": j.status, **{k: j.overrides.get(k) for k in keys}}
+        if j.summary is None:
+            rows.append({**base, "error": j.error})
+            continue
+        s = j.summary
+        cost = _costs(s)
+        replay = s.get("config", {}).get("replay", {})
+        for scheme, figs in s.get("figures", {}).items():
+            info = s.get("schemes", {}).get(scheme, {})
+            row = {**base, "scheme": scheme, "label": info.get("label", scheme)}
+            for k in ("kind", "fmt", "rounding", "read_fmt"):
+                row[k] = info.get(k)
+            row["buffer_len"] = replay.get("buffer_len")
+            row["steps"] = s.get("steps")
+            row["dead_at"] = info.get("dead_at")
+            for L in [*lengths, "final"]:
+                f = figs.get(str(L), {})
+                for m in METRICS:
+                    row[f"{m}@{L}"] = f.get(m)
+            for c in _COST_COLS:
+                row[c] = cost.get(scheme, {}).get(c)
+            rows.append(row)
+    # one column set for all rows, in first-seen order
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    return [{c: r.get(c) for c in cols} for r in rows]
+
+
+# -- recommendation --------------------------------------------------------------------------
+def candidates(jobs: list[Job], metric: str, horizon: int | None = None) -> list[Candidate]:
+    """Every complete (job, scheme) with ``metric`` at the largest reported length <= horizon
+    (the run's last step counts as a reported length). Non-finite or dead schemes get inf.
+    Identical configurations repeated across jobs (a baseline in every job) appear once."""
+    if metric not in METRICS:
+        raise ReportError(f"--metric={metric!r} is unknown; allowed: {', '.join(METRICS)}")
+    out: list[Candidate] = []
+    tags = _short_tags([j for j in jobs if j.summary is not None])
+    for j in jobs:
+        if j.summary is None:
+            continue
+        cost = _costs(j.summary)
+        for scheme, figs in j.summary.get("figures", {}).items():
+            avail = {int(k): v for k, v in figs.items() if k.isdigit()}
+            if "final" in figs and figs["final"].get("step") is not None:
+                avail.setdefault(int(figs["final"]["step"]), figs["final"])
+            usable = [L for L in avail if horizon is None or L <= horizon]
+            b = cost.get(scheme, {}).get("bytes_per_step")
+            if not usable or b is None:
+                continue
+            L = max(usable)
+            v = avail[L].get(metric)
+            info = j.summary.get("schemes", {}).get(scheme, {})
+            dead = info.get("dead_at")
+            if v is None or not math.isfinite(v) or (dead is not None and dead <= L):
+                v = math.inf
+            label = info.get("label", scheme)
+            c = Candidate(j.name, scheme, label, float(b), float(v), L, tags[j.name])
+            if not any(_same(c, o) for o in out):  # a baseline repeated in every job: once
+                out.append(c)
+    return out
+
+
+def _same(a: Candidate, b: Candidate) -> bool:
+    return ((a.label, a.bytes_per_step, a.length) == (b.label, b.bytes_per_step, b.length)
+            and (a.value == b.value or abs(a.value - b.value) <= 1e-3 * abs(a.value)))
+
+
+@dataclass
+class Recommendation:
+    budget: float
+    within: list[Candidate]  # cheapest first (ties: the more accurate first)
+    over: list[Candidate]  # the rest, cheapest first
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.within[0] if self.within else None
+
+
+def recommend(cands: list[Candidate], budget: float) -> Recommendation:
+    """Split ``cands`` at ``budget`` and sort each side by bytes per step."""
+    order = sorted(cands, key=lambda c: (c.bytes_per_step, c.value))
+    within = [c for c in order if c.value <= budget]
+    over = [c for c in order if c.value > budget]
+    return Recommendation(budget, within, over)
+
+
+def format_recommendation(rec: Recommendation, metric: str, horizon: int | None,
+                          top: int = 3) -> str:
+    """The text the CLI prints (see the module docstring)."""
+    lines = []
+    all_c = rec.within + rec.over
+    used = sorted({c.length for c in all_c})
+    hz = "the longest run" if horizon is None else f"horizon {horizon:,}"
+    lines.append(f"metric {metric} <= {rec.budget:g} at {hz}; {len(all_c)} configurations")
+    if horizon is not None and used and max(used) < horizon:
+        lines.append(f"note: no run reached the horizon; figures at length "
+                     f"{', '.join(f'{L:,}' for L in used)} used (largest reported <= {horizon:,})")
+    best = rec.best
+    if best is None:
+        acc = min(all_c, key=lambda c: (c.value, c.bytes_per_step))
+        lines.append(f"NO configuration is within the budget: the most accurate is {acc.label} "
+                     f"({metric}={_g(acc.value)} at length {acc.length:,}, "
+                     f"{acc.bytes_per_step:,.0f} B/step; job {acc.job}, scheme {acc.scheme}).")
+        return "\n".join(lines)
+    headroom = rec.budget / best.value if best.value > 0 else math.inf
+    lines.append(f"recommended: {best.label}  (job {best.job}, scheme {best.scheme})")
+    lines.append(f"  {best.bytes_per_step:,.0f} bytes/step/head; {metric}={_g(best.value)} at "
+                 f"length {best.length:,}")
+    margin = f"  margin: {_g(headroom)}x under the budget"
+    if len(rec.within) > 1:
+        extra = 100 * (rec.within[1].bytes_per_step / best.bytes_per_step - 1)
+        margin += f"; the runner-up costs {extra:+.1f}% bytes/step"
+    cheaper = [c for c in rec.over if c.bytes_per_step < best.bytes_per_step]
+    if cheaper:
+        c = cheaper[-1]
+        margin += (f"; the next cheaper ({c.label}, {c.bytes_per_step:,.0f} B) misses it with "
+                   f"{metric}={_g(c.value)}")
+    lines.append(margin)
+    if len(rec.within) > 1:
+        lines.append("runners-up within the budget (cheapest first):")
+        lines += [_cand_line(i + 2, c, metric) for i, c in enumerate(rec.within[1:1 + top])]
+    return "\n".join(lines)
+
+
+def _cand_line(rank: int, c: Candidate, metric: str) -> str:
+    return (f"  {rank:>2}. {c.bytes_per_step:>10,.0f} B  {metric}={_g(c.value):<9} "
+            f"@{c.length:<7,} {c.label}  [{c.tag or c.job} / {c.scheme}]")
+
+
+def _g(v: float) -> str:
+    if not math.isfinite(v):
+        return "inf" if v > 0 else "nan"
+    return f"{v:.3g}"
+
+
+# -- plots -----------------------------------------------------------------------------------
+def _short_tags(jobs: list[Job]) -> dict[str, str]:
+    """Per job: the overrides that differ between jobs, with short keys."""
+    keys = list(dict.fromkeys(k for j in jobs for k in j.overrides))
+    varying = [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1]
+    return {j.name: ",".join(f"{k.rsplit('.', 1)[-1]}={j.overrides.get(k)}" for k in varying)
+            for j in jobs}
+
+
+def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
+    """rel_err and KL vs length of every (job, scheme): colour per job, style per scheme."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [j for j in jobs if j.summary is not None]
+    tags = _short_tags(done)
+    series = []
+    for j in done:
+        rows = res.read_rows(j.path / res.METRICS_FILE)
+        for s, info in j.summary.get("schemes", {}).items():
+            mine = [r for r in rows if r["scheme"] == s]
+            lab = info.get("label", s)
+            lab = f"{tags[j.name]}: {lab}" if tags[j.name] else lab
+            series.append((j.name, s, lab, mine))
+    panels = [m for m in ("rel_err", "kl") if any(_pos(r.get(m)) for *_, rs in series for r in rs)]
+    panels = panels or ["rel_err"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + 3, 4.6), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    job_idx = {n: i for i, n in enumerate(dict.fromkeys(s[0] for s in series))}
+    scheme_idx = {n: i for i, n in enumerate(dict.fromkeys(s[1] for s in series))}
+    for ax, m in zip(axes[0], panels, strict=True):
+        for jn, s, lab, rs in series:
+            y = [r.get(m) if _pos(r.get(m)) else math.nan for r in rs]
+            ax.plot([r["step"] for r in rs], y, lw=1.3, label=lab,
+                    marker="o" if len(rs) < 4 else None, ms=3,
+                    color=colors[job_idx[jn] % len(colors)],
+                    ls=styles[scheme_idx[s] % len(styles)])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("decode steps (tokens)")
+        ax.set_title({"rel_err": "relative output error", "kl": "KL(p_ref || p_sim)"}[m])
+        ax.grid(True, alpha=0.3)
+    axes[0][-1].legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_pareto(jobs: list[Job], path: Path) -> Path:
+    """rel_err and KL at the last reported length vs bytes per step; the front is joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), squeeze=False)
+    for ax, m in zip(axes[0], ("rel_err", "kl"), strict=True):
+        cs = [c for c in candidates(jobs, m) if math.isfinite(c.value) and c.value > 0]
+        ax.scatter([c.bytes_per_step for c in cs], [c.value for c in cs], s=18, alpha=0.6)
+        front = pareto_front(cs)
+        ax.plot([c.bytes_per_step for c in front], [c.value for c in front], "-o", ms=4,
+                color="C3", drawstyle="steps-post", label="Pareto front")
+        for c in front:
+            text = c.label + (f" [{c.tag}]" if c.tag else "")
+            ax.annotate(text, (c.bytes_per_step, c.value), fontsize=6.5, xytext=(4, 4),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes per decode step per head")
+        ax.set_ylabel(f"{m} at the last reported length")
+        ax.grid(True, which="both", alpha=0.3)
+        if front:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def pareto_front(cands: list[Candidate]) -> list[Candidate]:
+    """The configurations no other one beats on both bytes and metric, cheapest first."""
+    front, best = [], math.inf
+    for c in sorted(cands, key=lambda c: (c.bytes_per_step, c.value)):
+        if c.value < best:
+            front.append(c)
+            best = c.value
+    return front
+
+
+def _pos(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+# -- the whole report ------------------------------------------------------------------------
+def aggregate(root: Path, plots: bool = True) -> Aggregate:
+    """Collect ``root``, write ``sweep_summary.csv`` (and the plots) into it."""
+    root = Path(root)
+    jobs = collect(root)
+    if not jobs:
+        raise ReportError(f"no run results (summary.json) under {root}")
+    rows = summary_rows(jobs)
+    csv_path = root / CSV_FILE
+    res.atomic_write_text(csv_path, res.rows_to_csv(rows))
+    written = []
+    if plots and any(j.summary is not None for j in jobs):
+        written = [plot_error_vs_length(jobs, root / ERROR_PLOT),
+                   plot_pareto(jobs, root / PARETO_PLOT)]
+    return Aggregate(jobs, rows, csv_path, written)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _Parser(prog="precsim-report", description=__doc__.splitlines()[0])
+    p.add_argument("dir", type=Path, help="a sweep or run directory")
+    p.add_argument("--metric", choices=METRICS, default="kl")
+    p.add_argument("--budget", type=float, help="largest acceptable metric at the horizon")
+    p.add_argument("--horizon", type=int, help="generated tokens (default: the longest run)")
+    p.add_argument("--top", type=int, default=3, help="runners-up to list")
+    p.add_argument("--no-plots", action="store_true", help="write only sweep_summary.csv")
+    a = p.parse_args(argv)
+    if a.budget is not None and not (a.budget > 0 and math.isfinite(a.budget)):
+        p.error(f"--budget={a.budget} must be a positive number")
+    if a.horizon is not None and a.horizon < 1:
+        p.error(f"--horizon={a.horizon} must be a positive number of tokens")
+    try:
+        agg = aggregate(a.dir, plots=not a.no_plots)
+        cands = candidates(agg.jobs, a.metric, a.horizon)
+        if not cands and agg.n_complete:
+            raise ReportError(f"no reported length <= --horizon={a.horizon} in any run")
+    except ReportError as e:
+        p.error(str(e))
+    print(f"{a.dir}: {agg.n_complete}/{len(agg.jobs)} jobs complete; wrote "
+          f"{', '.join(x.name for x in [agg.csv_path, *agg.plots])}")
+    for j in agg.jobs:
+        if j.status != "complete":
+            print(f"  job {j.name}: {j.status}" + (f" ({j.error})" if j.error else ""))
+    if not cands:
+        return 0
+    if a.budget is None:
+        print(f"configurations by bytes/step ({a.metric} at the largest length "
+              f"<= {a.horizon or 'the run'}):")
+        order = sorted(cands, key=lambda c: (c.bytes_per_step, c.value))
+        print("\n".join(_cand_line(i + 1, c, a.metric) for i, c in enumerate(order)))
+        return 0
+    print(format_recommendation(recommend(cands, a.budget), a.metric, a.horizon, a.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
