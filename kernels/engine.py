@@ -1,0 +1,289 @@
+"""The Triton engine: host driver of the fused kernels, returning a ``precsim.engine.Result``.
+
+The horizon is cut into *launch windows* that end at the first flush at or after each metrics
+window end (so the ReplaySSM buffers start empty in every launch and state drift is sampled
+where the torch engine samples it). Per launch: the inputs of the window are put on the device
+(``inputs="host"``: the run's workload, the same stream as the CPU engine; ``"device"``: the
+counter-based generator of :mod:`precsim.kernels.inputs`), one kernel launch advances the float64
+truth and every scheme, and the per-step outputs go through ``precsim.metrics.Accumulator`` on
+the device (rel_err, KL through the readout head), exactly as in ``run_torch``. States stay in
+device memory between launches: a launch reads and writes each state copy once.
+
+Memory is bounded by one window: outputs ``(n, S, H, P)`` per scheme (float32) and the truth
+(float64), plus the window's inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+from precsim import formats as pf
+from precsim.config import Config
+from precsim.engine import Result, _progress
+from precsim.errors import PrecsimError
+from precsim.metrics import Accumulator, Readout
+from precsim.schemes import build_schemes
+from precsim.ssm import get_family
+from precsim.workload import make_workload
+
+from .quant import IEEE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id, sr_bits_of
+from .rng import event_keys
+
+log = logging.getLogger("precsim.kernels")
+KINDS = {"conventional": 0, "shared": 1, "split": 2}
+BUF_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2}
+MAX_SCHEMES = 8
+
+
+def scheme_code(s) -> int:
+    """Pack a SchemeConfig into the kernels' constexpr code (see ``mamba2._scheme``)."""
+    rnd = SR if s.rounding == "sr" else 0
+    srb = sr_bits_of(s.fmt, s.sr_bits) if rnd else 0
+    rf = fmt_id(s.read_fmt) if s.kind == "split" else 0
+    return (KINDS[s.kind] + 4 * fmt_id(s.fmt) + 64 * rf + 1024 * rnd
+            + 2048 * (IEEE if s.overflow == "ieee" else 0) + 4096 * srb)
+
+
+def scheme_block(s) -> int:
+    """Block size a scheme's tiles need (0: any); raises PrecsimError on two different blocks."""
+    blocks = {block_of(f) for f in (s.fmt, s.read_fmt) if f} - {0}
+    if len(blocks) > 1:
+        raise PrecsimError(f"scheme {s.kind}({s.fmt}, read {s.read_fmt}) mixes block sizes "
+                           f"{sorted(blocks)}")
+    return blocks.pop() if blocks else 0
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def unsupported_reason(cfg: Config) -> str | None:
+    """Why the Triton engine cannot run ``cfg`` (None if it can)."""
+    r, m = cfg.replay, cfg.model
+    if r.drafts > 0:
+        return "speculative decoding (replay.drafts > 0)"
+    if cfg.run.compute_dtype != "fp32":
+        return f"run.compute_dtype={cfg.run.compute_dtype} (kernels compute in fp32)"
+    if m.family == "gdn" and r.gdn_u_source not in ("read", "master"):
+        return f"replay.gdn_u_source={r.gdn_u_source}"
+    two_level = any(pf.get(f).kind == "block" and pf.get(f).two_level
+                    for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt) if f)
+    if two_level and cfg.formats.tensor_scope == "tensor":
+        return "formats.tensor_scope=tensor (an NVFP4 scale over the whole layer couples heads)"
+    P, N = m.head_dim, m.state_dim
+    if not (_pow2(P) and _pow2(N) and P >= 16 and N >= 16):
+        return f"head_dim={P}, state_dim={N} (kernels need powers of two >= 16)"
+    for name, s in cfg.schemes.items():
+        try:
+            scheme_block(s)
+        except PrecsimError as e:
+            return f"{name}: {e}"
+    return None
+
+
+def launch_ends(steps: int, window: int, L: int) -> list[int]:
+    """Ends of the launch windows: the first flush at or after each metrics window end."""
+    ends = []
+    k = 1
+    while not ends or ends[-1] < steps:
+        e = min(steps, L * math.ceil(k * window / L))
+        if not ends or e > ends[-1]:
+            ends.append(e)
+        k += 1
+    return ends
+
+
+def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
+    """Schemes per launch: (block, indices), at most MAX_SCHEMES each, one block size each."""
+    by_blk: dict[int, list[int]] = {}
+    for i, b in enumerate(blocks):
+        by_blk.setdefault(b, []).append(i)
+    anyb = by_blk.pop(0, [])
+    if not by_blk:
+        by_blk[16] = []
+    first = min(by_blk)
+    by_blk[first] = anyb + by_blk[first]
+    out = []
+    for b, idx in sorted(by_blk.items()):
+        for k in range(0, max(len(idx), 1), MAX_SCHEMES):
+            out.append((b, idx[k:k + MAX_SCHEMES]))
+    return out
+
+
+def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str = "host",
+               num_warps: int | None = None, record_outputs: bool = False) -> Result:
+    """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
+
+    ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
+    ``"device"`` generates them on the device (:mod:`precsim.kernels.inputs`, same
+    distributions, a different stream). Unsupported settings fall back to the torch engine
+    with a logged note (``Result.info["triton_fallback"]``).
+    """
+    wl = make_workload(cfg)  # a trace may reset model.* from its own shape
+    reason = unsupported_reason(cfg)
+    if reason is not None:
+        from precsim.engine import run_torch
+
+        log.warning("precsim: the Triton engine does not support %s; running the torch engine",
+                    reason)
+        res = run_torch(cfg, device, progress=progress)
+        res.info["triton_fallback"] = reason
+        return res
+    t_start = time.perf_counter()
+    dev = torch.device(device)
+    family = get_family(cfg.model.family)
+    if inputs == "device":
+        from .inputs import CounterInputs
+
+        src = CounterInputs(cfg, wl.params, dev)
+    elif inputs == "host":
+        src = None
+    else:
+        raise PrecsimError(f"inputs={inputs!r} is unknown; allowed: host, device")
+    m = cfg.model
+    Sq, H = cfg.run.seqs, m.heads
+    P, N = family.state_dims(m)
+    schemes = build_schemes(cfg)
+    ns = len(schemes)
+    L, steps = cfg.replay.buffer_len, cfg.run.steps
+    codes = [scheme_code(s.cfg) for s in schemes]
+    groups = _groups(codes, [scheme_block(s.cfg) for s in schemes])
+    order = [i for _, idx in groups for i in idx]  # storage slot of each scheme: groups contiguous
+    slot = {i: order.index(i) for i in range(ns)}
+    SH = Sq * H
+    S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
+    st = torch.zeros((max(ns, 1), SH, P, N), dtype=torch.float32, device=dev)
+    rd = torch.zeros_like(st)
+    keys = np.zeros((max(ns, 1), steps), dtype=np.uint32)
+    ev = np.arange(steps, dtype=np.int64)
+    k0 = 0
+    for i, s in enumerate(schemes):
+        if s.cfg.rounding == "sr":
+            k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)
+    k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+    readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev) \
+        if cfg.metrics.kl else None
+    acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
+    params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
+              for k, v in wl.params.items()}
+    D = params.get("D")
+    nw = num_warps or (8 if P * N >= 4096 else 4)
+    LB = max(16, 1 << (L - 1).bit_length())
+    kern_s = 0.0
+    timing = dev.type == "cuda"
+    bar = _progress(cfg, progress)
+    recorded: dict[str, list] = {n: [] for n in ["truth", *(s.name for s in schemes)]}
+    t0 = 0
+    ends = launch_ends(steps, cfg.metrics.window, L)
+    for t1 in ends:
+        n = t1 - t0
+        inp = src.chunk(t0, t1) if src is not None else {
+            k: torch.as_tensor(v, device=dev) for k, v in wl.chunk(t0, t1).items()}
+        y64 = torch.full((n, SH, P), math.nan, dtype=torch.float64, device=dev)
+        y32 = torch.full((max(ns, 1), n, SH, P), math.nan, dtype=torch.float32, device=dev)
+        if timing:
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        for gi, (blk, idx) in enumerate(groups):
+            _launch(family.name, inp, params, S64, st, rd, y64, y32, k1, k0,
+                    [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
+                    t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw)
+        if timing:
+            ev1.record()
+        y_ref = y64.view(n, Sq, H, P)
+        ys: dict[str, torch.Tensor | None] = {}
+        xs = inp["x" if family.name == "mamba2" else "v"]
+        for i, s in enumerate(schemes):
+            y = y32[slot[i]].view(n, Sq, H, P)
+            if D is not None and family.name == "mamba2":
+                y = y + D.to(torch.float32)[:, None] * xs.to(torch.float32).view(n, Sq, H, P)
+            ys[s.name] = None if s.dead_at is not None else y
+            if s.dead_at is None:
+                finite = torch.isfinite(y).reshape(n, -1).all(dim=1)
+                if not bool(finite.all()):
+                    s.dead_at = t0 + int((~finite).nonzero()[0, 0]) + 1
+        if D is not None and family.name == "mamba2":
+            y_ref = y_ref + D[:, None] * xs.view(n, Sq, H, P)
+        if timing:
+            ev1.synchronize()
+            kern_s += ev0.elapsed_time(ev1) / 1e3
+        acc.push(y_ref, ys)
+        if record_outputs:
+            recorded["truth"].append(y_ref.cpu().numpy())
+            for name, y in ys.items():
+                recorded[name].append(np.full(y_ref.shape, np.nan) if y is None
+                                      else y.cpu().numpy())
+        if acc.want_drift(t1):
+            acc.record_drift(t1, S64.view(Sq, H, P, N), {
+                s.name: None if s.dead_at else (
+                    {"state": st[slot[i]].view(Sq, H, P, N),
+                     "read": rd[slot[i]].view(Sq, H, P, N)}
+                    if s.kind == "split" else {"state": st[slot[i]].view(Sq, H, P, N)})
+                for i, s in enumerate(schemes)})
+        if bar is not None:
+            bar.update(n)
+        t0 = t1
+    acc.finish()
+    if bar is not None:
+        bar.close()
+    n_flush = math.ceil(steps / L)
+    info = {"flushes": n_flush, "workload": cfg.workload.kind, "mean_segment": steps / n_flush,
+            "launches": len(ends) * len(groups), "inputs": inputs, "num_warps": nw,
+            "kernel_s": kern_s if timing else None,
+            "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
+    if record_outputs:
+        info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
+    return Result(
+        rows=acc.rows(),
+        per_step_rel_err={k: np.concatenate(v) for k, v in acc.per_step_rel_err.items()},
+        schemes={s.name: {"kind": s.kind, "label": s.label, "dead_at": s.dead_at,
+                          "fmt": s.cfg.fmt, "rounding": s.cfg.rounding,
+                          "read_fmt": s.cfg.read_fmt} for s in schemes},
+        engine="triton", device=str(device), wall_s=time.perf_counter() - t_start,
+        steps=steps, info=info)
+
+
+def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, t0, n, steps,
+            L, Sq, H, P, N, blk, LB, cfg, nw):
+    """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
+    (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
+    SH = Sq * H
+    blk = blk or min(16, N)
+    cs = list(codes) + [0] * (MAX_SCHEMES - len(idx))
+    i0 = idx[0] if idx else 0
+    grid = (SH, int(truth) + len(idx))
+    common = dict(P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth), NSCH=len(idx),
+                  BUF=BUF_IDS[cfg.replay.buffer_dtype],
+                  SFLOOR=int(cfg.formats.scale_floor == "normal"),
+                  SCOPE=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
+                  **{f"C{k}": c for k, c in enumerate(cs)}, num_warps=nw,
+                  enable_fp_fusion=False)
+    strides = (n * SH * P, SH * P * N, steps)
+    if fam == "mamba2":
+        from .mamba2 import mamba2_window
+
+        dt = inp["dt"].reshape(n, -1)
+        A = params["A"]
+        a64 = torch.exp(dt.view(n, Sq, H) * A).reshape(n, SH)
+        a32 = torch.exp(dt.view(n, Sq, H).to(torch.float32) * A.to(torch.float32)).reshape(n, SH)
+        B, C = inp["B"], inp["C"]
+        G = B.shape[2]
+        mamba2_window[grid](dt, a64, a32, inp["x"], B, C, S64, st[i0:], rd[i0:], y64,
+                            y32[i0:], k1[i0:, t0:], _i32(k0), t0, n, steps, L, H, H // G, G,
+                            SH, Sq * G, *strides, **common)
+    else:
+        from .gdn import gdn_window
+
+        g = inp["g"].reshape(n, SH)
+        a64 = torch.exp(g)
+        a32 = torch.exp(g.to(torch.float32))
+        gdn_window[grid](a64, a32, inp["beta"].reshape(n, SH), inp["q"], inp["k"], inp["v"],
+                         S64, st[i0:], rd[i0:], y64, y32[i0:], k1[i0:, t0:], _i32(k0), t0, n,
+                         steps, L, SH, *strides, U_MASTER=int(cfg.replay.gdn_u_source == "master"),
+                         **common)

@@ -1,0 +1,219 @@
+"""Fused Gated DeltaNet decode kernel: the float64 truth and every scheme over one window.
+
+Same layout as :mod:`precsim.kernels.mamba2` (grid ``(seqs * heads, slots)``, a program per head
+and slot, tiles ``[V, NB, BLK]`` with the key axis blocked, states in global memory between
+launches, launches cover whole ReplaySSM segments). Here ``P`` names the value dim V.
+
+Recurrence (DESIGN.md §2): ``u_t = beta_t (v_t - alpha_t S_{t-1} k_t)``,
+``S_t = alpha_t S_{t-1} + u_t k_t^T``, ``o_t = S_t q_t``. ReplaySSM evaluates it output-only from
+a buffer of the segment's ``(u_j, k_j)`` (buffer dtype), as the torch engine does:
+``alpha_t S_{t-1} k_t = gamma_t (M k_t) + sum_{j<t} w_j(t) (k_j . k_t) u_j`` with ``M`` the read
+copy or the master (``U_MASTER``, ``replay.gdn_u_source``) and ``w_j(t) = prod_{i=j+1..t}
+alpha_i``; ``o_t = gamma_t (R q_t) + sum_{j<=t} w_j(t) (q_t . k_j) u_j``; at a flush
+``fold = gamma M + (w u)^T K`` (one IEEE float32 ``tl.dot``).
+
+Inputs (one window, time-major): ``a64 (n, S*H)`` float64 and ``a32`` float32 (``exp(g)``,
+computed on the host as the torch engine does), ``beta (n, S*H)``, ``q, k (n, S*H, K)``,
+``v (n, S*H, V)`` float64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .quant import quantize, round_elem
+
+
+@triton.jit
+def _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, i, sh, SHT, P: tl.constexpr, K: tl.constexpr,
+               op, ok3):
+    """Inputs of step i (int64): alpha, beta (scalars), q, k [NB, BLK], v [P]."""
+    a = tl.load(a_ptr + i * SHT + sh)
+    beta = tl.load(b_ptr + i * SHT + sh)
+    rk = (i * SHT + sh) * K
+    return a, beta, tl.load(q_ptr + rk + ok3), tl.load(k_ptr + rk + ok3), \
+        tl.load(v_ptr + (i * SHT + sh) * P + op)
+
+
+@triton.jit
+def _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT,
+           P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr):
+    """Float64 recurrence in corrected-value form (the oracle's order of operations)."""
+    K: tl.constexpr = NB * BLK
+    op = tl.arange(0, P)
+    ok3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    off3 = op[:, None, None] * K + ok3[None, :, :]
+    z64 = sh.to(tl.int64) * 0
+    base = sh.to(tl.int64) * (P * K)
+    S = tl.load(S64_ptr + base + off3)
+    na, nb, nq, nk, nv = _load_step(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, z64, sh, SHT, P, K, op,
+                                    ok3)
+    for i in range(n_steps):
+        a, beta, q3, k3, v = na, nb, nq, nk, nv
+        na, nb, nq, nk, nv = _load_step(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr,
+                                        tl.minimum(z64 + i + 1, n_steps - 1), sh, SHT, P, K, op,
+                                        ok3)  # prefetch the next step
+        Sk = tl.sum(tl.sum(S * k3[None, :, :], axis=2), axis=1)
+        u = beta * (v - a * Sk)
+        S = a * S + u[:, None, None] * k3[None, :, :]
+        y = tl.sum(tl.sum(S * q3[None, :, :], axis=2), axis=1)
+        tl.store(y64_ptr + ((z64 + i) * SHT + sh) * P + op, y)
+    tl.store(S64_ptr + base + off3, S)
+
+
+@triton.jit
+def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+            n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, IDX: tl.constexpr,
+            CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr,
+            LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
+            U_MASTER: tl.constexpr):
+    """One scheme (``CODE`` as in ``mamba2._scheme``) on one head."""
+    KIND: tl.constexpr = CODE % 4
+    F: tl.constexpr = (CODE // 4) % 16
+    RF: tl.constexpr = (CODE // 64) % 16
+    RND: tl.constexpr = (CODE // 1024) % 2
+    OVF: tl.constexpr = (CODE // 2048) % 2
+    SRB: tl.constexpr = (CODE // 4096) % 64
+    K: tl.constexpr = NB * BLK
+    op = tl.arange(0, P)
+    ok2 = tl.arange(0, K)
+    ok3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    off3 = op[:, None, None] * K + ok3[None, :, :]
+    z64 = sh.to(tl.int64) * 0
+    base = sh.to(tl.int64) * (P * K)
+    base_lo = (base & 0xFFFFFFFF).to(tl.uint32)
+    base_hi = (base >> 32).to(tl.uint32)
+    k0u = k0.to(tl.uint32)
+    st = st_ptr + IDX * SSTRIDE + base
+    rd = rd_ptr + IDX * SSTRIDE + base
+    yp = y32_ptr + IDX * YSTRIDE
+    kp = k1_ptr + IDX * KSTRIDE
+    S = tl.load(st + off3)  # state / checkpoint / master
+    if KIND == 2:
+        R = tl.load(rd + off3)  # read copy
+    else:
+        R = S
+    lrow = tl.arange(0, LB)
+    Ub = tl.zeros([LB, P], tl.float32)  # buffer of corrected values u_j (buffer dtype)
+    Kb = tl.zeros([LB, K], tl.float32)  # buffer of keys k_j (buffer dtype)
+    w = tl.zeros([LB], tl.float32)  # w_j(t) = prod_{i>j} alpha_i
+    gam = tl.full([], 1.0, tl.float32)
+    na, nb, nq, nk, nv = _load_step(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, z64, sh, SHT, P, K, op,
+                                    ok3)
+    for i in range(n_steps):
+        a, b64, q64, k64, v64 = na, nb, nq, nk, nv
+        na, nb, nq, nk, nv = _load_step(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr,
+                                        tl.minimum(z64 + i + 1, n_steps - 1), sh, SHT, P, K, op,
+                                        ok3)  # prefetch the next step
+        beta = b64.to(tl.float32)
+        q3 = q64.to(tl.float32)
+        v = v64.to(tl.float32)
+        if KIND == 0:
+            k3 = k64.to(tl.float32)
+            Sk = tl.sum(tl.sum(S * k3[None, :, :], axis=2), axis=1)
+            u = beta * (v - a * Sk)
+            S_new = a * S + u[:, None, None] * k3[None, :, :]
+            y = tl.sum(tl.sum(S_new * q3[None, :, :], axis=2), axis=1)
+            k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
+            S = quantize(S_new, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
+                         off3)
+        else:
+            t = t0 + i
+            j = t % L
+            rk = ((z64 + i) * SHT + sh) * K
+            k3 = round_elem(k64.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, ok3)
+            k2 = round_elem(tl.load(k_ptr + rk + ok2).to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0,
+                            ok2)
+            w = w * a
+            gam = gam * a
+            if U_MASTER or KIND == 1:
+                Mk = tl.sum(tl.sum(S * k3[None, :, :], axis=2), axis=1)
+            else:
+                Mk = tl.sum(tl.sum(R * k3[None, :, :], axis=2), axis=1)
+            KK = tl.sum(Kb * k2[None, :], axis=1)
+            corr = tl.sum((w * KK)[:, None] * Ub, axis=0)
+            u = round_elem(beta * (v - gam * Mk - corr), BUF, 0, 0, 0, 0, 0, 0, 0, op)
+            Ub = tl.where(lrow[:, None] == j, u[None, :], Ub)
+            Kb = tl.where(lrow[:, None] == j, k2[None, :], Kb)
+            w = tl.where(lrow == j, 1.0, w)
+            if (j == L - 1) | (t == total - 1):  # flush: fold, write, output from the fold
+                fold = tl.dot(tl.trans(w[:, None] * Ub), Kb, input_precision="ieee")
+                fold = gam * S + tl.reshape(fold, (P, NB, BLK))
+                y = tl.sum(tl.sum(fold * q3[None, :, :], axis=2), axis=1)
+                k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
+                S = quantize(fold, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
+                             off3)
+                if KIND == 2:
+                    R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
+                                 off3)
+                else:
+                    R = S
+                w = tl.zeros([LB], tl.float32)
+                gam = tl.full([], 1.0, tl.float32)
+            else:  # output-only evaluation: the checkpoint is only read
+                q2 = tl.load(q_ptr + rk + ok2).to(tl.float32)
+                QK = tl.sum(Kb * q2[None, :], axis=1)
+                y = tl.sum((w * QK)[:, None] * Ub, axis=0) + gam * tl.sum(
+                    tl.sum(R * q3[None, :, :], axis=2), axis=1)
+        tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
+    tl.store(st + off3, S)
+    if KIND == 2:
+        tl.store(rd + off3, R)
+
+
+@triton.jit
+def gdn_window(a64_ptr, a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, st_ptr, rd_ptr, y64_ptr,
+               y32_ptr, k1_ptr, k0, t0, n_steps, total, L, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
+               P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
+               TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
+               SFLOOR: tl.constexpr, SCOPE: tl.constexpr, U_MASTER: tl.constexpr,
+               C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+               C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
+    """One launch window: grid (S*H, TRUTH + NSCH)."""
+    sh = tl.program_id(0)
+    slot = tl.program_id(1)
+    if TRUTH:
+        if slot == 0:
+            _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,
+                   NB, BLK)
+    if NSCH > 0:
+        if slot == TRUTH + 0:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    if NSCH > 1:
+        if slot == TRUTH + 1:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    if NSCH > 2:
+        if slot == TRUTH + 2:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    if NSCH > 3:
+        if slot == TRUTH + 3:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    if NSCH > 4:
+        if slot == TRUTH + 4:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    if NSCH > 5:
+        if slot == TRUTH + 5:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    if NSCH > 6:
+        if slot == TRUTH + 6:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    if NSCH > 7:
+        if slot == TRUTH + 7:
+            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
+                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE, U_MASTER)

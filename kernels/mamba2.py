@@ -1,0 +1,216 @@
+"""Fused Mamba-2 decode kernel: the float64 truth and every scheme over one window of steps.
+
+Grid ``(seqs * heads, slots)``: a program owns one head's whole state matrix ``(P, N)`` for one
+*slot* (slot 0 the float64 truth when ``TRUTH``, then one slot per scheme), keeps every copy it
+needs on-chip for the whole window (registers), loops over time and writes only the per-step
+outputs ``y``. A program per head keeps NVFP4's per-matrix FP32 scale an in-program reduction.
+Slots never talk to each other: they share only the input stream, so the schemes and the truth
+advance in lockstep per launch. States persist in global memory between launches; a launch covers
+whole ReplaySSM segments (its length is a multiple of ``buffer_len``), so the replay buffers
+start empty and live in registers only.
+
+Tiles are ``[P, NB, BLK]`` (``N = NB * BLK``, BLK the block of the scheme's block format) so
+block scales are a reduction over the last axis without reshapes.
+
+ReplaySSM (DESIGN.md §3) is evaluated output-only from a buffer of the segment's inputs, as the
+torch engine does: ``y_t = gamma_t (R C_t) + sum_j w_j(t) (C_t . B_j) x_j`` with
+``w_j(t) = dt_j prod_{i=j+1..t} a_i`` (running products instead of the torch engine's
+exp-of-cumsum: equal up to float32 rounding), and at a flush
+``fold = gamma M + (w x)^T B`` (one ``tl.dot`` in IEEE float32) gives the output and the write.
+
+Inputs (one window, time-major, float64): ``dt, a64 (n, S*H)``, ``a32 (n, S*H)`` float32 (the
+decays ``exp(dt A)``, computed on the host exactly as the torch engine does), ``x (n, S*H, P)``,
+``B, C (n, S*G, N)`` (G groups; head h reads group ``h // REP``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .quant import quantize, round_elem
+
+MAX_SCHEMES = 8
+
+
+@triton.jit
+def _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, i, sh, sg, SHT, SGT, P: tl.constexpr,
+               N: tl.constexpr, op, on3):
+    """Inputs of step i (int64) of this head: dt, a (scalars), x [P], B, C [NB, BLK]."""
+    dt = tl.load(dt_ptr + i * SHT + sh)
+    a = tl.load(a_ptr + i * SHT + sh)
+    x = tl.load(x_ptr + (i * SHT + sh) * P + op)
+    rb = (i * SGT + sg) * N
+    return dt, a, x, tl.load(B_ptr + rb + on3), tl.load(C_ptr + rb + on3)
+
+
+@triton.jit
+def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT, SGT,
+           P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr):
+    """Float64 recurrence ``S = a S + dt x B^T``, ``y = S C`` (the oracle's order of operations)."""
+    N: tl.constexpr = NB * BLK
+    op = tl.arange(0, P)
+    on3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    off3 = op[:, None, None] * N + on3[None, :, :]
+    z64 = sh.to(tl.int64) * 0
+    base = sh.to(tl.int64) * (P * N)
+    S = tl.load(S64_ptr + base + off3)
+    ndt, na, nxv, nB, nC = _load_step(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, z64, sh, sg, SHT,
+                                      SGT, P, N, op, on3)
+    for i in range(n_steps):
+        dt, a, x, B3, C3 = ndt, na, nxv, nB, nC
+        ndt, na, nxv, nB, nC = _load_step(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr,
+                                          tl.minimum(z64 + i + 1, n_steps - 1), sh, sg, SHT,
+                                          SGT, P, N, op, on3)  # prefetch the next step
+        S = a * S + (dt * x)[:, None, None] * B3[None, :, :]
+        y = tl.sum(tl.sum(S * C3[None, :, :], axis=2), axis=1)
+        tl.store(y64_ptr + ((z64 + i) * SHT + sh) * P + op, y)
+    tl.store(S64_ptr + base + off3, S)
+
+
+@triton.jit
+def _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+            t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
+            IDX: tl.constexpr, CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr,
+            BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
+            SCOPE: tl.constexpr):
+    """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head."""
+    KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
+    F: tl.constexpr = (CODE // 4) % 16
+    RF: tl.constexpr = (CODE // 64) % 16
+    RND: tl.constexpr = (CODE // 1024) % 2
+    OVF: tl.constexpr = (CODE // 2048) % 2
+    SRB: tl.constexpr = (CODE // 4096) % 64
+    N: tl.constexpr = NB * BLK
+    op = tl.arange(0, P)
+    on2 = tl.arange(0, N)
+    on3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    off3 = op[:, None, None] * N + on3[None, :, :]
+    z64 = sh.to(tl.int64) * 0
+    base = sh.to(tl.int64) * (P * N)
+    base_lo = (base & 0xFFFFFFFF).to(tl.uint32)
+    base_hi = (base >> 32).to(tl.uint32)
+    k0u = k0.to(tl.uint32)
+    st = st_ptr + IDX * SSTRIDE + base
+    rd = rd_ptr + IDX * SSTRIDE + base
+    yp = y32_ptr + IDX * YSTRIDE
+    kp = k1_ptr + IDX * KSTRIDE
+    S = tl.load(st + off3)  # state / checkpoint / master
+    if KIND == 2:
+        R = tl.load(rd + off3)  # read copy
+    else:
+        R = S
+    lrow = tl.arange(0, LB)
+    xb = tl.zeros([LB, P], tl.float32)  # buffer of the segment's inputs (buffer dtype)
+    Bb = tl.zeros([LB, N], tl.float32)
+    w = tl.zeros([LB], tl.float32)  # w_j(t) = dt_j prod_{i>j} a_i
+    gam = tl.full([], 1.0, tl.float32)  # decay since the checkpoint
+    ndt, na, nxv, nB, nC = _load_step(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, z64, sh, sg, SHT,
+                                      SGT, P, N, op, on3)
+    for i in range(n_steps):
+        dt64, a, x64, B64, C64 = ndt, na, nxv, nB, nC
+        ndt, na, nxv, nB, nC = _load_step(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr,
+                                          tl.minimum(z64 + i + 1, n_steps - 1), sh, sg, SHT,
+                                          SGT, P, N, op, on3)  # prefetch the next step
+        dt = dt64.to(tl.float32)
+        x = x64.to(tl.float32)
+        C3 = C64.to(tl.float32)
+        if KIND == 0:
+            S_new = a * S + (dt * x)[:, None, None] * B64.to(tl.float32)[None, :, :]
+            y = tl.sum(tl.sum(S_new * C3[None, :, :], axis=2), axis=1)
+            k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
+            S = quantize(S_new, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
+                         off3)
+        else:
+            t = t0 + i
+            j = t % L
+            rb = ((z64 + i) * SGT + sg) * N
+            xr = round_elem(x, BUF, 0, 0, 0, 0, 0, 0, 0, op)
+            Br = round_elem(tl.load(B_ptr + rb + on2).to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0,
+                            on2)
+            w = tl.where(lrow == j, dt, w * a)
+            gam = gam * a
+            xb = tl.where(lrow[:, None] == j, xr[None, :], xb)
+            Bb = tl.where(lrow[:, None] == j, Br[None, :], Bb)
+            if (j == L - 1) | (t == total - 1):  # flush: fold, write, output from the fold
+                fold = tl.dot(tl.trans(w[:, None] * xb), Bb, input_precision="ieee")
+                fold = gam * S + tl.reshape(fold, (P, NB, BLK))
+                y = tl.sum(tl.sum(fold * C3[None, :, :], axis=2), axis=1)
+                k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
+                S = quantize(fold, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
+                             off3)
+                if KIND == 2:
+                    R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
+                                 off3)
+                else:
+                    R = S
+                w = tl.zeros([LB], tl.float32)
+                gam = tl.full([], 1.0, tl.float32)
+            else:  # output-only evaluation: the checkpoint is only read
+                C2 = tl.load(C_ptr + rb + on2).to(tl.float32)
+                G = tl.sum(Bb * C2[None, :], axis=1)
+                y = tl.sum((w * G)[:, None] * xb, axis=0) + gam * tl.sum(
+                    tl.sum(R * C3[None, :, :], axis=2), axis=1)
+        tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
+    tl.store(st + off3, S)
+    if KIND == 2:
+        tl.store(rd + off3, R)
+
+
+@triton.jit
+def mamba2_window(dt_ptr, a64_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, st_ptr, rd_ptr,
+                  y64_ptr, y32_ptr, k1_ptr, k0, t0, n_steps, total, L, H, REP, G, SHT, SGT,
+                  YSTRIDE, SSTRIDE, KSTRIDE,
+                  P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
+                  TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
+                  SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
+                  C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+                  C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
+    """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout."""
+    sh = tl.program_id(0)
+    slot = tl.program_id(1)
+    sg = (sh // H) * G + (sh % H) // REP
+    if TRUTH:
+        if slot == 0:
+            _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT,
+                   SGT, P, NB, BLK)
+    if NSCH > 0:
+        if slot == TRUTH + 0:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    if NSCH > 1:
+        if slot == TRUTH + 1:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    if NSCH > 2:
+        if slot == TRUTH + 2:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    if NSCH > 3:
+        if slot == TRUTH + 3:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    if NSCH > 4:
+        if slot == TRUTH + 4:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    if NSCH > 5:
+        if slot == TRUTH + 5:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    if NSCH > 6:
+        if slot == TRUTH + 6:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    if NSCH > 7:
+        if slot == TRUTH + 7:
+            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)

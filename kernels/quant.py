@@ -1,0 +1,241 @@
+"""Fake quantisation inside Triton kernels: the twin of ``precsim.formats`` (core.py).
+
+A state tile is ``[R, NB, BLK]`` float32 (rows, blocks, elements of a block; the last two axes are
+the state's last axis, the one block scales run along). Every function mirrors
+``formats.core.round_float`` / ``quantize_block`` operation for operation — IEEE divisions
+(``div_rn``), exact power-of-two scales built from bits, RNE through the 2^23 trick — so RNE and SR
+results are bit-identical to the torch/NumPy paths (tests check).
+
+NVFP4's per-matrix FP32 scale (``amax / 2688``) is the max over the whole tile: the engines give a
+program a whole head, so the reduction stays inside the program.
+
+Format ids (``FMT_IDS``) are small ints so a scheme can be passed as constexprs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from precsim import formats as pf
+
+from .rng import element_index, random_uint
+
+# element formats first; ids are kernel constexprs
+FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
+           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8}
+RNE, SR = 0, 1
+SATFINITE, IEEE = 0, 1
+SCOPE_MATRIX, SCOPE_NONE = 0, 1
+
+
+def fmt_id(name: str) -> int:
+    return FMT_IDS[pf.get(name).name]
+
+
+def block_of(name: str) -> int:
+    """Block size of a block format, 0 for element formats."""
+    f = pf.get(name)
+    return f.block if f.kind == "block" else 0
+
+
+def sr_bits_of(name: str, sr_bits: int | None) -> int:
+    """Random bits an SR rounding to ``name`` uses on a float32 carrier (formats' default)."""
+    f = pf.get(name)
+    el = f.element if f.kind == "block" else f
+    if f.kind == "identity" or (f.kind == "float" and f.name == "fp32"):
+        return 0
+    return int(sr_bits or el.sr_bits_for(24))
+
+
+@triton.jit
+def exponent_f32(ax):
+    """Unbiased exponent field of |x| (float32, sign clear): subnormals give -127."""
+    return (ax.to(tl.int32, bitcast=True) >> 23) - 127
+
+
+@triton.jit
+def pow2_f32(e):
+    """2**e as float32 from bits, e int32 (clamped to 127; subnormal powers down to 2**-149)."""
+    e = tl.minimum(e, 127)
+    normal = tl.maximum(e + 127, 1) << 23
+    sub = tl.full(e.shape, 1, tl.int32) << tl.minimum(tl.maximum(e + 149, 0), 22)
+    return tl.where(e >= -126, normal, sub).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rint_pos(y):
+    """Round half to even of y >= 0 (NaN/Inf pass through)."""
+    big = 8388608.0
+    return tl.where(y < big, (y + big) - big, y)
+
+
+@triton.jit
+def copysign_f32(a, b):
+    ab = a.to(tl.uint32, bitcast=True) & 0x7FFFFFFF
+    sb = b.to(tl.uint32, bitcast=True) & 0x80000000
+    return (ab | sb).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_float(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
+                HAS_INF: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
+                k0, k1, base_lo, base_hi, off):
+    """formats.core.round_float on float32 ``x``; ``off`` = element offsets (int32, x's shape)."""
+    ax = tl.abs(x)
+    e = tl.maximum(exponent_f32(ax), EMIN)
+    q = pow2_f32(e - MB)
+    if MB - EMIN <= 127:  # 1/q is a float32: ax * (1/q) == ax / q (both correctly rounded)
+        y = ax * pow2_f32(MB - e)
+    else:  # bf16: 1/q may exceed float32
+        y = tl.math.div_rn(ax, q)
+    if RND == 0:
+        r = rint_pos(y)
+    else:
+        lo = tl.floor(y)
+        thr = tl.floor((y - lo) * (2.0 ** SRB))
+        ilo, ihi = element_index(base_lo, base_hi, off)
+        u = random_uint(k0, k1, ilo, ihi, SRB).to(tl.float32)
+        r = lo + tl.where(u < thr, 1.0, 0.0)
+    out = r * q
+    over = out > MAXV
+    if OVF == 1:
+        if HAS_INF:
+            out = tl.where(over, float("inf"), out)
+        else:
+            out = tl.where(over, float("nan"), out)
+    else:
+        out = tl.where(over, MAXV, out)
+    return copysign_f32(out, x)
+
+
+@triton.jit
+def round_elem(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
+               k0, k1, base_lo, base_hi, off):
+    """Round to element format id F (1 bf16, 2 fp16, 3 e4m3, 4 e5m2, 5 e2m1; 0 = fp32 as is)."""
+    if F == 1:
+        out = round_float(x, 7, -126, 3.3895313892515355e38, True, RND, SRB, OVF,
+                          k0, k1, base_lo, base_hi, off)
+    elif F == 2:
+        out = round_float(x, 10, -14, 65504.0, True, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
+    elif F == 3:
+        out = round_float(x, 3, -6, 448.0, False, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
+    elif F == 4:
+        out = round_float(x, 2, -14, 57344.0, True, RND, SRB, OVF, k0, k1, base_lo, base_hi,
+                          off)
+    elif F == 5:
+        out = round_float(x, 1, 0, 6.0, False, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
+    else:
+        out = x
+    return out
+
+
+@triton.jit
+def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
+                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
+    """formats.core.quantize_block on a tile ``[R, NB, BLK]`` (F: 6 nvfp4, 7 mxfp4, 8 mxfp8).
+
+    NVFP4: s_t = amax(tile)/2688 (SCOPE 0, "matrix") or none (SCOPE 1); block scale
+    (bmax/6)/s_t clamped to 448 (and to 2^-6 if SFLOOR), RNE to E4M3. MX: 2^(floor(log2 bmax) -
+    emax(element)) clamped to [-127, 127].
+    """
+    bmax = tl.max(tl.abs(x), axis=2)  # [R, NB]
+    if F == 6:
+        bs = tl.math.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
+        if SCOPE == 0:
+            tmax = tl.max(tl.max(bmax, axis=1), axis=0)
+            s_t = tl.math.div_rn(tl.full(bmax.shape, 1.0, tl.float32) * tmax,
+                                 tl.full(bmax.shape, 2688.0, tl.float32))
+            s_t = tl.where(s_t == 0, 1.0, s_t)
+            bs = tl.math.div_rn(bs, s_t)
+        bs = tl.minimum(bs, 448.0)
+        if SFLOOR == 1:
+            bs = tl.maximum(bs, 0.015625)
+        bs = round_float(bs, 3, -6, 448.0, False, 0, 0, 0, 0, 0, 0, 0, bmax.to(tl.int32))
+        if SCOPE == 0:
+            total = s_t * bs
+        else:
+            total = bs
+        EL: tl.constexpr = 5
+    else:
+        if F == 7:
+            EL: tl.constexpr = 5
+            EMAXE: tl.constexpr = 2
+        else:
+            EL: tl.constexpr = 3
+            EMAXE: tl.constexpr = 8
+        e = tl.minimum(tl.maximum(exponent_f32(bmax) - EMAXE, -127), 127)
+        total = pow2_f32(e)
+        inv = pow2_f32(-e)  # exact reciprocal of a power of two
+    total = tl.where((bmax - bmax) == 0, total, float("nan"))
+    t3 = total[:, :, None]
+    safe = tl.where(t3 > 0, t3, 1.0)
+    if EL == 5:
+        MAXE: tl.constexpr = 6.0
+    else:
+        MAXE: tl.constexpr = 448.0
+    if F == 6:
+        xs = tl.math.div_rn(x, tl.broadcast_to(safe, x.shape))
+    else:  # MX: x / 2^e == x * 2^-e exactly
+        xs = x * inv[:, :, None]
+    scaled = tl.minimum(tl.maximum(xs, -MAXE), MAXE)
+    qe = round_elem(scaled, EL, RND, SRB, 0, k0, k1, base_lo, base_hi, off)
+    out = tl.where(t3 > 0, qe * t3, x * 0.0)
+    return tl.where(t3 == t3, out, float("nan"))
+
+
+@triton.jit
+def quantize(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
+             SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
+    """Fake-quantise a float32 tile ``[R, NB, BLK]`` to format id F (0: unchanged)."""
+    if F >= 6:
+        out = quant_block(x, F, RND, SRB, SFLOOR, SCOPE, k0, k1, base_lo, base_hi, off)
+    else:
+        out = round_elem(x, F, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
+    return out
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, out_ptr, k0, k1, R: tl.constexpr, NB: tl.constexpr,
+                     BLK: tl.constexpr, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
+                     OVF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr):
+    m = tl.program_id(0)
+    r = tl.arange(0, R)[:, None, None]
+    b = tl.arange(0, NB)[None, :, None]
+    k = tl.arange(0, BLK)[None, None, :]
+    off = r * (NB * BLK) + b * BLK + k
+    base = m.to(tl.int64) * (R * NB * BLK)
+    base_lo = (base & 0xFFFFFFFF).to(tl.uint32)
+    base_hi = (base >> 32).to(tl.uint32)
+    x = tl.load(x_ptr + base + off)
+    y = quantize(x, F, RND, SRB, OVF, SFLOOR, SCOPE, k0.to(tl.uint32), k1.to(tl.uint32),
+                 base_lo, base_hi, off)
+    tl.store(out_ptr + base + off, y)
+
+
+def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: int = 0,
+                   stream: int = 0, sr_bits: int | None = None, overflow: str = "satfinite",
+                   scale_floor: str = "subnormal", tensor_scope: str = "matrix") -> torch.Tensor:
+    """Quantise a float32 tensor ``(M, R, C)`` with the in-kernel code, one matrix a program.
+
+    The result equals ``precsim.formats.quantize(x, fmt, rounding, seed=seed, stream=stream,
+    ...)`` bit for bit (R and C powers of two; C a multiple of the block). For tests.
+    """
+    M, R, C = x.shape
+    blk = block_of(fmt) or min(C, 16)
+    k0, k1 = pf.stream_keys(seed, stream)
+    out = torch.empty_like(x)
+    x = x.contiguous()
+    _quantize_kernel[(M,)](x, out, _i32(k0), _i32(k1), R=R, NB=C // blk, BLK=blk,
+                           F=fmt_id(fmt), RND=SR if rounding == "sr" else RNE,
+                           SRB=sr_bits_of(fmt, sr_bits), OVF=IEEE if overflow == "ieee" else 0,
+                           SFLOOR=int(scale_floor == "normal"),
+                           SCOPE=SCOPE_NONE if tensor_scope == "none" else SCOPE_MATRIX)
+    return out
+
+
+def _i32(v: int) -> int:
+    """A uint32 key as the int32 with the same bits (kernel scalars are signed)."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= (1 << 31) else v
