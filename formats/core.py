@@ -114,12 +114,13 @@ class FloatFormat:
         sign = np.signbit(v).astype(np.int64) if self.signed else np.zeros(v.shape, np.int64)
         a = np.abs(v)
         e_mask = (1 << self.ebits) - 1
-        with np.errstate(divide="ignore", invalid="ignore"):
-            E = np.floor(np.log2(np.where(a > 0, a, 1.0))).astype(np.int64)
+        fin = np.isfinite(a) & (a > 0)  # Inf/NaN/0 get their codes below; keep them out of log2
+        E = np.floor(np.log2(np.where(fin, a, 1.0))).astype(np.int64)
         is_sub = (a < self.min_normal) & bool(self.has_zero)
         e_field = np.where(is_sub, 0, E + self.bias)
-        frac = np.where(is_sub, a / math.ldexp(1.0, self.emin - self.mbits),
-                        (a / np.ldexp(1.0, E.astype(np.int32)) - 1.0) * (1 << self.mbits))
+        af = np.where(fin, a, 0.0)
+        frac = np.where(is_sub, af / math.ldexp(1.0, self.emin - self.mbits),
+                        (af / np.ldexp(1.0, E.astype(np.int32)) - 1.0) * (1 << self.mbits))
         m_field = np.rint(np.nan_to_num(frac)).astype(np.int64)
         code = (e_field << self.mbits) | m_field
         if self.has_inf:
@@ -402,7 +403,8 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
             f"{fmt.name}: last axis (shape {shape}) must be a multiple of the block size "
             f"{fmt.block}")
     xb = x.reshape(*shape[:-1], shape[-1] // fmt.block, fmt.block)
-    bmax = _f32(ops, ops.amax(ops.abs(xb), -1))  # (..., nblocks, 1), float32
+    amax = ops.amax(ops.abs(xb), -1)  # (..., nblocks, 1), in x's dtype
+    bmax = _f32(ops, amax)  # float32: NVFP4's scale arithmetic
     el, sc = fmt.element, fmt.scale
     rne = dict(seed=0, overflow="satfinite")
     if fmt.two_level:
@@ -426,10 +428,13 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
         bs = round_elements(bs, sc, "rne", ops, **rne)
         total = bs if s_t is None else s_t * bs
     else:
-        # OCP MX: shared exponent floor(log2 amax) - emax(element); E8M0 keeps it exactly
-        e = ops.exponent(bmax) - (int(el.max_value).bit_length() - 1)
+        # OCP MX: shared exponent floor(log2 amax) - emax(element); E8M0 keeps it exactly.
+        # From x's own amax: a float32 copy of a float64 amax can round up to the next power
+        # of two (doubling the scale) or overflow to inf (a finite block would come out NaN).
+        bmax = amax
+        e = ops.exponent(amax) - (int(el.max_value).bit_length() - 1)
         e = ops.minimum(ops.maximum(e, -127), 127)
-        total = ops.pow2(e, bmax)
+        total = ops.pow2(e, amax)
     total = ops.where((bmax - bmax) == 0, total, ops.full_like(total, math.nan))
     total = _like(ops, total, x)
     safe = ops.where(total > 0, total, ops.full_like(total, 1.0))
