@@ -1,0 +1,208 @@
+"""precsim.report on a synthetic sweep directory with known numbers (no simulation runs)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from precsim import report
+from precsim.results import rows_to_csv
+
+LENGTHS = (256, 1024, 4096)
+# scheme -> (label, kind, fmt, rounding, read_fmt)
+SPECS = {
+    "conventional_fp32": ("conventional(fp32)", "conventional", "fp32", "rne", None),
+    "shared_nvfp4_sr": ("shared(nvfp4/sr)", "shared", "nvfp4", "sr", None),
+    "split_fp32_nvfp4": ("split(fp32 update + nvfp4 read)", "split", "fp32", "rne", "nvfp4"),
+}
+# job -> buffer_len, {scheme: (bytes/step, kl at 4096)}; kl at 1024 is half, at 256 a quarter
+JOBS = {
+    "0_replay.buffer_len=8": (8, {"conventional_fp32": (65536, 1e-12),
+                                  "shared_nvfp4_sr": (9434.5, 5e-2),
+                                  "split_fp32_nvfp4": (17050, 4e-4)}),
+    "1_replay.buffer_len=16": (16, {"conventional_fp32": (65536, 1e-12),
+                                    "shared_nvfp4_sr": (12234.25, 3e-2),
+                                    "split_fp32_nvfp4": (16042, 6e-4)}),
+    "2_replay.buffer_len=64": (64, {"split_fp32_nvfp4": (15000, 1.6e-3)}),
+}
+SCALE = {256: 0.25, 1024: 0.5, 4096: 1.0}
+
+
+def _fig(kl: float) -> dict:
+    return {"rel_err": 10 * kl, "kl": kl, "state_drift": kl / 10, "read_drift": None}
+
+
+def write_job(path: Path, buffer_len: int, schemes: dict, steps: int = 4096,
+              dead: dict | None = None) -> None:
+    """A run directory as precsim writes it: metrics.csv, summary.json, .hydra/overrides.yaml."""
+    path.mkdir(parents=True)
+    (path / ".hydra").mkdir()
+    (path / ".hydra" / "overrides.yaml").write_text(
+        f"- experiment=split_nvfp4\n- replay.buffer_len={buffer_len}\n- run.progress=false\n")
+    rows, figures, info, cost = [], {}, {}, {}
+    for name, (b, kl) in schemes.items():
+        label, kind, fmt, rnd, rf = SPECS[name]
+        info[name] = {"kind": kind, "label": label, "fmt": fmt, "rounding": rnd,
+                      "read_fmt": rf, "dead_at": (dead or {}).get(name)}
+        cost[name] = {"bytes_per_step": b, "fraction_of_fp32": b / 65536,
+                      "roofline_speedup": 65536 / b, "state_transfers_per_step": 1.0}
+        figures[name] = {}
+        for L in [x for x in LENGTHS if x <= steps] + ([steps] if steps not in LENGTHS else []):
+            v = kl * SCALE.get(L, 1.0)
+            rows.append({"scheme": name, "step": L, **{k: x for k, x in _fig(v).items()
+                                                       if x is not None}})
+            if L in LENGTHS:
+                figures[name][str(L)] = _fig(v)
+        figures[name]["final"] = {"step": steps, **_fig(kl)}
+    rows.sort(key=lambda r: r["step"])
+    (path / "metrics.csv").write_text(rows_to_csv(rows))
+    summary = {"complete": True, "steps": steps, "figures": figures, "schemes": info,
+               "cost": cost, "config": {"replay": {"buffer_len": buffer_len}}}
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    root = tmp_path / "sweep"
+    for name, (bl, schemes) in JOBS.items():
+        write_job(root / name, bl, schemes)
+    bad = root / "3_replay.buffer_len=128"
+    (bad / ".hydra").mkdir(parents=True)
+    (bad / ".hydra" / "overrides.yaml").write_text("- replay.buffer_len=128\n")
+    (bad / "error.txt").write_text("PrecsimError: something broke\n\nTraceback ...\n")
+    (root / ".submitit" / "123").mkdir(parents=True)  # hidden folders are not jobs
+    return root
+
+
+def _run(capsys, *args) -> tuple[int, str]:
+    code = report.main([str(a) for a in args])
+    return code, capsys.readouterr().out
+
+
+def test_summary_csv_one_row_per_job_and_scheme(sweep, capsys):
+    code, out = _run(capsys, sweep)
+    assert code == 0 and "3/4 jobs complete" in out and "failed" in out
+    with open(sweep / report.CSV_FILE) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 + 3 + 1 + 1
+    for col in ("replay.buffer_len", "experiment", "scheme", "kl@256", "kl@4096",
+                "rel_err@1024", "kl@final", "bytes_per_step", "status"):
+        assert col in rows[0], col
+    assert "run.progress" not in rows[0]
+    split16 = next(r for r in rows if r["job"] == "1_replay.buffer_len=16"
+                   and r["scheme"] == "split_fp32_nvfp4")
+    assert float(split16["kl@4096"]) == pytest.approx(6e-4)
+    assert float(split16["kl@1024"]) == pytest.approx(3e-4)
+    assert float(split16["bytes_per_step"]) == 16042 and split16["buffer_len"] == "16"
+    failed = next(r for r in rows if r["job"] == "3_replay.buffer_len=128")
+    assert failed["status"] == "failed" and "something broke" in failed["error"]
+    assert {r["replay.buffer_len"] for r in rows} == {"8", "16", "64", "128"}
+    for png in (report.ERROR_PLOT, report.PARETO_PLOT):
+        assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_recommendation_cheapest_within_budget(sweep, capsys):
+    code, out = _run(capsys, sweep, "--metric", "kl", "--budget", "1e-3", "--horizon", "131072",
+                     "--no-plots")
+    assert code == 0
+    assert "no run reached the horizon; figures at length 4,096 used" in out
+    rec = out.split("recommended:")[1]
+    assert rec.splitlines()[0].strip().startswith("split(fp32 update + nvfp4 read)")
+    assert "1_replay.buffer_len=16" in rec.splitlines()[0]
+    assert "16,042 bytes/step/head; kl=0.0006 at length 4,096" in out
+    # margin: 1e-3 / 6e-4 = 1.67x; runner-up (L=8, 17,050 B) +6.3%; L=64 is cheaper but misses
+    assert "1.67x under the budget" in out and "+6.3%" in out
+    assert "next cheaper (split(fp32 update + nvfp4 read), 15,000 B) misses it with kl=0.0016" \
+        in out
+    runners = out.split("runners-up")[1].splitlines()[1:]
+    assert "17,050" in runners[0] and "buffer_len=8" in runners[0]
+    assert "65,536" in runners[1] and "conventional(fp32)" in runners[1]
+    assert len(runners) == 2  # the FP32 baseline of two jobs is one configuration
+
+
+def test_horizon_picks_the_largest_reported_length(sweep, capsys):
+    # at 1024 the L=64 split has kl = 8e-4: now it fits and is the cheapest
+    code, out = _run(capsys, sweep, "--budget", "1e-3", "--horizon", "2000", "--no-plots")
+    assert code == 0 and "figures at length 1,024 used" in out
+    assert "15,000 bytes/step/head; kl=0.0008 at length 1,024" in out
+
+
+def test_nothing_fits_says_so(sweep, capsys):
+    code, out = _run(capsys, sweep, "--budget", "1e-15", "--no-plots")
+    assert code == 0
+    assert "NO configuration is within the budget" in out
+    assert "most accurate is conventional(fp32)" in out and "recommended" not in out
+
+
+@pytest.mark.parametrize(("metric", "budget", "best"), [
+    pytest.param("rel_err", "1e-2", "16,042", id="rel_err"),  # rel_err = 10 * kl
+    pytest.param("state_drift", "1e-2", "9,434", id="state_drift"),  # drift = kl / 10
+])
+def test_other_metrics(sweep, capsys, metric, budget, best):
+    code, out = _run(capsys, sweep, "--metric", metric, "--budget", budget, "--no-plots")
+    assert code == 0 and f"{best}" in out.split("recommended:")[1].splitlines()[1]
+
+
+def test_dead_scheme_never_recommended(tmp_path, capsys):
+    write_job(tmp_path / "0", 16, {"shared_nvfp4_sr": (9000, 1e-9),
+                                   "conventional_fp32": (65536, 1e-12)},
+              dead={"shared_nvfp4_sr": 100})
+    code, out = _run(capsys, tmp_path, "--budget", "1e-3", "--no-plots")
+    assert code == 0 and "recommended: conventional(fp32)" in out
+
+
+def test_single_run_dir(tmp_path, capsys):
+    write_job(tmp_path / "run", 16, JOBS["1_replay.buffer_len=16"][1], steps=1024)
+    code, out = _run(capsys, tmp_path / "run", "--budget", "1e-3", "--horizon", "131072")
+    assert code == 0 and "1/1 jobs complete" in out
+    assert "figures at length 1,024 used" in out and "16,042 bytes" in out
+    assert (tmp_path / "run" / report.CSV_FILE).is_file()
+
+
+def test_truncated_metrics_is_broken(sweep):
+    job = sweep / "0_replay.buffer_len=8"
+    assert report.check_run_dir(job) is None
+    lines = (job / "metrics.csv").read_text().splitlines()
+    (job / "metrics.csv").write_text("\n".join(lines[:4]) + "\n")
+    assert "truncated" in report.check_run_dir(job)
+    status = {j.name: j.status for j in report.collect(sweep)}
+    assert status["0_replay.buffer_len=8"] == "broken"
+    (job / "summary.json").unlink()
+    assert report.collect(sweep)[0].status == "incomplete"
+
+
+def test_pareto_front():
+    c = [report.Candidate("j", s, s, b, v, 1) for s, b, v in
+         [("a", 10, 1.0), ("b", 20, 0.5), ("c", 30, 0.7), ("d", 40, 0.1), ("e", 20, 0.9)]]
+    assert [x.scheme for x in report.pareto_front(c)] == ["a", "b", "d"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    pytest.param(["--metric", "foo"], "invalid choice: 'foo'", id="metric"),
+    pytest.param(["--budget", "-1"], "--budget=-1.0 must be a positive number", id="budget"),
+    pytest.param(["--horizon", "100"], "no reported length <= --horizon=100", id="horizon"),
+])
+def test_bad_input_is_one_line(sweep, capsys, args, needle):
+    with pytest.raises(SystemExit) as e:
+        report.main([str(sweep), "--no-plots", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("precsim-report: error: ") and needle in err
+
+
+def test_cli_module_missing_dir(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "precsim.report", str(tmp_path / "nope")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"precsim-report: error: {tmp_path / 'nope'} is not a directory"
+
+
+def test_empty_dir_is_an_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        report.main([str(tmp_path)])
+    assert e.value.code == 2 and "no run results" in capsys.readouterr().err
