@@ -30,6 +30,10 @@ class NumpyOps:
     copysign = staticmethod(np.copysign)
 
     @staticmethod
+    def clip(x, m):
+        return np.clip(x, -m, m)
+
+    @staticmethod
     def exponent(ax):
         """Biased-exponent field minus the bias, for |x| (subnormals give emin-1; callers clamp)."""
         if ax.dtype == np.float64:
@@ -121,6 +125,10 @@ class TorchOps:
         import torch
 
         return torch.copysign(a, b)
+
+    @staticmethod
+    def clip(x, m):
+        return x.clamp(-m, m)
 
     @staticmethod
     def exponent(ax):

@@ -28,7 +28,17 @@ def main() -> None:
 
     @hydra.main(version_base="1.3", config_path="pkg://precsim.conf", config_name="config")
     def _app(cfg: DictConfig) -> None:
-        _run_app(cfg)
+        try:
+            _run_app(cfg)
+        except Exception as e:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            # a single run ends here with one line; in a sweep the callback records the job's
+            # error and the other jobs go on
+            if is_user_error(e) and HydraConfig.get().mode == RunMode.RUN:
+                _fail(one_line(e))
+            raise
 
     try:
         _app()

@@ -112,8 +112,8 @@ def run_torch(cfg: Config, device: str, progress: bool = True,
               record_outputs: bool = False) -> Result:
     """The vectorised engine. ``record_outputs`` keeps every output (tests, small runs)."""
     t_start = time.perf_counter()
+    wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
     family = get_family(cfg.model.family)
-    wl = make_workload(cfg)
     cdt = TORCH_DTYPES[cfg.run.compute_dtype]
     dev = torch.device(device)
     p64 = family_params(family.name, wl.params, dev, torch.float64)

@@ -54,8 +54,8 @@ def _out(S, c):
 
 def run_numpy(cfg: Config, progress: bool = True, record_outputs: bool = False) -> Result:
     t_start = time.perf_counter()
+    wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
     fam = cfg.model.family
-    wl = make_workload(cfg)
     dt_ = NP_DTYPES[cfg.run.compute_dtype]
     Sq, H = cfg.run.seqs, cfg.model.heads
     P, N = cfg.model.head_dim, cfg.model.state_dim

@@ -1,0 +1,147 @@
+"""The Hydra app: presets compose, a run writes its files, bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_trace
+from hydra import compose, initialize_config_module
+
+from precsim.config import register_configs, to_config
+
+FAST = ["run.steps=64", "model.heads=2", "model.head_dim=8", "model.state_dim=32",
+        "run.seqs=2", "metrics.window=32", "metrics.vocab=64", "run.progress=false"]
+
+
+def _cli(args, cwd, timeout=120):
+    env = dict(os.environ, PYTHONWARNINGS="ignore", MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, "-m", "precsim", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _compose(overrides):
+    register_configs()
+    with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.parametrize("exp,model,n", [("split_nvfp4", "mamba2", 3), ("seed_table", "mamba2", 5),
+                                          ("seed_table", "gdn", 5), ("split_nvfp4", "gdn", 3)])
+def test_presets_compose(exp, model, n):
+    cfg = to_config(_compose([f"experiment={exp}", f"model={model}"]))
+    assert len(cfg.schemes) == n and cfg.model.family == model
+    if exp == "seed_table":
+        assert set(cfg.schemes) == {"conventional_fp32", "conventional_nvfp4_sr",
+                                    "shared_nvfp4_sr", "split_fp32_nvfp4", "split_fp16sr_nvfp4"}
+        assert cfg.workload.kind == "seed_article" and cfg.run.steps == 32768
+
+
+def test_real_layer_presets():
+    cfg = to_config(_compose(["model=nemotron3_super"]))
+    assert (cfg.model.heads, cfg.model.head_dim, cfg.model.state_dim) == (128, 64, 128)
+    cfg = to_config(_compose(["model=qwen35_gdn"]))
+    assert (cfg.model.family, cfg.model.head_dim, cfg.model.state_dim) == ("gdn", 128, 128)
+
+
+def test_run_writes_files_and_skips_when_complete(tmp_path):
+    out = tmp_path / "run"
+    r = _cli(["experiment=split_nvfp4", *FAST, f"hydra.run.dir={out}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for f in ("metrics.csv", "summary.json", "error_vs_length.png", "per_step.npz"):
+        assert (out / f).is_file(), f
+    header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"scheme", "step", "rel_err", "state_drift", "kl"} <= set(header)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["complete"] and s["steps"] == 64 and s["engine"] == "torch"
+    assert set(s["figures"]) == {"conventional_fp32", "shared_nvfp4_sr", "split_fp32_nvfp4"}
+    assert "conventional_fp32" in r.stdout  # the table
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    r2 = _cli(["experiment=split_nvfp4", *FAST, f"hydra.run.dir={out}"], tmp_path)
+    assert r2.returncode == 0 and "skipped" in r2.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name in before} == before
+
+
+BAD = {
+    "unknown_format": (["schemes.split_fp32_nvfp4.read_fmt=nvfp5"], "read_fmt"),
+    "unknown_scheme_kind": (["schemes.shared_nvfp4_sr.kind=weird"], "kind"),
+    "buffer_len_zero": (["replay.buffer_len=0"], "replay.buffer_len"),
+    "drafts_gt_L": (["replay.buffer_len=4", "replay.drafts=5"], "replay.drafts"),
+    "negative_steps": (["run.steps=-3"], "run.steps"),
+    "unknown_key": (["run.stepz=3"], "run.stepz"),
+    "wrong_type": (["run.steps=abc"], "run.steps"),
+    "unknown_model": (["model=foo"], "model/foo"),
+    "trace_without_path": (["workload=trace"], "workload.path"),
+    "trace_missing_file": (["workload=trace", "workload.path=/nonexistent.npz"],
+                           "workload.path"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line(case, tmp_path):
+    args, key = BAD[case]
+    r = _cli(["experiment=split_nvfp4", *args, f"hydra.run.dir={tmp_path / 'o'}"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("precsim: error:") and key in lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def _bad_traces():
+    good = make_trace("mamba2", T=32, H=2, P=4, N=16)
+    cases = {}
+    t = dict(good)
+    del t["C"]
+    cases["missing_key"] = (t, "'C'")
+    t = dict(good, x=good["x"][:, :, :3][:, :1])
+    cases["wrong_shape"] = (t, "shape")
+    t = dict(good)
+    t["B"] = good["B"].copy()
+    t["B"][3, 1, 2] = np.nan
+    cases["nan_value"] = (t, "non-finite")
+    t = dict(good, A=-good["A"])
+    cases["positive_A"] = (t, "A=")
+    g = make_trace("gdn", T=32, H=2, P=4, N=16)
+    cases["gdn_beta_out_of_range"] = (dict(g, beta=g["beta"] + 1.0), "beta")
+    cases["too_many_steps"] = (good, "run.steps=64")
+    return cases
+
+
+@pytest.mark.parametrize("case", list(_bad_traces()))
+def test_bad_trace_is_one_line(case, tmp_path):
+    tr, needle = _bad_traces()[case]
+    path = tmp_path / "t.npz"
+    np.savez(path, **tr)
+    r = _cli(["experiment=split_nvfp4", *FAST, "workload=trace", f"workload.path={path}",
+              "run.seqs=1", f"hydra.run.dir={tmp_path / 'o'}"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_trace_run_uses_trace_shape(tmp_path):
+    tr = make_trace("gdn", T=64, H=3, P=8, N=16)
+    path = tmp_path / "g.npz"
+    np.savez(path, **{k: v.astype(np.float32) for k, v in tr.items()})
+    out = tmp_path / "o"
+    r = _cli(["experiment=split_nvfp4", *FAST, "workload=trace", f"workload.path={path}",
+              "run.seqs=1", f"hydra.run.dir={out}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["config"]["model"]["family"] == "gdn" and s["config"]["model"]["heads"] == 3
+
+
+def test_python_api_without_hydra(tmp_path):
+    from precsim import simulate
+
+    res = simulate({"schemes": {"c": {"kind": "conventional", "fmt": "fp16"}},
+                    "model": {"heads": 1, "head_dim": 4, "state_dim": 16},
+                    "run": {"steps": 64, "progress": False},
+                    "metrics": {"window": 32, "vocab": 32}}, out_dir=tmp_path)
+    assert [r["step"] for r in res.rows] == [32, 64]
+    assert (tmp_path / "summary.json").is_file()
