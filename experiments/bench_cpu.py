@@ -1,0 +1,92 @@
+"""CPU engine vs the plain NumPy per-step loop, measured side by side in one run.
+
+Both sides run the same study — ``experiment=seed_table`` (five schemes + float64 truth,
+seed_article workload, L = 16) — as whole processes (``python -m precsim ...``: interpreter start,
+imports, Hydra, simulation, files and plot), then in-process (simulation only) so the ratio of the
+engines themselves is visible too. The NumPy side is ``run.engine=numpy``
+(``precsim/reference.py``): one token at a time, a buffer list per scheme, output-only evaluation by
+a loop over the buffer, as in the article.
+
+    python experiments/bench_cpu.py [--heads 8] [--steps 4096] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def whole_process(engine: str, heads: int, steps: int) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        args = [sys.executable, "-m", "precsim", "experiment=seed_table", f"model.heads={heads}",
+                f"run.steps={steps}", f"run.engine={engine}", "run.progress=false",
+                f"hydra.run.dir={d}/out"]
+        t = time.perf_counter()
+        r = subprocess.run(args, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        if r.returncode != 0:
+            raise SystemExit(f"{engine} run failed:\n{r.stderr[-2000:]}")
+        return wall
+
+
+def in_process(engine: str, heads: int, steps: int) -> tuple[float, dict]:
+    from hydra import compose, initialize_config_module
+
+    from precsim.config import register_configs, to_config
+    from precsim.engine import run
+
+    register_configs()
+    with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "experiment=seed_table", f"model.heads={heads}", f"run.steps={steps}",
+            f"run.engine={engine}", "run.progress=false"])
+    c = to_config(cfg)
+    t = time.perf_counter()
+    res = run(c, progress=False)
+    wall = time.perf_counter() - t
+    last = {r["scheme"]: r["rel_err"] for r in res.rows if r["step"] == res.rows[-1]["step"]}
+    return wall, last
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=1)
+    a = ap.parse_args()
+    import numpy as np
+    import torch
+
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.platform()}  cpus={os.cpu_count()}  "
+          f"python {platform.python_version()}  numpy {np.__version__}  torch {torch.__version__}"
+          f" (threads {torch.get_num_threads()})")
+    print(f"# study: experiment=seed_table, model.heads={a.heads} (x64x128), "
+          f"run.steps={a.steps}, 5 schemes + float64 truth")
+    rows = []
+    for label, fn in (("whole process", whole_process), ("engine only", None)):
+        for rep in range(a.repeats):
+            if fn is not None:
+                t_np = fn("numpy", a.heads, a.steps)
+                t_pt = fn("torch", a.heads, a.steps)
+            else:
+                t_np, e_np = in_process("numpy", a.heads, a.steps)
+                t_pt, e_pt = in_process("torch", a.heads, a.steps)
+            rows.append((label, rep, t_np, t_pt))
+    print(f"\n{'what':<15}{'rep':>4}{'numpy loop s':>14}{'torch engine s':>16}{'speed-up':>10}"
+          f"{'us/head-step np':>17}{'us/head-step pt':>17}")
+    hs = a.heads * a.steps
+    for label, rep, t_np, t_pt in rows:
+        print(f"{label:<15}{rep:>4}{t_np:>14.2f}{t_pt:>16.2f}{t_np / t_pt:>9.2f}x"
+              f"{1e6 * t_np / hs:>17.1f}{1e6 * t_pt / hs:>17.1f}")
+    print("\nfinal-window rel_err (numpy engine | torch engine):")
+    for k in e_np:
+        print(f"  {k:<24}{e_np[k]:>12.4g} | {e_pt[k]:.4g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Packaging: formats/, kernels/ and conf/ install under the precsim namespace, in a wheel too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_namespace_imports_from_checkout():
+    import precsim.conf
+    import precsim.formats
+    import precsim.kernels
+
+    assert Path(precsim.formats.__file__).parent.name == "formats"
+    assert (Path(precsim.conf.__file__).parent / "config.yaml").is_file()
+    assert callable(precsim.kernels.available)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "-q", "-w", str(out), str(ROOT)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {r.stderr.strip()[-300:]}")
+    (whl,) = out.glob("precsim-*.whl")
+    return whl
+
+
+def test_wheel_contains_configs_and_subpackages(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in ("precsim/conf/__init__.py", "precsim/conf/config.yaml",
+              "precsim/conf/experiment/split_nvfp4.yaml", "precsim/conf/experiment/seed_table.yaml",
+              "precsim/conf/schemes/seed_table.yaml", "precsim/conf/model/nemotron3_super.yaml",
+              "precsim/formats/__init__.py", "precsim/formats/core.py",
+              "precsim/kernels/__init__.py", "precsim/__main__.py"):
+        assert f in names, f
+    assert not any(n.startswith(("formats/", "kernels/", "conf/")) for n in names)
+
+
+def test_installed_wheel_imports_outside_checkout(wheel, tmp_path):
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                        str(target), str(wheel)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    code = ("import precsim.formats as f, precsim.conf as c, importlib.resources as r;"
+            "print(f.__file__); print(r.files('precsim.conf').joinpath('config.yaml').is_file())")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    path, has_cfg = r.stdout.split()
+    assert path.startswith(str(target)) and has_cfg == "True"
