@@ -36,7 +36,9 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             yp = [v if _finite_pos(v) else math.nan for v in y]
             if not any(_finite_pos(v) for v in yp):
                 continue
-            ax.plot(x, yp, color=c, lw=1.6, label=labels.get(s, s))
+            # dashes tell apart schemes whose curves coincide (e.g. FP32 vs FP16-SR split)
+            ax.plot(x, yp, color=c, lw=1.6, ls=("-", "--", "-.", ":")[i % 4],
+                    label=labels.get(s, s))
             xl, lo = _series(rows, s, key + "_p10")
             _, hi = _series(rows, s, key + "_p90")
             if any(_finite_pos(v) for v in lo) and lo != hi:
