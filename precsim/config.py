@@ -85,6 +85,8 @@ class RunConfig:
     device: str = "auto"
     engine: str = "auto"
     compute_dtype: str = "fp32"
+    threads: int = 1  # CPU engines: torch intra-op threads (0 = torch's default); 1 avoids
+    # OpenMP oversubscription when sweeps run jobs side by side
     progress: bool = True
     out_dir: str | None = None  # default: Hydra's run directory (cwd when no Hydra)
 
@@ -121,8 +123,6 @@ def register_configs() -> None:
     register_resolvers()  # ${precsim_uid:} in hydra.run.dir / hydra.sweep.dir
     cs = ConfigStore.instance()
     cs.store(name="precsim_schema", node=Config)
-    cs.store(group="model", name="schema_model", node=ModelConfig)
-    cs.store(group="workload", name="schema_workload", node=WorkloadConfig)
 
 
 def to_config(cfg) -> Config:
@@ -176,6 +176,8 @@ def validate(cfg: Config) -> None:
     check_choice("run.device", run.device, DEVICES)
     check_choice("run.engine", run.engine, ENGINES)
     check_choice("run.compute_dtype", run.compute_dtype, COMPUTE_DTYPES)
+    check(isinstance(run.threads, int) and run.threads >= 0, "run.threads", run.threads,
+          "an integer >= 0 (0 = torch's default)")
     mc = cfg.metrics
     check(isinstance(mc.window, int) and mc.window > 0, "metrics.window", mc.window,
           "an integer >= 1")

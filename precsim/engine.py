@@ -206,6 +206,8 @@ def run(cfg: Config, progress: bool = True) -> Result:
     """Run a validated config on the engine and device it asks for."""
     device = resolve_device(cfg.run.device)
     engine = resolve_engine(cfg.run.engine, device)
+    if cfg.run.threads > 0 and torch.get_num_threads() != cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
     if engine == "numpy":
         from .reference import run_numpy
 
