@@ -1,0 +1,276 @@
+"""Sweeps end to end: aggregation, resume without redoing finished jobs, failed jobs, launchers.
+
+The CLI runs in a subprocess with a tiny config (2 heads, 256 steps, vocab 64).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from precsim import callbacks, report
+
+FAST = ["run.steps=256", "run.seqs=1", "model.heads=2", "metrics.vocab=64", "run.progress=false"]
+SWEEP = ["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", *FAST]
+RESULT_FILES = ("metrics.csv", "summary.json", "per_step.npz", "error_vs_length.png")
+
+
+def _cli(args: list[str], cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run([sys.executable, "-m", "precsim", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _jobs(sweep: Path) -> dict[str, Path]:
+    return {p.name.split("_")[0]: p for p in sorted(sweep.iterdir())
+            if p.is_dir() and not p.name.startswith(".")}
+
+
+def _results(job: Path) -> dict[str, tuple[str, int]]:
+    return {n: v for n, v in _snapshot(job).items() if n in RESULT_FILES}
+
+
+def _snapshot(job: Path) -> dict[str, tuple[str, int | None]]:
+    """sha256 of every file; the mtime of the result files (.hydra/ is rewritten per launch)."""
+    out = {}
+    for f in sorted(job.rglob("*")):
+        if f.is_file():
+            rel = f.relative_to(job).as_posix()
+            mt = f.stat().st_mtime_ns if rel in RESULT_FILES else None
+            out[rel] = (hashlib.sha256(f.read_bytes()).hexdigest(), mt)
+    return out
+
+
+@pytest.fixture(scope="module")
+def joblib_sweep(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("joblib")
+    sweep = cwd / "sweep"
+    r = _cli([*SWEEP, "hydra/launcher=joblib", f"hydra.sweep.dir={sweep}"], cwd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return sweep
+
+
+def test_joblib_sweep_aggregates_and_rerun_touches_nothing(joblib_sweep):
+    sweep = joblib_sweep
+    with open(sweep / report.CSV_FILE) as f:
+        rows = list(csv.DictReader(f))
+    assert {r["replay.buffer_len"] for r in rows} == {"8", "16"}
+    assert len(rows) == 2 * 3 and all(r["status"] == "complete" for r in rows)
+    assert all(float(r["bytes_per_step"]) > 0 and r["kl@256"] and r["rel_err@final"]
+               for r in rows)
+    for png in (report.ERROR_PLOT, report.PARETO_PLOT):
+        assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
+    jobs = _jobs(sweep)
+    assert set(jobs) == {"0", "1"} and "replay.buffer_len=8" in jobs["0"].name
+    before = {n: _snapshot(p) for n, p in jobs.items()}
+    r = _cli([*SWEEP, "hydra/launcher=joblib", f"hydra.sweep.dir={sweep}"], sweep.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("already holds a complete result; skipped") == 2
+    assert {n: _snapshot(p) for n, p in _jobs(sweep).items()} == before
+
+
+def test_rerun_redoes_only_the_crashed_job(joblib_sweep, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(joblib_sweep, sweep)  # copy2 keeps the mtimes
+    jobs = _jobs(sweep)
+    (jobs["0"] / "summary.json").unlink()  # job 0 "crashed" before its summary was written
+    keep = _results(jobs["1"])
+    r = _cli([*SWEEP, "hydra/launcher=joblib", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("skipped") == 1 and "replay.buffer_len=16" in r.stdout
+    assert report.check_run_dir(jobs["0"]) is None
+    assert _results(jobs["1"]) == keep
+
+
+def test_broken_job_is_set_aside_for_redo(joblib_sweep, tmp_path):
+    """A truncated metrics.csv under a complete summary: on_job_start moves the summary aside,
+    so the app's completeness check fails and the job is redone."""
+    from hydra.types import RunMode
+
+    job = tmp_path / "job"
+    shutil.copytree(_jobs(joblib_sweep)["0"], job)
+    cfg = OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "launcher": {"_target_": "x"},
+                                      "job": {"num": 0}, "runtime": {"output_dir": str(job)}},
+                            "run": {"device": "cpu"}})
+    callbacks.SweepCallback().on_job_start(cfg)  # intact: nothing moves
+    assert report.check_run_dir(job) is None
+    m = job / "metrics.csv"
+    m.write_text(m.read_text().splitlines()[0] + "\n")
+    callbacks.SweepCallback().on_job_start(cfg)
+    assert not (job / "summary.json").exists() and (job / "summary.json.broken").is_file()
+
+
+def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = _cli(["-m", "experiment=split_nvfp4", "schemes.split_fp32_nvfp4.read_fmt=nvfp4,bogus",
+              *FAST, "hydra/launcher=joblib", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 1
+    assert "1 of 2 jobs did not finish" in r.stderr
+    jobs = _jobs(sweep)
+    assert report.check_run_dir(jobs["0"]) is None
+    err = (jobs["1"] / "error.txt").read_text()
+    assert err.startswith("PrecsimError: schemes.split_fp32_nvfp4.read_fmt='bogus'")
+    assert "Traceback" in err and "read_fmt='bogus'" in (jobs["1"] / "__main__.log").read_text()
+    with open(sweep / report.CSV_FILE) as f:
+        status = {r["job"].split("_")[0]: r["status"] for r in csv.DictReader(f)}
+    assert status == {"0": "complete", "1": "failed"}
+
+
+def test_sweeps_started_together_get_their_own_dirs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    # a job that fails at once keeps this cheap; the directory exists either way
+    cmd = [sys.executable, "-m", "precsim", "-m", "experiment=split_nvfp4",
+           "schemes.split_fp32_nvfp4.read_fmt=bogus", *FAST]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for _ in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [1, 1]
+    dirs = sorted((tmp_path / "multirun" / "split_nvfp4").iterdir())
+    assert len(dirs) == 2, dirs
+    assert all((d / report.CSV_FILE).is_file() for d in dirs)
+
+
+def test_submitit_local_one_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = _cli(["-m", "experiment=split_nvfp4", "replay.buffer_len=8", *FAST,
+              "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+              f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert report.check_run_dir(_jobs(sweep)["0"]) is None
+    assert (sweep / report.CSV_FILE).is_file()
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep_and_resume(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [*SWEEP, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+            f"hydra.sweep.dir={sweep}"]
+    r = _cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = _jobs(sweep)
+    (jobs["1"] / "summary.json").unlink()
+    keep = _snapshot(jobs["0"])
+    r = _cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert report.check_run_dir(jobs["1"]) is None and _snapshot(jobs["0"]) == keep
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes(tmp_path):
+    """Kill a sequential sweep once its first job is done; the re-run does only the second."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", "run.steps=4096",
+            "run.seqs=1", "model.heads=2", "metrics.vocab=64", "run.progress=false",
+            f"hydra.sweep.dir={sweep}"]
+    p = subprocess.Popen([sys.executable, "-m", "precsim", *args], cwd=tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(sweep.glob("0_*/summary.json")):
+            assert p.poll() is None and time.monotonic() < deadline, "job 0 never finished"
+            time.sleep(0.2)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # the sweep and its children, started here
+        p.wait()
+    jobs = _jobs(sweep)
+    assert report.check_run_dir(jobs["1"]) is not None
+    keep = _snapshot(jobs["0"])
+    r = _cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("skipped") == 1
+    assert report.check_run_dir(jobs["1"]) is None and _snapshot(jobs["0"]) == keep
+
+
+# -- configs and the callback, in process ---------------------------------------------------
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_module
+    from hydra.core.utils import setup_globals
+
+    from precsim.config import register_configs
+
+    register_configs()
+    setup_globals()
+    with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def test_launcher_presets_compose():
+    slurm = _compose(["hydra/launcher=slurm_gpu"]).hydra.launcher
+    assert slurm._target_.endswith("SlurmLauncher") and slurm.gpus_per_node == 1
+    assert slurm.tasks_per_node == 1 and slurm.nodes == 1
+    jl = _compose(["hydra/launcher=joblib_gpus"]).hydra.launcher
+    assert jl._target_.endswith("JoblibLauncher") and jl.n_jobs >= 1
+
+
+def test_precision_sweep_preset():
+    cfg = _compose(["experiment=precision_sweep"])
+    assert cfg.name == "precision_sweep"
+    assert set(cfg.schemes) == {"conventional_fp32", "candidate"}
+    params = cfg.hydra.sweeper.params
+    assert set(params) == {"schemes.candidate.fmt", "schemes.candidate.rounding",
+                           "schemes.candidate.read_fmt"}
+    assert str(params["schemes.candidate.read_fmt"]).split(",")[0] == "nvfp4"
+
+
+def test_run_and_sweep_dirs_share_one_unique_suffix():
+    cfg = _compose(["experiment=split_nvfp4"])
+    run_dir, sweep_dir = cfg.hydra.run.dir, cfg.hydra.sweep.dir
+    assert run_dir.startswith("outputs/split_nvfp4/") and sweep_dir.startswith("multirun/")
+    assert run_dir.rsplit("_", 1)[1] == sweep_dir.rsplit("_", 1)[1] != ""
+    assert f"{os.getpid():x}" in run_dir.rsplit("_", 1)[1]
+
+
+def test_gpu_locks_one_job_per_gpu(tmp_path):
+    g0, f0 = callbacks.acquire_gpu(2, prefer=0, lock_dir=tmp_path)
+    g1, f1 = callbacks.acquire_gpu(2, prefer=0, lock_dir=tmp_path)  # 0 is taken
+    assert (g0, g1) == (0, 1)
+    with pytest.raises(TimeoutError):
+        callbacks.acquire_gpu(2, prefer=1, lock_dir=tmp_path, poll_s=0.01, timeout_s=0.05)
+    f1.close()
+    g2, f2 = callbacks.acquire_gpu(2, prefer=0, lock_dir=tmp_path, timeout_s=1)
+    assert g2 == 1
+    f0.close()
+    f2.close()
+
+
+def test_callback_spreads_joblib_jobs_over_gpus(tmp_path, monkeypatch):
+    import torch
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    chosen = []
+    monkeypatch.setattr(callbacks, "_gpu_count", lambda: 3)
+    monkeypatch.setattr(callbacks, "_gpu_lock_dir", lambda: tmp_path / "locks")
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+
+    def cfg(num, launcher="hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+            device="auto"):
+        return OmegaConf.create({
+            "hydra": {"mode": RunMode.MULTIRUN, "launcher": {"_target_": launcher},
+                      "job": {"num": num}, "runtime": {"output_dir": str(tmp_path / str(num))}},
+            "run": {"device": device}})
+
+    cbs = [callbacks.SweepCallback() for _ in range(3)]
+    for i, cb in enumerate(cbs):
+        cb.on_job_start(cfg(i + 4))  # jobs 4, 5, 6 -> GPUs 1, 2, 0
+    assert chosen == [1, 2, 0]
+    cbs[0]._gpu_lock.close()
+    cbs[0] = callbacks.SweepCallback()
+    cbs[0].on_job_start(cfg(7))  # 7 % 3 = 1 is free again
+    assert chosen[-1] == 1
+    callbacks.SweepCallback().on_job_start(cfg(8, device="cpu"))
+    callbacks.SweepCallback().on_job_start(cfg(9, launcher="...BasicLauncher"))
+    assert len(chosen) == 4
+    for cb in cbs:  # on_job_end releases the GPU
+        cb.on_job_end(cfg(0), JobReturn(status=JobStatus.COMPLETED))
+        assert cb._gpu_lock is None
