@@ -438,12 +438,12 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
     total = ops.where((bmax - bmax) == 0, total, ops.full_like(total, math.nan))
     total = _like(ops, total, x)
     safe = ops.where(total > 0, total, ops.full_like(total, 1.0))
-    scaled = ops.minimum(ops.maximum(xb / safe, -el.max_value), el.max_value)
+    scaled = ops.clip(xb / safe, el.max_value)
     qe = round_elements(scaled, el, rounding, ops, seed=seed, stream=stream, offset=offset,
                         sr_bits=sr_bits, overflow="satfinite")
-    out = ops.where(total > 0, qe * total, xb * 0.0)  # an all-zero block stays (signed) zero
-    # NaN/Inf anywhere in a scale's scope make that scale non-finite: the scope comes out NaN
-    out = ops.where(total == total, out, ops.full_like(out, math.nan))
+    # a zero scale flushes its block to (signed) zero; a NaN scale (NaN/Inf anywhere in the
+    # scale's scope) makes the block NaN: both fall out of the product
+    out = qe * total
     return out.reshape(shape)
 
 
