@@ -158,10 +158,11 @@ def test_submitit_local_sweep_and_resume(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = _jobs(sweep)
     (jobs["1"] / "summary.json").unlink()
-    keep = _snapshot(jobs["0"])
+    keep = _results(jobs["0"])
     r = _cli(args, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert report.check_run_dir(jobs["1"]) is None and _snapshot(jobs["0"]) == keep
+    # hydra.yaml holds the submitit job id and the log gains submitit's lines: results only
+    assert report.check_run_dir(jobs["1"]) is None and _results(jobs["0"]) == keep
 
 
 @pytest.mark.slow
@@ -183,11 +184,12 @@ def test_killed_sweep_resumes(tmp_path):
         os.killpg(p.pid, signal.SIGKILL)  # the sweep and its children, started here
         p.wait()
     jobs = _jobs(sweep)
-    assert report.check_run_dir(jobs["1"]) is not None
+    assert "1" not in jobs or report.check_run_dir(jobs["1"]) is not None
     keep = _snapshot(jobs["0"])
     r = _cli(args, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("skipped") == 1
+    jobs = _jobs(sweep)
     assert report.check_run_dir(jobs["1"]) is None and _snapshot(jobs["0"]) == keep
 
 
