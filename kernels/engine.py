@@ -15,6 +15,7 @@ Memory is bounded by one window: outputs ``(n, S, H, P)`` per scheme (float32) a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -117,13 +118,18 @@ def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
 
 
 def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str = "host",
-               num_warps: int | None = None, record_outputs: bool = False) -> Result:
+               num_warps: int | None = None, record_outputs=False, overlap: bool | None = None,
+               skip_metrics: bool = False) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
     ``"device"`` generates them on the device (:mod:`precsim.kernels.inputs`, same
-    distributions, a different stream). Unsupported settings fall back to the torch engine
-    with a logged note (``Result.info["triton_fallback"]``).
+    distributions, a different stream). ``overlap`` (default: on CUDA) reduces window k's
+    metrics on a side stream while window k+1's kernel runs. ``record_outputs``: True or a list
+    of names ("truth", scheme names) whose per-step outputs go to ``info["outputs"]``.
+    ``skip_metrics`` (benchmarks) leaves the metrics stage out: no rows.
+    Unsupported settings fall back to the torch engine with a logged note
+    (``Result.info["triton_fallback"]``).
     """
     wl = make_workload(cfg)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
@@ -172,14 +178,57 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
     params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
               for k, v in wl.params.items()}
-    D = params.get("D")
+    D = params.get("D") if family.name == "mamba2" else None
     nw = num_warps or (8 if P * N >= 4096 else 4)
     LB = max(16, 1 << (L - 1).bit_length())
-    kern_s = 0.0
-    timing = dev.type == "cuda"
+    cuda = dev.type == "cuda"
+    overlap = cuda if overlap is None else (overlap and cuda)
+    side = torch.cuda.Stream(device=dev) if overlap else None
+    names = ["truth", *(s.name for s in schemes)]
+    want = set(names) if record_outputs is True else set(record_outputs or ())
+    recorded: dict[str, list] = {n: [] for n in names if n in want}
+    timed: list = []
+    shape4 = (Sq, H, P, N)
+
+    def held(states, i, s):
+        sst, srd = states[1][slot[i]].view(shape4), states[2][slot[i]].view(shape4)
+        return {"state": sst, "read": srd} if s.kind == "split" else {"state": sst}
+
+    def process(item) -> None:
+        """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does."""
+        t0, t1, inp, y64, y32, states, done = item
+        n = t1 - t0
+        ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+        with ctx:
+            if side is not None:
+                side.wait_event(done)
+            y_ref = y64.view(n, Sq, H, P)
+            if D is not None:
+                y_ref = y_ref + D[:, None] * inp["x"].view(n, Sq, H, P)
+            ys: dict[str, torch.Tensor | None] = {}
+            for i, s in enumerate(schemes):
+                y = y32[slot[i]].view(n, Sq, H, P)
+                if D is not None:
+                    y = y + D.to(torch.float32)[:, None] * inp["x"].to(torch.float32).view(
+                        n, Sq, H, P)
+                ys[s.name] = None if s.dead_at is not None else y
+                if s.dead_at is None:
+                    finite = torch.isfinite(y).reshape(n, -1).all(dim=1)
+                    if not bool(finite.all()):
+                        s.dead_at = t0 + int((~finite).nonzero()[0, 0]) + 1
+            if not skip_metrics:
+                acc.push(y_ref, ys)
+                if states is not None:
+                    acc.record_drift(t1, states[0].view(shape4), {
+                        s.name: None if s.dead_at else held(states, i, s)
+                        for i, s in enumerate(schemes)})
+            for name in recorded:
+                y = y_ref if name == "truth" else ys[name]
+                recorded[name].append(np.full(y_ref.shape, np.nan) if y is None
+                                      else y.cpu().numpy())
+
     bar = _progress(cfg, progress)
-    recorded: dict[str, list] = {n: [] for n in ["truth", *(s.name for s in schemes)]}
-    t0 = 0
+    t0, pending = 0, None
     ends = launch_ends(steps, cfg.metrics.window, L)
     for t1 in ends:
         n = t1 - t0
@@ -187,61 +236,47 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
             k: torch.as_tensor(v, device=dev) for k, v in wl.chunk(t0, t1).items()}
         y64 = torch.full((n, SH, P), math.nan, dtype=torch.float64, device=dev)
         y32 = torch.full((max(ns, 1), n, SH, P), math.nan, dtype=torch.float32, device=dev)
-        if timing:
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            ev0.record()
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
         for gi, (blk, idx) in enumerate(groups):
             _launch(family.name, inp, params, S64, st, rd, y64, y32, k1, k0,
                     [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
                     t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw)
-        if timing:
-            ev1.record()
-        y_ref = y64.view(n, Sq, H, P)
-        ys: dict[str, torch.Tensor | None] = {}
-        xs = inp["x" if family.name == "mamba2" else "v"]
-        for i, s in enumerate(schemes):
-            y = y32[slot[i]].view(n, Sq, H, P)
-            if D is not None and family.name == "mamba2":
-                y = y + D.to(torch.float32)[:, None] * xs.to(torch.float32).view(n, Sq, H, P)
-            ys[s.name] = None if s.dead_at is not None else y
-            if s.dead_at is None:
-                finite = torch.isfinite(y).reshape(n, -1).all(dim=1)
-                if not bool(finite.all()):
-                    s.dead_at = t0 + int((~finite).nonzero()[0, 0]) + 1
-        if D is not None and family.name == "mamba2":
-            y_ref = y_ref + D[:, None] * xs.view(n, Sq, H, P)
-        if timing:
-            ev1.synchronize()
-            kern_s += ev0.elapsed_time(ev1) / 1e3
-        acc.push(y_ref, ys)
-        if record_outputs:
-            recorded["truth"].append(y_ref.cpu().numpy())
-            for name, y in ys.items():
-                recorded[name].append(np.full(y_ref.shape, np.nan) if y is None
-                                      else y.cpu().numpy())
-        if acc.want_drift(t1):
-            acc.record_drift(t1, S64.view(Sq, H, P, N), {
-                s.name: None if s.dead_at else (
-                    {"state": st[slot[i]].view(Sq, H, P, N),
-                     "read": rd[slot[i]].view(Sq, H, P, N)}
-                    if s.kind == "split" else {"state": st[slot[i]].view(Sq, H, P, N)})
-                for i, s in enumerate(schemes)})
+        states = None
+        if acc.want_drift(t1) and not skip_metrics:  # snapshot: the next launch overwrites
+            states = (S64.clone(), st.clone(), rd.clone()) if overlap else (S64, st, rd)
+        if cuda:
+            e1.record()
+            timed.append((e0, e1))
+        item = (t0, t1, inp, y64, y32, states, e1 if cuda else None)
+        if overlap:
+            if pending is not None:
+                process(pending)
+            pending = item
+        else:
+            process(item)
         if bar is not None:
             bar.update(n)
         t0 = t1
+    if pending is not None:
+        process(pending)
+    if cuda:
+        torch.cuda.synchronize(dev)
     acc.finish()
     if bar is not None:
         bar.close()
     n_flush = math.ceil(steps / L)
     info = {"flushes": n_flush, "workload": cfg.workload.kind, "mean_segment": steps / n_flush,
             "launches": len(ends) * len(groups), "inputs": inputs, "num_warps": nw,
-            "kernel_s": kern_s if timing else None,
+            "overlap": overlap,
+            "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
             "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
-    if record_outputs:
+    if recorded:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
     return Result(
         rows=acc.rows(),
-        per_step_rel_err={k: np.concatenate(v) for k, v in acc.per_step_rel_err.items()},
+        per_step_rel_err={k: np.concatenate(v) for k, v in acc.per_step_rel_err.items() if v},
         schemes={s.name: {"kind": s.kind, "label": s.label, "dead_at": s.dead_at,
                           "fmt": s.cfg.fmt, "rounding": s.cfg.rounding,
                           "read_fmt": s.cfg.read_fmt} for s in schemes},

@@ -162,7 +162,8 @@ def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr
         tl.store(rd + off3, R)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k0", "t0", "n_steps", "total", "L", "SHT", "YSTRIDE", "SSTRIDE",
+                               "KSTRIDE"])
 def gdn_window(a64_ptr, a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, st_ptr, rd_ptr, y64_ptr,
                y32_ptr, k1_ptr, k0, t0, n_steps, total, L, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
                P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,

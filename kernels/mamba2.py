@@ -157,7 +157,8 @@ def _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_pt
         tl.store(rd + off3, R)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k0", "t0", "n_steps", "total", "L", "H", "REP", "G", "SHT", "SGT",
+                               "YSTRIDE", "SSTRIDE", "KSTRIDE"])
 def mamba2_window(dt_ptr, a64_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, st_ptr, rd_ptr,
                   y64_ptr, y32_ptr, k1_ptr, k0, t0, n_steps, total, L, H, REP, G, SHT, SGT,
                   YSTRIDE, SSTRIDE, KSTRIDE,

@@ -140,19 +140,22 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
     (bmax/6)/s_t clamped to 448 (and to 2^-6 if SFLOOR), RNE to E4M3. MX: 2^(floor(log2 bmax) -
     emax(element)) clamped to [-127, 127].
     """
-    bmax = tl.max(tl.abs(x), axis=2)  # [R, NB]
+    # max of |x| as int32 bit patterns: same order for x >= 0, and NaN (> Inf) propagates as in
+    # torch's amax (a float max reduction may drop NaN)
+    bmax_i = tl.max(tl.abs(x).to(tl.int32, bitcast=True), axis=2)
+    bmax = bmax_i.to(tl.float32, bitcast=True)  # [R, NB]
     if F == 6:
         bs = tl.math.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
         if SCOPE == 0:
-            tmax = tl.max(tl.max(bmax, axis=1), axis=0)
+            tmax = tl.max(tl.max(bmax_i, axis=1), axis=0).to(tl.float32, bitcast=True)
             s_t = tl.math.div_rn(tl.full(bmax.shape, 1.0, tl.float32) * tmax,
                                  tl.full(bmax.shape, 2688.0, tl.float32))
             s_t = tl.where(s_t == 0, 1.0, s_t)
             bs = tl.math.div_rn(bs, s_t)
-        bs = tl.minimum(bs, 448.0)
+        bs = tl.minimum(bs, 448.0, propagate_nan=tl.PropagateNan.ALL)
         if SFLOOR == 1:
-            bs = tl.maximum(bs, 0.015625)
-        bs = round_float(bs, 3, -6, 448.0, False, 0, 0, 0, 0, 0, 0, 0, bmax.to(tl.int32))
+            bs = tl.maximum(bs, 0.015625, propagate_nan=tl.PropagateNan.ALL)
+        bs = round_float(bs, 3, -6, 448.0, False, 0, 0, 0, 0, 0, 0, 0, bmax_i)
         if SCOPE == 0:
             total = s_t * bs
         else:
@@ -179,7 +182,8 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
         xs = tl.math.div_rn(x, tl.broadcast_to(safe, x.shape))
     else:  # MX: x / 2^e == x * 2^-e exactly
         xs = x * inv[:, :, None]
-    scaled = tl.minimum(tl.maximum(xs, -MAXE), MAXE)
+    scaled = tl.minimum(tl.maximum(xs, -MAXE, propagate_nan=tl.PropagateNan.ALL), MAXE,
+                        propagate_nan=tl.PropagateNan.ALL)
     qe = round_elem(scaled, EL, RND, SRB, 0, k0, k1, base_lo, base_hi, off)
     out = tl.where(t3 > 0, qe * t3, x * 0.0)
     return tl.where(t3 == t3, out, float("nan"))
