@@ -54,6 +54,11 @@ class NumpyOps:
             return ax
         return np.max(ax, axis=axis, keepdims=keepdims)
 
+    @classmethod
+    def block_absmax(cls, xb):
+        """max |x| over the last axis of ``xb (..., nblocks, block)``, keepdims (NaN wins)."""
+        return cls.amax(np.abs(xb), -1)
+
     @staticmethod
     def random_u(shape, bits, seed, stream, offset, like):
         n = int(np.prod(shape))
@@ -161,6 +166,19 @@ class TorchOps:
         if ax.numel() == 0:
             return ax
         return ax.amax(dim=axis, keepdim=keepdims)
+
+    @staticmethod
+    def block_absmax(xb):
+        """max |x| over the last axis of ``xb (..., nblocks, block)``, keepdims (NaN wins)."""
+        import torch
+
+        if xb.numel() == 0:
+            return xb
+        if xb.device.type == "cpu":  # max-pooling beats a reduction over 16-wide rows ~2x here
+            nb, b = xb.shape[-2], xb.shape[-1]
+            m = torch.nn.functional.max_pool1d(xb.abs().reshape(1, -1, nb * b), b)
+            return m.reshape(*xb.shape[:-1], 1)
+        return xb.abs().amax(dim=-1, keepdim=True)
 
     @staticmethod
     def random_u(shape, bits, seed, stream, offset, like):

@@ -358,10 +358,11 @@ def _round_float_t32(x, fmt: FloatFormat, rounding: str, *, seed, stream=0, offs
         r = torch.round(y)
     else:
         bits = int(sr_bits or fmt.sr_bits_for(24))
+        y = y.clamp_(max=float(2 ** (fmt.mbits + 2)))  # Inf -> a finite overflow (NaN stays)
         lo = y.floor()
         thr = ((y - lo) * float(2**bits)).floor_()
         u = TORCH.random_u(tuple(x.shape), bits, seed, stream, offset, x)
-        r = lo.add_(u < thr)
+        r = lo.add_((thr - u).clamp_(0.0, 1.0))  # +1 iff u < thr (integers: exact, no bools)
     out = r.mul_(q)
     if overflow == "ieee":
         out = torch.where(out > fmt.max_value, math.inf if fmt.has_inf else math.nan, out)
@@ -403,7 +404,7 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
             f"{fmt.name}: last axis (shape {shape}) must be a multiple of the block size "
             f"{fmt.block}")
     xb = x.reshape(*shape[:-1], shape[-1] // fmt.block, fmt.block)
-    amax = ops.amax(ops.abs(xb), -1)  # (..., nblocks, 1), in x's dtype
+    amax = ops.block_absmax(xb)  # (..., nblocks, 1), in x's dtype
     bmax = _f32(ops, amax)  # float32: NVFP4's scale arithmetic
     el, sc = fmt.element, fmt.scale
     rne = dict(seed=0, overflow="satfinite")

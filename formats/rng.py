@@ -20,6 +20,8 @@ slot``) and the top ``r`` bits of its lane ``i % lanes`` (lane 0 = least signifi
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 M32 = 0xFFFFFFFF
@@ -111,6 +113,11 @@ def random_uint_numpy(n: int, bits: int, seed: int, stream: int = 0, offset: int
     w0, first = divmod(offset, lanes)
     nw = (first + n + lanes - 1) // lanes
     words = random_bits_numpy(nw, seed, stream, w0)
+    if sys.byteorder == "little":  # lane k = k-th least significant slot = k-th byte/half
+        u = words.view(np.uint8 if slot == 8 else np.uint16)
+        if bits < slot:
+            u = u >> (slot - bits)
+        return u[first:first + n]
     shifts = (np.arange(lanes, dtype=np.uint32) * slot + (slot - bits)).astype(np.uint32)
     u = (words[:, None] >> shifts[None, :]) & np.uint32((1 << bits) - 1)
     return u.reshape(-1)[first:first + n]
