@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,8 +236,11 @@ def candidates(jobs: list[Job], metric: str, horizon: int | None = None) -> list
                 v = math.inf
             label = info.get("label", scheme)
             c = Candidate(j.name, scheme, label, float(b), float(v), L, tags[j.name])
-            if not any(_same(c, o) for o in out):  # a baseline repeated in every job: once
+            twin = next((o for o in out if _same(c, o)), None)
+            if twin is None:
                 out.append(c)
+            else:  # a baseline repeated in every job: listed once, without a job's tag
+                twin.tag = ""
     return out
 
 
@@ -288,8 +292,10 @@ def format_recommendation(rec: Recommendation, metric: str, horizon: int | None,
                  f"length {best.length:,}")
     margin = f"  margin: {_g(headroom)}x under the budget"
     if len(rec.within) > 1:
-        extra = 100 * (rec.within[1].bytes_per_step / best.bytes_per_step - 1)
-        margin += f"; the runner-up costs {extra:+.1f}% bytes/step"
+        nxt = rec.within[1]
+        extra = 100 * (nxt.bytes_per_step / best.bytes_per_step - 1)
+        margin += (f"; the runner-up costs {extra:+.1f}% bytes/step" if extra > 0.05 else
+                   f"; the runner-up costs the same bytes/step at {metric}={_g(nxt.value)}")
     cheaper = [c for c in rec.over if c.bytes_per_step < best.bytes_per_step]
     if cheaper:
         c = cheaper[-1]
@@ -322,73 +328,97 @@ def _short_tags(jobs: list[Job]) -> dict[str, str]:
             for j in jobs}
 
 
-def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
-    """rel_err and KL vs length of every (job, scheme): colour per job, style per scheme."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
+    """rel_err and KL vs length of every (job, scheme); a scheme with the same curve in every
+    job (the baseline) is drawn once. Line style by scheme kind."""
+    plt = _pyplot()
     done = [j for j in jobs if j.summary is not None]
     tags = _short_tags(done)
-    series = []
+    series, seen = [], {}
     for j in done:
         rows = res.read_rows(j.path / res.METRICS_FILE)
         for s, info in j.summary.get("schemes", {}).items():
             mine = [r for r in rows if r["scheme"] == s]
-            lab = info.get("label", s)
-            lab = f"{tags[j.name]}: {lab}" if tags[j.name] else lab
-            series.append((j.name, s, lab, mine))
+            label = info.get("label", s)
+            key = (label, f"{mine[-1].get('rel_err', math.nan):.3g}" if mine else "")
+            if key in seen:  # same configuration, same result: drawn once, without a job tag
+                seen[key][3] = ""
+                continue
+            item = [info.get("kind", ""), label, mine, tags[j.name]]
+            seen[key] = item
+            series.append(item)
+    n_label = Counter(x[1] for x in series)  # a job's tag only where the label is ambiguous
+    series = [(k, f"{t}: {lab}" if t and n_label[lab] > 1 else lab, rs)
+              for k, lab, rs, t in series]
     panels = [m for m in ("rel_err", "kl") if any(_pos(r.get(m)) for *_, rs in series for r in rs)]
     panels = panels or ["rel_err"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + 3, 4.6), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ["-", "--", ":", "-."]
-    job_idx = {n: i for i, n in enumerate(dict.fromkeys(s[0] for s in series))}
-    scheme_idx = {n: i for i, n in enumerate(dict.fromkeys(s[1] for s in series))}
+    ncol = 1 if len(series) <= 8 else 2
+    extra = 0.19 * math.ceil(len(series) / ncol)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2 + extra),
+                             squeeze=False)
+    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    styles = {"conventional": ":", "shared": "--", "split": "-"}
     for ax, m in zip(axes[0], panels, strict=True):
-        for jn, s, lab, rs in series:
+        for i, (kind, lab, rs) in enumerate(series):
             y = [r.get(m) if _pos(r.get(m)) else math.nan for r in rs]
-            ax.plot([r["step"] for r in rs], y, lw=1.3, label=lab,
-                    marker="o" if len(rs) < 4 else None, ms=3,
-                    color=colors[job_idx[jn] % len(colors)],
-                    ls=styles[scheme_idx[s] % len(styles)])
+            ax.plot([r["step"] for r in rs], y, lw=1.3, label=lab, color=cmap(i % cmap.N),
+                    ls=styles.get(kind, "-."), marker="o" if len(rs) < 4 else None, ms=3)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("decode steps (tokens)")
         ax.set_title({"rel_err": "relative output error", "kl": "KL(p_ref || p_sim)"}[m])
         ax.grid(True, alpha=0.3)
-    axes[0][-1].legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, extra / (4.2 + extra), 1, 1))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
     return _save(fig, path)
 
 
 def plot_pareto(jobs: list[Job], path: Path) -> Path:
-    """rel_err and KL at the last reported length vs bytes per step; the front is joined."""
-    import matplotlib
+    """rel_err and KL at the last reported length vs bytes per step; the front is numbered and
+    listed under each panel."""
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), squeeze=False)
-    for ax, m in zip(axes[0], ("rel_err", "kl"), strict=True):
+    fronts = {m: pareto_front([c for c in candidates(jobs, m)
+                               if math.isfinite(c.value) and c.value > 0])
+              for m in ("rel_err", "kl")}
+    extra = 0.17 * max(len(f) for f in fronts.values()) + 0.3
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2 + extra), squeeze=False)
+    for ax, m in zip(axes[0], fronts, strict=True):
         cs = [c for c in candidates(jobs, m) if math.isfinite(c.value) and c.value > 0]
-        ax.scatter([c.bytes_per_step for c in cs], [c.value for c in cs], s=18, alpha=0.6)
-        front = pareto_front(cs)
+        ax.scatter([c.bytes_per_step for c in cs], [c.value for c in cs], s=16, alpha=0.5,
+                   color="C0", label="configurations")
+        front = fronts[m]
         ax.plot([c.bytes_per_step for c in front], [c.value for c in front], "-o", ms=4,
                 color="C3", drawstyle="steps-post", label="Pareto front")
-        for c in front:
-            text = c.label + (f" [{c.tag}]" if c.tag else "")
-            ax.annotate(text, (c.bytes_per_step, c.value), fontsize=6.5, xytext=(4, 4),
-                        textcoords="offset points")
+        lines, n_label = [], Counter(c.label for c in cs)
+        for i, c in enumerate(front, 1):
+            ax.annotate(str(i), (c.bytes_per_step, c.value), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points", color="C3")
+            lines.append(f"{i:>2}. {c.bytes_per_step:>9,.0f} B  {m}={_g(c.value):<8} "
+                         f"{c.label}" + (f" [{c.tag}]" if c.tag and n_label[c.label] > 1 else ""))
+        ax.annotate("\n".join(lines), xy=(0, 0), xycoords="axes fraction", xytext=(0, -34),
+                    textcoords="offset points", va="top", fontsize=6.5, family="monospace")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=2))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}K"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
         ax.set_xlabel("bytes per decode step per head")
         ax.set_ylabel(f"{m} at the last reported length")
         ax.grid(True, which="both", alpha=0.3)
-        if front:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout(rect=(0, extra / (4.2 + extra), 1, 1))
     return _save(fig, path)
 
 
