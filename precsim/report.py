@@ -497,8 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cands:
         return 0
     if a.budget is None:
-        print(f"configurations by bytes/step ({a.metric} at the largest length "
-              f"<= {a.horizon or 'the run'}):")
+        at = f"the largest length <= {a.horizon:,}" if a.horizon else "each run's last step"
+        print(f"configurations by bytes/step ({a.metric} at {at}):")
         order = sorted(cands, key=lambda c: (c.bytes_per_step, c.value))
         print("\n".join(_cand_line(i + 1, c, a.metric) for i, c in enumerate(order)))
         return 0
