@@ -34,7 +34,8 @@ def whole_process(engine: str, heads: int, steps: int) -> float:
         return wall
 
 
-def in_process(engine: str, heads: int, steps: int) -> tuple[float, dict]:
+def in_process(engine: str, heads: int, steps: int, only: str | None = None
+               ) -> tuple[float, dict]:
     from hydra import compose, initialize_config_module
 
     from precsim.config import register_configs, to_config
@@ -46,6 +47,8 @@ def in_process(engine: str, heads: int, steps: int) -> tuple[float, dict]:
             "experiment=seed_table", f"model.heads={heads}", f"run.steps={steps}",
             f"run.engine={engine}", "run.progress=false"])
     c = to_config(cfg)
+    if only is not None:  # one scheme beside the truth: where the time goes
+        c.schemes = {only: c.schemes[only]}
     t = time.perf_counter()
     res = run(c, progress=False)
     wall = time.perf_counter() - t
@@ -86,6 +89,13 @@ def main() -> None:
     print("\nfinal-window rel_err (numpy engine | torch engine):")
     for k in e_np:
         print(f"  {k:<24}{e_np[k]:>12.4g} | {e_pt[k]:.4g}")
+    steps = min(a.steps, 1024)
+    print(f"\nwhere the time goes: one scheme + the float64 truth, engine only, {steps} steps")
+    print(f"{'scheme':<26}{'numpy s':>10}{'torch s':>10}{'speed-up':>10}")
+    for k in e_np:
+        t_np, _ = in_process("numpy", a.heads, steps, only=k)
+        t_pt, _ = in_process("torch", a.heads, steps, only=k)
+        print(f"{k:<26}{t_np:>10.2f}{t_pt:>10.2f}{t_np / t_pt:>9.2f}x")
 
 
 if __name__ == "__main__":
