@@ -199,7 +199,7 @@ def _progress(cfg: Config, enabled: bool):
     except ImportError:  # pragma: no cover
         return None
     return tqdm(total=cfg.run.steps, unit="step", desc="precsim", mininterval=0.5,
-                leave=False, dynamic_ncols=True)
+                leave=False, dynamic_ncols=True, disable=None)  # None: off when not a TTY
 
 
 def run(cfg: Config, progress: bool = True) -> Result:
