@@ -32,7 +32,7 @@ from precsim import formats as pf
 PEAK = {"fp32": 67e12, "fp64": 34e12}  # H200 SXM vendor figures (DESIGN.md §9)
 
 
-def make_cfg(steps, smoke, kl=True):
+def make_cfg(steps, smoke, kl=True, only=None):
     from precsim.config import to_config
 
     shape = dict(heads=4, head_dim=16, state_dim=32, groups=2) if smoke else \
@@ -48,7 +48,13 @@ def make_cfg(steps, smoke, kl=True):
             "split_fp16sr_nvfp4": {"kind": "split", "fmt": "fp16", "rounding": "sr",
                                    "read_fmt": "nvfp4"}},
         "run": {"steps": steps, "progress": False, "seed": 0},
-        "metrics": {"kl": kl}, "name": "seed_table"})
+        "metrics": {"kl": kl}, "name": "seed_table"}) if only is None else _subset(
+            make_cfg(steps, smoke, kl), only)
+
+
+def _subset(cfg, only):
+    cfg.schemes = {k: v for k, v in cfg.schemes.items() if k in only}
+    return cfg
 
 
 def sync(device):
@@ -56,11 +62,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def study(steps, device, smoke, kl=True, **kw):
+def study(steps, device, smoke, kl=True, only=None, **kw):
     """Wall seconds and Result of the Triton engine on the study."""
     from precsim.kernels import run_triton
 
-    cfg = make_cfg(steps, smoke, kl)
+    cfg = make_cfg(steps, smoke, kl, only)
     sync(device)
     t = time.perf_counter()
     r = run_triton(cfg, device, progress=False, **{"inputs": "device", **kw})
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-steps", type=int, default=512)
     ap.add_argument("--cpu-steps", type=int, default=32)
     ap.add_argument("--host-steps", type=int, default=1024)
-    ap.add_argument("--warps", default="4,8,16")
+    ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter)")
     a = ap.parse_args(argv)
@@ -188,7 +194,7 @@ def main(argv=None) -> int:
             w, r = study(min(a.steps, 4096), dev, a.smoke, num_warps=nw, skip_metrics=True)
             k = r.info["kernel_s"] or w
             add(f"kernels only, num_warps={nw}, {min(a.steps, 4096)} steps", k,
-                f"wall {w:.3f} s")
+                f"wall {w:.3f} s; registers {r.info['registers']}, spills {r.info['spills']}")
             if k < best_t:
                 best, best_t = nw, k
         except Exception as e:  # noqa: BLE001 - a variant may not compile; report, go on
@@ -214,7 +220,14 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     add(f"Triton engine, full study, {a.steps} steps (best of 2)", full,
         f"kernels {r.info['kernel_s'] or math.nan:.3f} s, {r.info['launches']} launches")
     w, r = study(a.steps, dev, a.smoke, num_warps=best, skip_metrics=True)
-    add("  variant: no metrics (inputs + kernels)", w)
+    add("  variant: no metrics (inputs + kernels)", w, f"kernels {r.info['kernel_s'] or 0:.3f} s")
+    for only in (("conventional_fp32",), ("conventional_nvfp4_sr",),
+                 ("shared_nvfp4_sr", "split_fp32_nvfp4", "split_fp16sr_nvfp4")):
+        study(32, dev, a.smoke, only=only, num_warps=best, skip_metrics=True)  # compile
+        w, r = study(min(a.steps, 4096), dev, a.smoke, only=only, num_warps=best,
+                     skip_metrics=True)
+        add(f"  kernels: truth + {' + '.join(only)}, {min(a.steps, 4096)} steps",
+            r.info["kernel_s"] or w, f"registers {r.info['registers']}")
     w, _ = study(a.steps, dev, a.smoke, num_warps=best, overlap=False)
     add("  variant: metrics not overlapped with the next kernel", w)
     w, _ = study(a.steps, dev, a.smoke, kl=False, num_warps=best)

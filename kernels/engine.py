@@ -16,6 +16,7 @@ Memory is bounded by one window: outputs ``(n, S, H, P)`` per scheme (float32) a
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -28,11 +29,12 @@ from precsim import formats as pf
 from precsim.config import Config
 from precsim.engine import Result, _progress
 from precsim.errors import PrecsimError
-from precsim.metrics import Accumulator, Readout
+from precsim.metrics import Readout
 from precsim.schemes import build_schemes
 from precsim.ssm import get_family
 from precsim.workload import make_workload
 
+from .metrics import DeviceAccumulator
 from .quant import IEEE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id, sr_bits_of
 from .rng import event_keys
 
@@ -119,7 +121,7 @@ def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
 
 def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str = "host",
                num_warps: int | None = None, record_outputs=False, overlap: bool | None = None,
-               skip_metrics: bool = False) -> Result:
+               skip_metrics: bool = False, poison: bool = False) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
@@ -127,7 +129,8 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     distributions, a different stream). ``overlap`` (default: on CUDA) reduces window k's
     metrics on a side stream while window k+1's kernel runs. ``record_outputs``: True or a list
     of names ("truth", scheme names) whose per-step outputs go to ``info["outputs"]``.
-    ``skip_metrics`` (benchmarks) leaves the metrics stage out: no rows.
+    ``skip_metrics`` (benchmarks) leaves the metrics stage out: no rows. ``poison`` fills the
+    output buffers with NaN before each launch (checks that the kernels write every output).
     Unsupported settings fall back to the torch engine with a logged note
     (``Result.info["triton_fallback"]``).
     """
@@ -173,13 +176,13 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         if s.cfg.rounding == "sr":
             k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)
     k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
-    readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev) \
+    readout = _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev) \
         if cfg.metrics.kl else None
-    acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
+    acc = DeviceAccumulator([s.name for s in schemes], cfg.metrics.window, readout)
     params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
               for k, v in wl.params.items()}
     D = params.get("D") if family.name == "mamba2" else None
-    nw = num_warps or (8 if P * N >= 4096 else 4)
+    nw = num_warps or (4 if P * N <= 8192 else 8)
     LB = max(16, 1 << (L - 1).bit_length())
     cuda = dev.type == "cuda"
     overlap = cuda if overlap is None else (overlap and cuda)
@@ -187,8 +190,10 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     names = ["truth", *(s.name for s in schemes)]
     want = set(names) if record_outputs is True else set(record_outputs or ())
     recorded: dict[str, list] = {n: [] for n in names if n in want}
-    timed: list = []
     shape4 = (Sq, H, P, N)
+    # dead schemes, tracked on the device (no host sync per window): flag and first bad step
+    dead = [torch.zeros((), dtype=torch.bool, device=dev) for _ in schemes]
+    dead_at = [torch.full((), -1, dtype=torch.int64, device=dev) for _ in schemes]
 
     def held(states, i, s):
         sst, srd = states[1][slot[i]].view(shape4), states[2][slot[i]].view(shape4)
@@ -200,47 +205,57 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         n = t1 - t0
         ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
         with ctx:
-            if side is not None:
+            if side is not None:  # kernel done; main-stream memory is in use on side too
                 side.wait_event(done)
+                for t in (y64, y32, *inp.values(), *(states or ())):
+                    t.record_stream(side)
             y_ref = y64.view(n, Sq, H, P)
             if D is not None:
                 y_ref = y_ref + D[:, None] * inp["x"].view(n, Sq, H, P)
-            ys: dict[str, torch.Tensor | None] = {}
+            ys: dict[str, torch.Tensor] = {}
             for i, s in enumerate(schemes):
                 y = y32[slot[i]].view(n, Sq, H, P)
                 if D is not None:
                     y = y + D.to(torch.float32)[:, None] * inp["x"].to(torch.float32).view(
                         n, Sq, H, P)
-                ys[s.name] = None if s.dead_at is not None else y
-                if s.dead_at is None:
-                    finite = torch.isfinite(y).reshape(n, -1).all(dim=1)
-                    if not bool(finite.all()):
-                        s.dead_at = t0 + int((~finite).nonzero()[0, 0]) + 1
+                y = torch.where(dead[i], torch.nan, y)  # dead before this window: NaN
+                bad = ~torch.isfinite(y).reshape(n, -1).all(dim=1)
+                anyb = bad.any()
+                first = t0 + 1 + torch.argmax(bad.to(torch.int8))
+                dead_at[i] = torch.where(anyb & ~dead[i], first, dead_at[i])
+                dead[i] = dead[i] | anyb
+                ys[s.name] = y
             if not skip_metrics:
                 acc.push(y_ref, ys)
                 if states is not None:
                     acc.record_drift(t1, states[0].view(shape4), {
-                        s.name: None if s.dead_at else held(states, i, s)
-                        for i, s in enumerate(schemes)})
+                        s.name: held(states, i, s) for i, s in enumerate(schemes)})
             for name in recorded:
                 y = y_ref if name == "truth" else ys[name]
-                recorded[name].append(np.full(y_ref.shape, np.nan) if y is None
-                                      else y.cpu().numpy())
+                recorded[name].append(y.cpu().numpy())
+            if side is not None:
+                side_done.append(side.record_event())
 
     bar = _progress(cfg, progress)
-    t0, pending = 0, None
+    t_loop = time.perf_counter()
+    t0, pending, timed, kern, side_done = 0, None, [], {}, []
     ends = launch_ends(steps, cfg.metrics.window, L)
     for t1 in ends:
         n = t1 - t0
+        if len(timed) > 4:  # the host runs ahead without syncs: bound the windows in flight
+            timed[-5][1].synchronize()
+        if len(side_done) > 4:
+            side_done[-5].synchronize()
         inp = src.chunk(t0, t1) if src is not None else {
             k: torch.as_tensor(v, device=dev) for k, v in wl.chunk(t0, t1).items()}
-        y64 = torch.full((n, SH, P), math.nan, dtype=torch.float64, device=dev)
-        y32 = torch.full((max(ns, 1), n, SH, P), math.nan, dtype=torch.float32, device=dev)
+        alloc = functools.partial(torch.full, fill_value=math.nan) if poison else torch.empty
+        y64 = alloc((n, SH, P), dtype=torch.float64, device=dev)
+        y32 = alloc((max(ns, 1), n, SH, P), dtype=torch.float32, device=dev)
         if cuda:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
         for gi, (blk, idx) in enumerate(groups):
-            _launch(family.name, inp, params, S64, st, rd, y64, y32, k1, k0,
+            kern[gi] = _launch(family.name, inp, params, S64, st, rd, y64, y32, k1, k0,
                     [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
                     t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw)
         states = None
@@ -263,7 +278,10 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         process(pending)
     if cuda:
         torch.cuda.synchronize(dev)
+    for s, d in zip(schemes, dead_at, strict=True):
+        s.dead_at = int(d) if int(d) >= 0 else None
     acc.finish()
+    acc.to_host({s.name: s.dead_at for s in schemes})
     if bar is not None:
         bar.close()
     n_flush = math.ceil(steps / L)
@@ -271,6 +289,9 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
             "launches": len(ends) * len(groups), "inputs": inputs, "num_warps": nw,
             "overlap": overlap,
             "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
+            "wall_loop_s": time.perf_counter() - t_loop,
+            "registers": [getattr(k, "n_regs", None) for k in kern.values()],
+            "spills": [getattr(k, "n_spills", None) for k in kern.values()],
             "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
     if recorded:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
@@ -282,6 +303,19 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                           "read_fmt": s.cfg.read_fmt} for s in schemes},
         engine="triton", device=str(device), wall_s=time.perf_counter() - t_start,
         steps=steps, info=info)
+
+
+_READOUTS: dict = {}
+
+
+def _readout(width: int, vocab: int, scale: float, dev) -> Readout:
+    """The readout head (deterministic per shape), built once per process and device: drawing
+    its vocab x width float64 matrix on the host costs ~0.1 s at 1024 x 8192."""
+    key = (width, vocab, float(scale), str(dev))
+    if key not in _READOUTS:
+        _READOUTS.clear()
+        _READOUTS[key] = Readout(width, vocab, scale, dev)
+    return _READOUTS[key]
 
 
 def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, t0, n, steps,
@@ -309,7 +343,7 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
         a32 = torch.exp(dt.view(n, Sq, H).to(torch.float32) * A.to(torch.float32)).reshape(n, SH)
         B, C = inp["B"], inp["C"]
         G = B.shape[2]
-        mamba2_window[grid](dt, a64, a32, inp["x"], B, C, S64, st[i0:], rd[i0:], y64,
+        return mamba2_window[grid](dt, a64, a32, inp["x"], B, C, S64, st[i0:], rd[i0:], y64,
                             y32[i0:], k1[i0:, t0:], _i32(k0), t0, n, steps, L, H, H // G, G,
                             SH, Sq * G, *strides, **common)
     else:
@@ -318,7 +352,7 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
         g = inp["g"].reshape(n, SH)
         a64 = torch.exp(g)
         a32 = torch.exp(g.to(torch.float32))
-        gdn_window[grid](a64, a32, inp["beta"].reshape(n, SH), inp["q"], inp["k"], inp["v"],
+        return gdn_window[grid](a64, a32, inp["beta"].reshape(n, SH), inp["q"], inp["k"], inp["v"],
                          S64, st[i0:], rd[i0:], y64, y32[i0:], k1[i0:, t0:], _i32(k0), t0, n,
                          steps, L, SH, *strides, U_MASTER=int(cfg.replay.gdn_u_source == "master"),
                          **common)

@@ -17,17 +17,49 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from precsim import formats as pf
 from precsim.errors import PrecsimError
 
+from .quant import _i32
+from .rng import element_index, random_bits
+
 TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4, "g": 5, "beta": 6, "q": 7, "k": 8, "v": 9}
 
 
-def normals(seed: int, tag: int, tail: tuple, t0: int, t1: int, device) -> torch.Tensor:
-    """Standard normals (float64) of rows ``t0..t1-1`` of a ``(T, *tail)`` array."""
+@triton.jit
+def _normals_kernel(out_ptr, n, off_lo, off_hi, k0a, k1a, k0b, k1b, BLOCK: tl.constexpr):
+    """out[i] = Box-Muller normal of element ``off + i`` (the torch reference, fused)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lo, hi = element_index(off_lo.to(tl.uint32), off_hi.to(tl.uint32), i)
+    w1 = random_bits(k0a.to(tl.uint32), k1a.to(tl.uint32), lo, hi)
+    w2 = random_bits(k0b.to(tl.uint32), k1b.to(tl.uint32), lo, hi)
+    u1 = (w1.to(tl.float64) + 0.5) * 2.3283064365386963e-10
+    u2 = w2.to(tl.float64) * 2.3283064365386963e-10
+    z = tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(6.283185307179586 * u2)
+    tl.store(out_ptr + i, z, mask=i < n)
+
+
+def normals(seed: int, tag: int, tail: tuple, t0: int, t1: int, device,
+            fused: bool | None = None) -> torch.Tensor:
+    """Standard normals (float64) of rows ``t0..t1-1`` of a ``(T, *tail)`` array.
+
+    ``fused`` (default: on CUDA) draws them with one Triton kernel instead of the torch ops below
+    (same function; log/cos may differ in the last ulp).
+    """
     per = math.prod(tail)
     n, off = (t1 - t0) * per, t0 * per
+    dev = torch.device(device)
+    if fused if fused is not None else dev.type == "cuda":
+        ka = pf.stream_keys(seed, pf.stream_id(0x1A7A, tag, 0))
+        kb = pf.stream_keys(seed, pf.stream_id(0x1A7A, tag, 1))
+        out = torch.empty(n, dtype=torch.float64, device=dev)
+        _normals_kernel[(triton.cdiv(n, 1024),)](
+            out, n, _i32(off & 0xFFFFFFFF), _i32(off >> 32), _i32(ka[0]), _i32(ka[1]),
+            _i32(kb[0]), _i32(kb[1]), BLOCK=1024)
+        return out.reshape(t1 - t0, *tail)
     w1 = pf.random_bits_torch(n, seed, pf.stream_id(0x1A7A, tag, 0), off, device=device)
     w2 = pf.random_bits_torch(n, seed, pf.stream_id(0x1A7A, tag, 1), off, device=device)
     u1 = (w1.to(torch.float64) + 0.5) * 2.0**-32
@@ -39,7 +71,7 @@ def normals(seed: int, tag: int, tail: tuple, t0: int, t1: int, device) -> torch
 class CounterInputs:
     """``chunk(t0, t1)`` → dict of float64 device tensors (Mamba-2 B/C per group: (n,S,G,N))."""
 
-    def __init__(self, cfg, params: dict, device):
+    def __init__(self, cfg, params: dict, device, fused: bool | None = None):
         if cfg.workload.kind not in ("synthetic", "seed_article"):
             raise PrecsimError(f"inputs='device' needs workload.kind synthetic or seed_article, "
                                f"got {cfg.workload.kind!r}; use inputs='host'")
@@ -49,11 +81,12 @@ class CounterInputs:
             m.groups
         self.seed, self.noise = cfg.run.seed, cfg.workload.dt_noise
         self.dev = torch.device(device)
+        self.fused = fused
         self.p = {k: torch.as_tensor(v, dtype=torch.float64, device=self.dev)
                   for k, v in params.items()}
 
     def _z(self, key: str, tail: tuple, t0: int, t1: int) -> torch.Tensor:
-        return normals(self.seed, TAGS[key], tail, t0, t1, self.dev)
+        return normals(self.seed, TAGS[key], tail, t0, t1, self.dev, self.fused)
 
     def chunk(self, t0: int, t1: int) -> dict:
         S, H, P, N, G = self.S, self.H, self.P, self.N, self.G

@@ -65,6 +65,12 @@ def pow2_f32(e):
 
 
 @triton.jit
+def pow2n_f32(e):
+    """2**e as float32 for e in [-126, 127] (normal powers only: two integer ops)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def rint_pos(y):
     """Round half to even of y >= 0 (NaN/Inf pass through)."""
     big = 8388608.0
@@ -85,10 +91,11 @@ def round_float(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
     """formats.core.round_float on float32 ``x``; ``off`` = element offsets (int32, x's shape)."""
     ax = tl.abs(x)
     e = tl.maximum(exponent_f32(ax), EMIN)
-    q = pow2_f32(e - MB)
-    if MB - EMIN <= 127:  # 1/q is a float32: ax * (1/q) == ax / q (both correctly rounded)
-        y = ax * pow2_f32(MB - e)
-    else:  # bf16: 1/q may exceed float32
+    if EMIN - MB >= -126:  # q and 1/q are normal: ax * (1/q) == ax / q (both correctly rounded)
+        q = pow2n_f32(e - MB)
+        y = ax * pow2n_f32(MB - tl.minimum(e, 127))  # e = 128 (Inf/NaN): y stays Inf/NaN
+    else:  # bf16: q may be subnormal and 1/q beyond float32
+        q = pow2_f32(e - MB)
         y = tl.math.div_rn(ax, q)
     if RND == 0:
         r = rint_pos(y)
@@ -182,8 +189,8 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
         xs = tl.math.div_rn(x, tl.broadcast_to(safe, x.shape))
     else:  # MX: x / 2^e == x * 2^-e exactly
         xs = x * inv[:, :, None]
-    scaled = tl.minimum(tl.maximum(xs, -MAXE, propagate_nan=tl.PropagateNan.ALL), MAXE,
-                        propagate_nan=tl.PropagateNan.ALL)
+    # a NaN element makes its block's scale NaN (bmax_i), so plain min/max suffice here
+    scaled = tl.minimum(tl.maximum(xs, -MAXE), MAXE)
     qe = round_elem(scaled, EL, RND, SRB, 0, k0, k1, base_lo, base_hi, off)
     out = tl.where(t3 > 0, qe * t3, x * 0.0)
     return tl.where(t3 == t3, out, float("nan"))

@@ -99,8 +99,10 @@ def test_quantize_bit_exact(fmt, rounding):
     x = x.to(DEV)
     for opts in ({}, {"sr_bits": 5}) + (({"scale_floor": "normal"}, {"tensor_scope": "none"})
                                         if fmt == "nvfp4" else ()):
-        ref = pf.quantize(x, fmt, rounding, seed=9, stream=77, **opts)
-        got = quantize_tiles(x, fmt, rounding, seed=9, stream=77, **opts)
+        # reference: the NumPy path, the definition (formats' own tests tie torch-CPU to it)
+        ref = torch.from_numpy(pf.quantize(x.cpu().numpy(), fmt, rounding, seed=9, stream=77,
+                                           **opts))
+        got = quantize_tiles(x, fmt, rounding, seed=9, stream=77, **opts).cpu()
         assert torch.equal(ref.isnan(), got.isnan()), opts
         assert torch.equal(ref.nan_to_num().view(torch.int32),
                            got.nan_to_num().view(torch.int32)), opts
@@ -189,3 +191,25 @@ def test_engine_selection_and_launch_windows():
         assert resolve_engine("triton", DEV) == "triton"
     assert launch_ends(100, 32, 16) == [32, 64, 96, 100]
     assert launch_ends(100, 24, 16) == [32, 48, 80, 96, 100]
+
+
+def test_trace_with_skip_and_a_dead_scheme(trace_file):
+    """A trace with D (skip term) and a scheme that overflows to Inf: same dead_at, NaN rows and
+    drift as the torch engine."""
+    path, tr = trace_file("mamba2", T=40, H=1, P=16, N=32, with_D=True)
+    tr["x"] *= 3e4
+    np.savez(path, **tr)
+    sch = {"conventional_fp32": SEED_TABLE["conventional_fp32"],
+           "conventional_fp16_ieee": {"kind": "conventional", "fmt": "fp16",
+                                      "overflow": "ieee"}}
+    d = tiny_cfg("mamba2", steps=40, schemes=sch, metrics__window=16)
+    d["workload"] = {"kind": "trace", "path": str(path)}
+    tri = run_triton(to_config(d), DEV, progress=False, poison=True)
+    ref = run_torch(to_config(d), DEV, progress=False)
+    assert tri.schemes["conventional_fp16_ieee"]["dead_at"] is not None
+    assert tri.schemes == ref.schemes
+    for r, s in zip(tri.rows, ref.rows, strict=True):
+        for key in ("rel_err", "state_drift"):
+            assert np.isnan(r[key]) == np.isnan(s[key]), (r, s)
+            if not np.isnan(s[key]) and s[key] > 1e-5:
+                assert r[key] == pytest.approx(s[key], rel=1e-3)
