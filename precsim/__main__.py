@@ -103,6 +103,22 @@ def _run_app(cfg) -> None:
     print(format_table(summary))
     print(f"\nengine={result.engine} device={result.device} steps={result.steps} "
           f"wall={result.wall_s:.2f}s -> {out}")
+    _print_recommendation(c, out)
+
+
+def _print_recommendation(c, out) -> None:
+    """The cheapest scheme of this run within ``metrics.budget`` (same rule as precsim.report)."""
+    from precsim import report
+
+    mc = c.metrics
+    try:
+        rec = report.recommend(report.candidates(report.collect(out), mc.budget_metric), mc.budget)
+    except report.ReportError:
+        return
+    text = report.format_recommendation(rec, mc.budget_metric, None, top=2)
+    print("\n" + text.replace("  (job ., ", "  (").replace("[. / ", "["))
+    print(f"(budget: metrics.budget_metric={mc.budget_metric} metrics.budget={mc.budget:g}; "
+          f"a sweep: python -m precsim.report DIR --metric kl --budget 1e-3 --horizon 131072)")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,8 @@ class MetricsConfig:
     kl: bool = True
     lengths: list[int] = field(default_factory=lambda: [256, 1024, 4096, 32768, 131072])
     plot: bool = True
+    budget_metric: str = "kl"  # the run ends with the cheapest scheme within this budget
+    budget: float = 0.01
 
 
 @dataclass
@@ -183,6 +185,8 @@ def validate(cfg: Config) -> None:
           "an integer >= 1")
     check(isinstance(mc.vocab, int) and mc.vocab >= 2, "metrics.vocab", mc.vocab,
           "an integer >= 2")
+    check_choice("metrics.budget_metric", mc.budget_metric, ("kl", "rel_err", "state_drift"))
+    check(mc.budget > 0, "metrics.budget", mc.budget, "a positive number")
     check_choice("formats.scale_floor", cfg.formats.scale_floor, pf.SCALE_FLOORS)
     check_choice("formats.tensor_scope", cfg.formats.tensor_scope, pf.TENSOR_SCOPES)
     if not cfg.schemes:

@@ -60,6 +60,7 @@ def test_run_writes_files_and_skips_when_complete(tmp_path):
     assert s["complete"] and s["steps"] == 64 and s["engine"] == "torch"
     assert set(s["figures"]) == {"conventional_fp32", "shared_nvfp4_sr", "split_fp32_nvfp4"}
     assert "conventional_fp32" in r.stdout  # the table
+    assert "recommended:" in r.stdout or "NO configuration" in r.stdout
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     r2 = _cli(["experiment=split_nvfp4", *FAST, f"hydra.run.dir={out}"], tmp_path)
     assert r2.returncode == 0 and "skipped" in r2.stdout
