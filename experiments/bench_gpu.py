@@ -168,6 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-steps", type=int, default=32)
     ap.add_argument("--host-steps", type=int, default=1024)
     ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--no-subsets", action="store_true", help="skip the per-scheme kernel runs")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter)")
     a = ap.parse_args(argv)
@@ -221,8 +222,9 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
         f"kernels {r.info['kernel_s'] or math.nan:.3f} s, {r.info['launches']} launches")
     w, r = study(a.steps, dev, a.smoke, num_warps=best, skip_metrics=True)
     add("  variant: no metrics (inputs + kernels)", w, f"kernels {r.info['kernel_s'] or 0:.3f} s")
-    for only in (("conventional_fp32",), ("conventional_nvfp4_sr",),
-                 ("shared_nvfp4_sr", "split_fp32_nvfp4", "split_fp16sr_nvfp4")):
+    for only in () if a.no_subsets else (
+            ("conventional_fp32",), ("conventional_nvfp4_sr",),
+            ("shared_nvfp4_sr", "split_fp32_nvfp4", "split_fp16sr_nvfp4")):
         study(32, dev, a.smoke, only=only, num_warps=best, skip_metrics=True)  # compile
         w, r = study(min(a.steps, 4096), dev, a.smoke, only=only, num_warps=best,
                      skip_metrics=True)

@@ -179,6 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4096)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter)")
+    ap.add_argument("--only", default="", help="comma-separated sections (default: all)")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET)"
@@ -206,7 +207,10 @@ def main(argv=None) -> int:
             workload="synthetic", replay={"gdn_u_source": "master", "buffer_dtype": "bf16"}),
             device, rows, oracle=False)),
     ]
+    only = [x for x in a.only.split(",") if x]
     for name, fn in sections:
+        if only and name not in only:
+            continue
         t = time.perf_counter()
         try:
             fn()

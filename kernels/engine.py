@@ -191,16 +191,16 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     want = set(names) if record_outputs is True else set(record_outputs or ())
     recorded: dict[str, list] = {n: [] for n in names if n in want}
     shape4 = (Sq, H, P, N)
-    # dead schemes, tracked on the device (no host sync per window): flag and first bad step
-    dead = [torch.zeros((), dtype=torch.bool, device=dev) for _ in schemes]
-    dead_at = [torch.full((), -1, dtype=torch.int64, device=dev) for _ in schemes]
-
-    def held(states, i, s):
-        sst, srd = states[1][slot[i]].view(shape4), states[2][slot[i]].view(shape4)
-        return {"state": sst, "read": srd} if s.kind == "split" else {"state": sst}
+    # dead schemes, tracked on the device in storage order (no host sync per window)
+    dead = torch.zeros(max(ns, 1), dtype=torch.bool, device=dev)
+    dead_at = torch.full((max(ns, 1),), -1, dtype=torch.int64, device=dev)
+    by_slot = sorted(range(ns), key=lambda i: slot[i])
+    split = [schemes[i].kind == "split" for i in by_slot]
 
     def process(item) -> None:
-        """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does."""
+        """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
+        schemes at once (few device ops per window: the host must stay ahead of the GPU)."""
+        nonlocal dead, dead_at
         t0, t1, inp, y64, y32, states, done = item
         n = t1 - t0
         ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
@@ -210,26 +210,24 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                 for t in (y64, y32, *inp.values(), *(states or ())):
                     t.record_stream(side)
             y_ref = y64.view(n, Sq, H, P)
+            y_all = y32.view(-1, n, Sq, H, P)
             if D is not None:
                 y_ref = y_ref + D[:, None] * inp["x"].view(n, Sq, H, P)
-            ys: dict[str, torch.Tensor] = {}
-            for i, s in enumerate(schemes):
-                y = y32[slot[i]].view(n, Sq, H, P)
-                if D is not None:
-                    y = y + D.to(torch.float32)[:, None] * inp["x"].to(torch.float32).view(
-                        n, Sq, H, P)
-                y = torch.where(dead[i], torch.nan, y)  # dead before this window: NaN
-                bad = ~torch.isfinite(y).reshape(n, -1).all(dim=1)
-                anyb = bad.any()
-                first = t0 + 1 + torch.argmax(bad.to(torch.int8))
-                dead_at[i] = torch.where(anyb & ~dead[i], first, dead_at[i])
-                dead[i] = dead[i] | anyb
-                ys[s.name] = y
+                y_all = y_all + D.to(torch.float32)[:, None] * inp["x"].to(torch.float32).view(
+                    n, Sq, H, P)
+            y_all = torch.where(dead.view(-1, 1, 1, 1, 1), torch.nan, y_all)  # dead before
+            bad = ~torch.isfinite(y_all).reshape(y_all.shape[0], n, -1).all(dim=2)
+            anyb = bad.any(dim=1)
+            first = t0 + 1 + torch.argmax(bad.to(torch.int8), dim=1)
+            dead_at = torch.where(anyb & ~dead, first, dead_at)
+            dead = dead | anyb
+            ys = {s.name: y_all[slot[i]] for i, s in enumerate(schemes)}
             if not skip_metrics:
                 acc.push(y_ref, ys)
                 if states is not None:
-                    acc.record_drift(t1, states[0].view(shape4), {
-                        s.name: held(states, i, s) for i, s in enumerate(schemes)})
+                    acc.record_drift_stacked(t1, states[0].view(shape4), states[1][:ns],
+                                             states[2][:ns],
+                                             [schemes[i].name for i in by_slot], split)
             for name in recorded:
                 y = y_ref if name == "truth" else ys[name]
                 recorded[name].append(y.cpu().numpy())
@@ -278,8 +276,9 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         process(pending)
     if cuda:
         torch.cuda.synchronize(dev)
-    for s, d in zip(schemes, dead_at, strict=True):
-        s.dead_at = int(d) if int(d) >= 0 else None
+    first_bad = dead_at.tolist()
+    for i, s in enumerate(schemes):
+        s.dead_at = first_bad[slot[i]] if first_bad[slot[i]] >= 0 else None
     acc.finish()
     acc.to_host({s.name: s.dead_at for s in schemes})
     if bar is not None:
@@ -340,10 +339,11 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
         dt = inp["dt"].reshape(n, -1)
         A = params["A"]
         a64 = torch.exp(dt.view(n, Sq, H) * A).reshape(n, SH)
-        a32 = torch.exp(dt.view(n, Sq, H).to(torch.float32) * A.to(torch.float32)).reshape(n, SH)
+        dA32 = (dt.view(n, Sq, H).to(torch.float32) * A.to(torch.float32)).reshape(n, SH)
+        a32 = torch.exp(dA32)
         B, C = inp["B"], inp["C"]
         G = B.shape[2]
-        return mamba2_window[grid](dt, a64, a32, inp["x"], B, C, S64, st[i0:], rd[i0:], y64,
+        return mamba2_window[grid](dt, a64, a32, dA32, inp["x"], B, C, S64, st[i0:], rd[i0:], y64,
                             y32[i0:], k1[i0:, t0:], _i32(k0), t0, n, steps, L, H, H // G, G,
                             SH, Sq * G, *strides, **common)
     else:
@@ -351,8 +351,9 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
 
         g = inp["g"].reshape(n, SH)
         a64 = torch.exp(g)
-        a32 = torch.exp(g.to(torch.float32))
-        return gdn_window[grid](a64, a32, inp["beta"].reshape(n, SH), inp["q"], inp["k"], inp["v"],
-                         S64, st[i0:], rd[i0:], y64, y32[i0:], k1[i0:, t0:], _i32(k0), t0, n,
-                         steps, L, SH, *strides, U_MASTER=int(cfg.replay.gdn_u_source == "master"),
-                         **common)
+        g32 = g.to(torch.float32)
+        a32 = torch.exp(g32)
+        return gdn_window[grid](a64, a32, g32, inp["beta"].reshape(n, SH), inp["q"], inp["k"],
+                                inp["v"], S64, st[i0:], rd[i0:], y64, y32[i0:], k1[i0:, t0:],
+                                _i32(k0), t0, n, steps, L, SH, *strides,
+                                U_MASTER=int(cfg.replay.gdn_u_source == "master"), **common)

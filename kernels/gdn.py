@@ -8,13 +8,14 @@ Recurrence (DESIGN.md §2): ``u_t = beta_t (v_t - alpha_t S_{t-1} k_t)``,
 ``S_t = alpha_t S_{t-1} + u_t k_t^T``, ``o_t = S_t q_t``. ReplaySSM evaluates it output-only from
 a buffer of the segment's ``(u_j, k_j)`` (buffer dtype), as the torch engine does:
 ``alpha_t S_{t-1} k_t = gamma_t (M k_t) + sum_{j<t} w_j(t) (k_j . k_t) u_j`` with ``M`` the read
-copy or the master (``U_MASTER``, ``replay.gdn_u_source``) and ``w_j(t) = prod_{i=j+1..t}
-alpha_i``; ``o_t = gamma_t (R q_t) + sum_{j<=t} w_j(t) (q_t . k_j) u_j``; at a flush
+copy or the master (``U_MASTER``, ``replay.gdn_u_source``), ``gamma_t = exp(Lc_t)`` and
+``w_j(t) = exp(Lc_t - Lc_j)`` from the float32 cumulative log-decay ``Lc_t = sum_{i<=t} g_i``
+since the checkpoint; ``o_t = gamma_t (R q_t) + sum_{j<=t} w_j(t) (q_t . k_j) u_j``; at a flush
 ``fold = gamma M + (w u)^T K`` (one IEEE float32 ``tl.dot``).
 
-Inputs (one window, time-major): ``a64 (n, S*H)`` float64 and ``a32`` float32 (``exp(g)``,
-computed on the host as the torch engine does), ``beta (n, S*H)``, ``q, k (n, S*H, K)``,
-``v (n, S*H, V)`` float64.
+Inputs (one window, time-major): ``a64 (n, S*H)`` float64, ``a32`` float32 (``exp(g)``,
+computed on the host as the torch engine does), ``g32`` (float32 log-decay), ``beta (n, S*H)``,
+``q, k (n, S*H, K)``, ``v (n, S*H, V)`` float64.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, S
 
 
 @triton.jit
-def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-            n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, IDX: tl.constexpr,
+def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+            t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, IDX: tl.constexpr,
             CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr,
             LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
             U_MASTER: tl.constexpr):
@@ -97,13 +98,17 @@ def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr
     lrow = tl.arange(0, LB)
     Ub = tl.zeros([LB, P], tl.float32)  # buffer of corrected values u_j (buffer dtype)
     Kb = tl.zeros([LB, K], tl.float32)  # buffer of keys k_j (buffer dtype)
-    w = tl.zeros([LB], tl.float32)  # w_j(t) = prod_{i>j} alpha_i
-    gam = tl.full([], 1.0, tl.float32)
-    na, nb, nq, nk, nv = _load_step(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, z64, sh, SHT, P, K, op,
+    if KIND == 0:
+        a_ptr = a32_ptr  # per-step decay alpha = exp(g)
+    else:
+        a_ptr = g32_ptr  # per-step log-decay g
+    Lc = tl.full([], 0.0, tl.float32)  # cumulative log-decay since the checkpoint
+    Lb = tl.zeros([LB], tl.float32)  # Lc at each buffered step
+    na, nb, nq, nk, nv = _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, z64, sh, SHT, P, K, op,
                                     ok3)
     for i in range(n_steps):
         a, b64, q64, k64, v64 = na, nb, nq, nk, nv
-        na, nb, nq, nk, nv = _load_step(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr,
+        na, nb, nq, nk, nv = _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr,
                                         tl.minimum(z64 + i + 1, n_steps - 1), sh, SHT, P, K, op,
                                         ok3)  # prefetch the next step
         beta = b64.to(tl.float32)
@@ -125,8 +130,9 @@ def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr
             k3 = round_elem(k64.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, ok3)
             k2 = round_elem(tl.load(k_ptr + rk + ok2).to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0,
                             ok2)
-            w = w * a
-            gam = gam * a
+            Lc = Lc + a  # a = g here
+            gam = tl.exp(Lc)
+            w = tl.where(lrow < j, tl.exp(Lc - Lb), 0.0)  # strictly earlier steps
             if U_MASTER or KIND == 1:
                 Mk = tl.sum(tl.sum(S * k3[None, :, :], axis=2), axis=1)
             else:
@@ -136,7 +142,8 @@ def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr
             u = round_elem(beta * (v - gam * Mk - corr), BUF, 0, 0, 0, 0, 0, 0, 0, op)
             Ub = tl.where(lrow[:, None] == j, u[None, :], Ub)
             Kb = tl.where(lrow[:, None] == j, k2[None, :], Kb)
-            w = tl.where(lrow == j, 1.0, w)
+            Lb = tl.where(lrow == j, Lc, Lb)
+            w = tl.where(lrow <= j, tl.exp(Lc - Lb), 0.0)
             if (j == L - 1) | (t == total - 1):  # flush: fold, write, output from the fold
                 fold = tl.dot(tl.trans(w[:, None] * Ub), Kb, input_precision="ieee")
                 fold = gam * S + tl.reshape(fold, (P, NB, BLK))
@@ -149,8 +156,7 @@ def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr
                                  off3)
                 else:
                     R = S
-                w = tl.zeros([LB], tl.float32)
-                gam = tl.full([], 1.0, tl.float32)
+                Lc = tl.full([], 0.0, tl.float32)
             else:  # output-only evaluation: the checkpoint is only read
                 q2 = tl.load(q_ptr + rk + ok2).to(tl.float32)
                 QK = tl.sum(Kb * q2[None, :], axis=1)
@@ -164,8 +170,8 @@ def _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr
 
 @triton.jit(do_not_specialize=["k0", "t0", "n_steps", "total", "L", "SHT", "YSTRIDE", "SSTRIDE",
                                "KSTRIDE"])
-def gdn_window(a64_ptr, a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, st_ptr, rd_ptr, y64_ptr,
-               y32_ptr, k1_ptr, k0, t0, n_steps, total, L, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
+def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, st_ptr, rd_ptr,
+               y64_ptr, y32_ptr, k1_ptr, k0, t0, n_steps, total, L, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
                P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, U_MASTER: tl.constexpr,
@@ -180,41 +186,41 @@ def gdn_window(a64_ptr, a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, st_ptr, rd
                    NB, BLK)
     if NSCH > 0:
         if slot == TRUTH + 0:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
     if NSCH > 1:
         if slot == TRUTH + 1:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
     if NSCH > 2:
         if slot == TRUTH + 2:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
     if NSCH > 3:
         if slot == TRUTH + 3:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
     if NSCH > 4:
         if slot == TRUTH + 4:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
     if NSCH > 5:
         if slot == TRUTH + 5:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
     if NSCH > 6:
         if slot == TRUTH + 6:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
     if NSCH > 7:
         if slot == TRUTH + 7:
-            _scheme(a32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0, t0,
-                    n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE, U_MASTER)
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7, P, NB,
+                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)

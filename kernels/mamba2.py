@@ -13,14 +13,15 @@ Tiles are ``[P, NB, BLK]`` (``N = NB * BLK``, BLK the block of the scheme's bloc
 block scales are a reduction over the last axis without reshapes.
 
 ReplaySSM (DESIGN.md §3) is evaluated output-only from a buffer of the segment's inputs, as the
-torch engine does: ``y_t = gamma_t (R C_t) + sum_j w_j(t) (C_t . B_j) x_j`` with
-``w_j(t) = dt_j prod_{i=j+1..t} a_i`` (running products instead of the torch engine's
-exp-of-cumsum: equal up to float32 rounding), and at a flush
+torch engine does: ``y_t = gamma_t (R C_t) + sum_j w_j(t) (C_t . B_j) x_j`` with the decays
+from the float32 cumulative log-decay ``Lc_t = sum_{i<=t} dt_i A`` since the checkpoint:
+``gamma_t = exp(Lc_t)``, ``w_j(t) = exp(Lc_t - Lc_j) dt_j`` (a product of per-step decays would
+carry ~100x more float32 error on slowly decaying heads). At a flush
 ``fold = gamma M + (w x)^T B`` (one ``tl.dot`` in IEEE float32) gives the output and the write.
 
-Inputs (one window, time-major, float64): ``dt, a64 (n, S*H)``, ``a32 (n, S*H)`` float32 (the
-decays ``exp(dt A)``, computed on the host exactly as the torch engine does), ``x (n, S*H, P)``,
-``B, C (n, S*G, N)`` (G groups; head h reads group ``h // REP``).
+Inputs (one window, time-major, float64): ``dt, a64 (n, S*H)``, float32 ``a32 = exp(dt A)`` and
+``dA32 = dt A`` (n, S*H) (computed on the host exactly as the torch engine does),
+``x (n, S*H, P)``, ``B, C (n, S*G, N)`` (G groups; head h reads group ``h // REP``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, 
 
 
 @triton.jit
-def _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
+def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
             t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
             IDX: tl.constexpr, CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr,
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
@@ -103,13 +104,18 @@ def _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_pt
     lrow = tl.arange(0, LB)
     xb = tl.zeros([LB, P], tl.float32)  # buffer of the segment's inputs (buffer dtype)
     Bb = tl.zeros([LB, N], tl.float32)
-    w = tl.zeros([LB], tl.float32)  # w_j(t) = dt_j prod_{i>j} a_i
-    gam = tl.full([], 1.0, tl.float32)  # decay since the checkpoint
-    ndt, na, nxv, nB, nC = _load_step(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, z64, sh, sg, SHT,
+    if KIND == 0:
+        a_ptr = a32_ptr  # per-step decay exp(dt A)
+    else:
+        a_ptr = dA_ptr  # per-step log-decay dt A
+    Lc = tl.full([], 0.0, tl.float32)  # cumulative log-decay since the checkpoint
+    Lb = tl.zeros([LB], tl.float32)  # Lc at each buffered step
+    db = tl.zeros([LB], tl.float32)  # dt of each buffered step
+    ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, z64, sh, sg, SHT,
                                       SGT, P, N, op, on3)
     for i in range(n_steps):
         dt64, a, x64, B64, C64 = ndt, na, nxv, nB, nC
-        ndt, na, nxv, nB, nC = _load_step(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr,
+        ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr,
                                           tl.minimum(z64 + i + 1, n_steps - 1), sh, sg, SHT,
                                           SGT, P, N, op, on3)  # prefetch the next step
         dt = dt64.to(tl.float32)
@@ -128,8 +134,11 @@ def _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_pt
             xr = round_elem(x, BUF, 0, 0, 0, 0, 0, 0, 0, op)
             Br = round_elem(tl.load(B_ptr + rb + on2).to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0,
                             on2)
-            w = tl.where(lrow == j, dt, w * a)
-            gam = gam * a
+            Lc = Lc + a  # a = dt A here
+            Lb = tl.where(lrow == j, Lc, Lb)
+            db = tl.where(lrow == j, dt, db)
+            w = tl.where(lrow <= j, tl.exp(Lc - Lb) * db, 0.0)
+            gam = tl.exp(Lc)
             xb = tl.where(lrow[:, None] == j, xr[None, :], xb)
             Bb = tl.where(lrow[:, None] == j, Br[None, :], Bb)
             if (j == L - 1) | (t == total - 1):  # flush: fold, write, output from the fold
@@ -144,8 +153,7 @@ def _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_pt
                                  off3)
                 else:
                     R = S
-                w = tl.zeros([LB], tl.float32)
-                gam = tl.full([], 1.0, tl.float32)
+                Lc = tl.full([], 0.0, tl.float32)
             else:  # output-only evaluation: the checkpoint is only read
                 C2 = tl.load(C_ptr + rb + on2).to(tl.float32)
                 G = tl.sum(Bb * C2[None, :], axis=1)
@@ -159,8 +167,8 @@ def _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_pt
 
 @triton.jit(do_not_specialize=["k0", "t0", "n_steps", "total", "L", "H", "REP", "G", "SHT", "SGT",
                                "YSTRIDE", "SSTRIDE", "KSTRIDE"])
-def mamba2_window(dt_ptr, a64_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, st_ptr, rd_ptr,
-                  y64_ptr, y32_ptr, k1_ptr, k0, t0, n_steps, total, L, H, REP, G, SHT, SGT,
+def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, st_ptr,
+                  rd_ptr, y64_ptr, y32_ptr, k1_ptr, k0, t0, n_steps, total, L, H, REP, G, SHT, SGT,
                   YSTRIDE, SSTRIDE, KSTRIDE,
                   P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
@@ -177,41 +185,41 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, st_ptr
                    SGT, P, NB, BLK)
     if NSCH > 0:
         if slot == TRUTH + 0:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 1:
         if slot == TRUTH + 1:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 2:
         if slot == TRUTH + 2:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 3:
         if slot == TRUTH + 3:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 4:
         if slot == TRUTH + 4:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 5:
         if slot == TRUTH + 5:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 6:
         if slot == TRUTH + 6:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 7:
         if slot == TRUTH + 7:
-            _scheme(dt_ptr, a32_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-                    t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)

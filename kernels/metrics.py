@@ -64,6 +64,25 @@ class DeviceAccumulator(Accumulator):
             self.drift[self.next_drift] = out
             self.next_drift += self.window
 
+    def record_drift_stacked(self, pos: int, ref_state: torch.Tensor, states: torch.Tensor,
+                             reads: torch.Tensor, names: list[str], has_read: list[bool]) -> None:
+        """record_drift for states stacked by scheme: ``states``/``reads`` (k, S, ...) float32,
+        ``names[i]`` the scheme of row i, ``has_read[i]`` whether it keeps a read copy."""
+        S = ref_state.shape[0]
+        rf = ref_state.reshape(S, -1)
+        rn = torch.linalg.vector_norm(rf, dim=-1)
+        rn = torch.where(rn > 0, rn, torch.ones_like(rn))
+        k = len(names)
+        d_st = torch.linalg.vector_norm(states.reshape(k, S, -1).to(torch.float64) - rf,
+                                        dim=-1) / rn
+        d_rd = torch.linalg.vector_norm(reads.reshape(k, S, -1).to(torch.float64) - rf,
+                                        dim=-1) / rn
+        out = {name: {"state": d_st[i], **({"read": d_rd[i]} if has_read[i] else {})}
+               for i, name in enumerate(names)}
+        while self.next_drift <= pos:
+            self.drift[self.next_drift] = out
+            self.next_drift += self.window
+
     def to_host(self, dead_at: dict[str, int | None]) -> None:
         """Copy every statistic to NumPy at once; drop the drift of schemes dead by then."""
         slots: list[tuple[dict, object, torch.Tensor]] = []
