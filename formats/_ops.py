@@ -34,6 +34,11 @@ class NumpyOps:
         return np.clip(x, -m, m)
 
     @staticmethod
+    def div_const(a, c):
+        """a / c, correctly rounded in a's dtype."""
+        return a / a.dtype.type(c)
+
+    @staticmethod
     def exponent(ax):
         """Biased-exponent field minus the bias, for |x| (subnormals give emin-1; callers clamp)."""
         if ax.dtype == np.float64:
@@ -134,6 +139,16 @@ class TorchOps:
     @staticmethod
     def clip(x, m):
         return x.clamp(-m, m)
+
+    @staticmethod
+    def div_const(a, c):
+        """a / c, correctly rounded: CUDA turns division by a host scalar into a multiply by
+        its reciprocal (1 ulp off at times), so the divisor lives on a's device."""
+        import torch
+
+        if a.device.type == "cpu":
+            return a / c
+        return a / torch.tensor(c, dtype=a.dtype, device=a.device)
 
     @staticmethod
     def exponent(ax):

@@ -418,9 +418,9 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
             tmax = bmax
             for ax in sorted(axes, key=lambda a: a % bmax.ndim, reverse=True):
                 tmax = ops.amax(tmax, ax)
-            s_t = tmax / np.float32(el.max_value * sc.max_value)
+            s_t = ops.div_const(tmax, el.max_value * sc.max_value)
             s_t = ops.where(s_t == 0, ops.full_like(s_t, 1.0), s_t)  # all-zero scope
-        bs = bmax / np.float32(el.max_value)
+        bs = ops.div_const(bmax, el.max_value)
         if s_t is not None:
             bs = bs / s_t
         bs = ops.minimum(bs, sc.max_value)
