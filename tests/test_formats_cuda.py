@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import precsim.formats as pf
 import pytest
 import torch
-
-import precsim.formats as pf
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
