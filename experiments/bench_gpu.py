@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-steps", type=int, default=512)
     ap.add_argument("--cpu-steps", type=int, default=32)
     ap.add_argument("--host-steps", type=int, default=1024)
-    ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--warps", default="4,8")
     ap.add_argument("--no-subsets", action="store_true", help="skip the per-scheme kernel runs")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter)")
@@ -234,6 +234,8 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     add("  variant: metrics not overlapped with the next kernel", w)
     w, _ = study(a.steps, dev, a.smoke, kl=False, num_warps=best)
     add("  variant: no KL", w)
+    w, _ = study(a.steps, dev, a.smoke, num_warps=best, kl_tf32=False)
+    add("  variant: KL difference matmul in IEEE FP32 (no TF32)", w)
     from precsim.kernels.inputs import CounterInputs
 
     from precsim.workload import make_workload

@@ -121,7 +121,8 @@ def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
 
 def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str = "host",
                num_warps: int | None = None, record_outputs=False, overlap: bool | None = None,
-               skip_metrics: bool = False, poison: bool = False) -> Result:
+               skip_metrics: bool = False, poison: bool = False,
+               kl_tf32: bool = True) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
@@ -129,8 +130,10 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     distributions, a different stream). ``overlap`` (default: on CUDA) reduces window k's
     metrics on a side stream while window k+1's kernel runs. ``record_outputs``: True or a list
     of names ("truth", scheme names) whose per-step outputs go to ``info["outputs"]``.
-    ``skip_metrics`` (benchmarks) leaves the metrics stage out: no rows. ``poison`` fills the
-    output buffers with NaN before each launch (checks that the kernels write every output).
+    ``skip_metrics`` (benchmarks) leaves the metrics stage out: no rows. ``kl_tf32``: the KL's
+    difference matmul in TF32 on CUDA (~1e-3 relative on the KL; False: IEEE float32).
+    ``poison`` fills the output buffers with NaN before each launch (checks that the kernels
+    write every output).
     Unsupported settings fall back to the torch engine with a logged note
     (``Result.info["triton_fallback"]``).
     """
@@ -179,6 +182,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     readout = _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev) \
         if cfg.metrics.kl else None
     acc = DeviceAccumulator([s.name for s in schemes], cfg.metrics.window, readout)
+    acc.tf32 = kl_tf32
     params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
               for k, v in wl.params.items()}
     D = params.get("D") if family.name == "mamba2" else None

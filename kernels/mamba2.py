@@ -92,9 +92,13 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
     base_lo = (base & 0xFFFFFFFF).to(tl.uint32)
     base_hi = (base >> 32).to(tl.uint32)
     k0u = k0.to(tl.uint32)
-    st = st_ptr + IDX * SSTRIDE + base
-    rd = rd_ptr + IDX * SSTRIDE + base
-    yp = y32_ptr + IDX * YSTRIDE
+    # strides rebuilt as multiples of the tile / row (the host passes exact multiples): the
+    # compiler then knows the alignment, vectorises state loads/stores and lays tiles out with
+    # 4 consecutive columns per thread (cheap block reductions, one SR hash per 4 elements)
+    sst = (SSTRIDE // (P * N)) * (P * N)
+    st = st_ptr + IDX * sst + base
+    rd = rd_ptr + IDX * sst + base
+    yp = y32_ptr + IDX * ((YSTRIDE // P) * P)
     kp = k1_ptr + IDX * KSTRIDE
     S = tl.load(st + off3)  # state / checkpoint / master
     if KIND == 2:

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from precsim import formats as pf
 
-from .rng import element_index, random_uint
+from .rng import sr_increment
 
 # element formats first; ids are kernel constexprs
 FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
@@ -102,9 +102,7 @@ def round_float(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
     else:
         lo = tl.floor(y)
         thr = tl.floor((y - lo) * (2.0 ** SRB))
-        ilo, ihi = element_index(base_lo, base_hi, off)
-        u = random_uint(k0, k1, ilo, ihi, SRB).to(tl.float32)
-        r = lo + tl.where(u < thr, 1.0, 0.0)
+        r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
     out = r * q
     over = out > MAXV
     if OVF == 1:

@@ -8,6 +8,8 @@ word ``i // lanes`` and the top r bits of lane ``i % lanes`` (lane 0 least signi
 
 The keys are derived on the host (:func:`event_keys`, vectorised over events: one stream per
 quantisation event, ``stream_id(crc32(scheme), event, purpose)``), so the kernel only hashes.
+In-kernel SR (:func:`sr_increment`) hashes each word once and feeds its lanes to ``lanes``
+consecutive elements (a quarter of the hashing for E2M1/FP8-class SR with <= 8 bits).
 Tests check both halves bit for bit against ``precsim.formats``.
 """
 
@@ -58,6 +60,48 @@ def random_uint(k0, k1, lo, hi, BITS: tl.constexpr):
         shift = (lo & ((1 << SH) - 1)) * SLOT + (SLOT - BITS)
         u = (w >> shift) & ((1 << BITS) - 1)
     return u
+
+
+@triton.jit
+def sr_increment(thr, k0, k1, base_lo, base_hi, off, BITS: tl.constexpr):
+    """1.0 where SR rounds up (``u < thr``), else 0.0, for a 3D tile ``[R, C, K]``.
+
+    ``thr``: float32 thresholds in [0, 2^BITS], ``off``: int32 element offsets (x's shape);
+    ``u = random_uint(base + off)``. With several lanes per word (BITS <= 16) the word of each
+    run of ``lanes`` elements is hashed once, not once per element: the tile is viewed as
+    ``[R, C, K / lanes, lanes]``, the hash runs on ``[R, C, K / lanes]`` and is broadcast over
+    the lanes. That needs what every caller's tile has: each run of ``lanes`` along the last axis
+    holds consecutive elements and ``base + off`` of its first is a multiple of ``lanes``
+    (``base`` a multiple of the tile size; K a multiple of lanes).
+    """
+    if BITS <= 8:
+        SLOT: tl.constexpr = 8
+        SH: tl.constexpr = 2
+    elif BITS <= 16:
+        SLOT: tl.constexpr = 16
+        SH: tl.constexpr = 1
+    else:
+        SLOT: tl.constexpr = 32
+        SH: tl.constexpr = 0
+    if SH == 0:
+        ilo, ihi = element_index(base_lo, base_hi, off)
+        u = random_bits(k0, k1, ilo, ihi) >> (32 - BITS)
+        inc = tl.where(u.to(tl.float32) < thr, 1.0, 0.0)
+    else:
+        LANES: tl.constexpr = 1 << SH
+        R: tl.constexpr = off.shape[0]
+        C: tl.constexpr = off.shape[1]
+        K: tl.constexpr = off.shape[2]
+        Q: tl.constexpr = K // LANES
+        o4 = tl.reshape(off, (R, C, Q, LANES))
+        t4 = tl.reshape(thr, (R, C, Q, LANES))
+        lo, hi = element_index(base_lo, base_hi, tl.min(o4, axis=3))  # first element of a word
+        w = random_bits(k0, k1, (lo >> SH) | (hi << (32 - SH)), hi >> SH)  # [R, C, Q]
+        lane = tl.arange(0, LANES)
+        shift = (lane * SLOT + (SLOT - BITS)).to(tl.uint32)
+        u = (w[:, :, :, None] >> shift[None, None, None, :]) & ((1 << BITS) - 1)
+        inc = tl.reshape(tl.where(u.to(tl.float32) < t4, 1.0, 0.0), (R, C, K))
+    return inc
 
 
 @triton.jit
