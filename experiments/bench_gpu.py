@@ -236,6 +236,8 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     add("  variant: no KL", w)
     w, _ = study(a.steps, dev, a.smoke, num_warps=best, kl_tf32=False)
     add("  variant: KL difference matmul in IEEE FP32 (no TF32)", w)
+    w, _ = study(a.steps, dev, a.smoke, num_warps=best, fused_metrics=False)
+    add("  variant: window metrics as torch ops (not the fused Triton pass)", w)
     from precsim.kernels.inputs import CounterInputs
 
     from precsim.workload import make_workload

@@ -34,7 +34,7 @@ from precsim.schemes import build_schemes
 from precsim.ssm import get_family
 from precsim.workload import make_workload
 
-from .metrics import DeviceAccumulator
+from .metrics import DeviceAccumulator, kl_rows, row_stats
 from .quant import IEEE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id, sr_bits_of
 from .rng import event_keys
 
@@ -122,7 +122,7 @@ def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
 def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str = "host",
                num_warps: int | None = None, record_outputs=False, overlap: bool | None = None,
                skip_metrics: bool = False, poison: bool = False,
-               kl_tf32: bool = True) -> Result:
+               kl_tf32: bool = True, fused_metrics: bool = True) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
@@ -133,7 +133,9 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     ``skip_metrics`` (benchmarks) leaves the metrics stage out: no rows. ``kl_tf32``: the KL's
     difference matmul in TF32 on CUDA (~1e-3 relative on the KL; False: IEEE float32).
     ``poison`` fills the output buffers with NaN before each launch (checks that the kernels
-    write every output).
+    write every output). ``fused_metrics`` (default) reduces each window's outputs in one Triton
+    pass (:func:`precsim.kernels.metrics.row_stats`); False: the torch ops of
+    ``DeviceAccumulator.push`` (also used when outputs are recorded).
     Unsupported settings fall back to the torch engine with a logged note
     (``Result.info["triton_fallback"]``).
     """
@@ -200,6 +202,9 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     dead_at = torch.full((max(ns, 1),), -1, dtype=torch.int64, device=dev)
     by_slot = sorted(range(ns), key=lambda i: slot[i])
     split = [schemes[i].kind == "split" for i in by_slot]
+    # fused window metrics (kernels.metrics.row_stats) unless per-step outputs are recorded
+    fused = ns > 0 and not recorded and fused_metrics
+    perm = torch.tensor([slot[i] for i in range(ns)], dtype=torch.int64, device=dev)
 
     def process(item) -> None:
         """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
@@ -213,6 +218,25 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                 side.wait_event(done)
                 for t in (y64, y32, *inp.values(), *(states or ())):
                     t.record_stream(side)
+            if fused:  # one Triton pass per window: rel_err, non-finite flags, KL inputs
+                err, bad, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, dead, n * Sq, P,
+                                             readout is not None and not skip_metrics)
+                bad = bad.view(ns, n, Sq).any(dim=2)
+                anyb = bad.any(dim=1)
+                first = t0 + 1 + torch.argmax(bad.to(torch.int8), dim=1)
+                dead_at = torch.where(anyb & ~dead, first, dead_at)
+                dead = dead | anyb
+                if not skip_metrics:
+                    kl = kl_rows(readout, yh, dd, kl_tf32)[perm].view(ns, n, Sq) \
+                        if dd is not None else None
+                    acc.push_stats(err[perm].view(ns, n, Sq), kl)
+                    if states is not None:
+                        acc.record_drift_stacked(t1, states[0].view(shape4), states[1][:ns],
+                                                 states[2][:ns],
+                                                 [schemes[i].name for i in by_slot], split)
+                if side is not None:
+                    side_done.append(side.record_event())
+                return
             y_ref = y64.view(n, Sq, H, P)
             y_all = y32.view(-1, n, Sq, H, P)
             if D is not None:

@@ -15,6 +15,8 @@ import contextlib
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 from precsim.metrics import Accumulator
 
@@ -42,6 +44,102 @@ def _kl(readout, yh_ref, logp_ref, y_sim, tf32: bool) -> torch.Tensor:
     return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
 
 
+@triton.jit(do_not_specialize=["ROWS", "W"])
+def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, dead_ptr, err_ptr, bad_ptr, d_ptr, yh_ptr,
+                      ROWS, W, P: tl.constexpr, HAS_D: tl.constexpr, KL: tl.constexpr,
+                      BW: tl.constexpr):
+    """One output row (a step of one sequence, width W = H*P) of one scheme slot: rel_err, the
+    non-finite flag and, for the KL, the normalised difference ``yh_sim - yh_ref`` (float32) and
+    ``yh_ref`` (float64, slot 0 only). The skip term ``D x`` is added as the torch path does
+    (float64 for the truth, float32 for the schemes); a dead slot's outputs read as NaN."""
+    r = tl.program_id(0)
+    k = tl.program_id(1)
+    ys_row = y32_ptr + (k * ROWS + r).to(tl.int64) * W
+    yr_row = y64_ptr + r.to(tl.int64) * W
+    x_row = x_ptr + r.to(tl.int64) * W
+    dead = tl.load(dead_ptr + k) != 0
+    ss = tl.zeros([BW], tl.float64)
+    rr = tl.zeros([BW], tl.float64)
+    ee = tl.zeros([BW], tl.float64)
+    for c0 in range(0, W, BW):
+        c = c0 + tl.arange(0, BW)
+        m = c < W
+        ys = tl.load(ys_row + c, mask=m, other=0.0)
+        yr = tl.load(yr_row + c, mask=m, other=0.0)
+        if HAS_D:
+            Dh = tl.load(D_ptr + c // P, mask=m, other=0.0)
+            xv = tl.load(x_row + c, mask=m, other=0.0)
+            yr = yr + Dh * xv
+            ys = ys + Dh.to(tl.float32) * xv.to(tl.float32)
+        y = tl.where(dead, float("nan"), ys).to(tl.float64)
+        ss += tl.where(m, y * y, 0.0)
+        rr += yr * yr
+        ee += tl.where(m, (y - yr) * (y - yr), 0.0)
+    s_ss = tl.sum(ss, axis=0)
+    s_rr = tl.sum(rr, axis=0)
+    tl.store(err_ptr + k * ROWS + r, tl.sqrt(tl.sum(ee, axis=0)) / tl.sqrt(s_rr))
+    tl.store(bad_ptr + k * ROWS + r, (s_ss - s_ss != 0).to(tl.int8))
+    if KL:  # Readout.normalise: y / rms (1 where rms == 0)
+        rms_s = tl.sqrt(s_ss / W)
+        rms_r = tl.sqrt(s_rr / W)
+        rms_s = tl.where(rms_s > 0, rms_s, 1.0)
+        rms_r = tl.where(rms_r > 0, rms_r, 1.0)
+        d_row = d_ptr + (k * ROWS + r).to(tl.int64) * W
+        for c0 in range(0, W, BW):
+            c = c0 + tl.arange(0, BW)
+            m = c < W
+            ys = tl.load(ys_row + c, mask=m, other=0.0)
+            yr = tl.load(yr_row + c, mask=m, other=0.0)
+            if HAS_D:
+                Dh = tl.load(D_ptr + c // P, mask=m, other=0.0)
+                xv = tl.load(x_row + c, mask=m, other=0.0)
+                yr = yr + Dh * xv
+                ys = ys + Dh.to(tl.float32) * xv.to(tl.float32)
+            y = tl.where(dead, float("nan"), ys).to(tl.float64)
+            yh = yr / rms_r
+            tl.store(d_row + c, (y / rms_s - yh).to(tl.float32), mask=m)
+            if k == 0:
+                tl.store(yh_ptr + r.to(tl.int64) * W + c, yh, mask=m)
+
+
+def row_stats(y32, y64, x, D, dead, rows: int, P: int, kl: bool):
+    """Fused per-row statistics of one launch window (all scheme slots at once).
+
+    ``y32 (k, n, S*H, P)`` float32 scheme outputs (storage slots), ``y64 (n, S*H, P)`` the truth
+    (``rows = n*S`` rows of width ``W = H*P``), ``x`` the inputs for the skip term ``D x``
+    (Mamba-2; None without D), ``dead (k,)`` bool. Returns ``err (k, rows)`` float64 rel_err,
+    ``bad (k, rows)`` bool (a non-finite output), and for the KL ``d (k, rows, W)`` float32 and
+    ``yh_ref (rows, W)`` float64 (else None). One pass over the outputs instead of ~20 torch
+    kernels over float64 copies.
+    """
+    k = y32.shape[0]
+    ROWS = rows
+    W = y64.numel() // ROWS
+    dev = y32.device
+    err = torch.empty((k, ROWS), dtype=torch.float64, device=dev)
+    bad = torch.empty((k, ROWS), dtype=torch.int8, device=dev)
+    d = torch.empty((k, ROWS, W), dtype=torch.float32, device=dev) if kl else err
+    yh = torch.empty((ROWS, W), dtype=torch.float64, device=dev) if kl else err
+    has_d = D is not None
+    xx = x.to(torch.float64).contiguous() if has_d else y64
+    _row_stats_kernel[(ROWS, k)](y32, y64, xx, D if has_d else y64, dead, err, bad, d, yh, ROWS,
+                                 W, P=P, HAS_D=has_d, KL=kl,
+                                 BW=min(1024, triton.next_power_of_2(W)), num_warps=4)
+    return err, bad.bool(), (d if kl else None), (yh if kl else None)
+
+
+def kl_rows(readout, yh_ref, d, tf32: bool) -> torch.Tensor:
+    """KL per row (k, rows) from :func:`row_stats`' ``d`` and ``yh_ref``, as ``Readout.kl``:
+    reference logits in float64, the difference matmul (all schemes in one) in TF32 on CUDA
+    when ``tf32`` (see :func:`_kl`)."""
+    logp_ref = torch.log_softmax(readout.scale * (yh_ref @ readout.W64.T), dim=-1)
+    k, rows, W = d.shape
+    with _tf32_matmul(tf32):
+        prod = (d.reshape(k * rows, W) @ readout.W32.T).view(k, rows, -1)
+    logp_sim = torch.log_softmax(logp_ref + readout.scale * prod.to(torch.float64), dim=-1)
+    return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
+
+
 class DeviceAccumulator(Accumulator):
     """Accumulator whose statistics are device tensors until ``to_host()``.
 
@@ -52,7 +150,21 @@ class DeviceAccumulator(Accumulator):
 
     tf32 = True
 
+    def push_stats(self, err: torch.Tensor, kl: torch.Tensor | None) -> None:
+        """Per-step statistics already reduced over the width (:func:`row_stats`):
+        ``err``/``kl`` ``(k, m, S)`` in ``self.names`` order; windows as :meth:`push`."""
+        if not hasattr(self, "_err"):
+            self._err, self._kl = [], []
+        self._err.append(err.transpose(0, 1))  # (m, k, S): windows are cut along dim 0
+        if kl is not None:
+            self._kl.append(kl.transpose(0, 1))
+        self._pending += err.shape[1]
+        while self._pending >= self.window:
+            self._reduce(self.window)
+
     def _reduce(self, n: int) -> None:
+        if getattr(self, "_err", None):
+            return self._reduce_stats(n)
         y_ref = self._take(self._ref, n)
         S = y_ref.shape[1]
         yr = y_ref.reshape(n, S, -1)
@@ -64,6 +176,21 @@ class DeviceAccumulator(Accumulator):
         if self.readout is not None:
             yh_ref, logp_ref = self.readout.ref(yr)
             kl = _kl(self.readout, yh_ref, logp_ref, ys, self.tf32).mean(dim=1)  # (k, S)
+        mean, top, per_step = err.mean(dim=1), err.amax(dim=1), err.mean(dim=2)
+        entry = {"step": self.done + n, "len": n}
+        for i, name in enumerate(self.names):
+            self.per_step_rel_err[name].append(per_step[i])
+            stats = {"rel_err": mean[i], "rel_err_max": top[i]}
+            if kl is not None:
+                stats["kl"] = kl[i]
+            entry[name] = stats
+        self.windows.append(entry)
+        self.done += n
+        self._pending -= n
+
+    def _reduce_stats(self, n: int) -> None:
+        err = self._take(self._err, n).transpose(0, 1)  # (k, n, S)
+        kl = self._take(self._kl, n).transpose(0, 1).mean(dim=1) if self._kl else None
         mean, top, per_step = err.mean(dim=1), err.amax(dim=1), err.mean(dim=2)
         entry = {"step": self.done + n, "len": n}
         for i, name in enumerate(self.names):
