@@ -34,7 +34,7 @@ from precsim.schemes import build_schemes
 from precsim.ssm import get_family
 from precsim.workload import make_workload
 
-from .metrics import DeviceAccumulator, kl_rows, row_stats
+from .metrics import DeviceAccumulator, drift_norms, kl_rows, row_stats
 from .quant import IEEE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id, sr_bits_of
 from .rng import event_keys
 
@@ -230,10 +230,9 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                     kl = kl_rows(readout, yh, dd, kl_tf32)[perm].view(ns, n, Sq) \
                         if dd is not None else None
                     acc.push_stats(err[perm].view(ns, n, Sq), kl)
-                    if states is not None:
-                        acc.record_drift_stacked(t1, states[0].view(shape4), states[1][:ns],
-                                                 states[2][:ns],
-                                                 [schemes[i].name for i in by_slot], split)
+                    if states is not None:  # drift_norms, computed after the kernel
+                        acc.record_drift_norms(t1, states[0], states[1],
+                                               [schemes[i].name for i in by_slot], split)
                 if side is not None:
                     side_done.append(side.record_event())
                 return
@@ -285,7 +284,10 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                     [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
                     t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw)
         states = None
-        if acc.want_drift(t1) and not skip_metrics:  # snapshot: the next launch overwrites
+        if acc.want_drift(t1) and not skip_metrics and fused:
+            # reduced now on the main stream (one read of the states): no snapshot needed
+            states = drift_norms(S64, st, rd, ns, Sq)
+        elif acc.want_drift(t1) and not skip_metrics:  # snapshot: the next launch overwrites
             states = (S64.clone(), st.clone(), rd.clone()) if overlap else (S64, st, rd)
         if cuda:
             e1.record()

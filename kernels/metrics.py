@@ -128,6 +128,50 @@ def row_stats(y32, y64, x, D, dead, rows: int, P: int, kl: bool):
     return err, bad.bool(), (d if kl else None), (yh if kl else None)
 
 
+@triton.jit(do_not_specialize=["E", "NCH"])
+def _drift_kernel(ref_ptr, st_ptr, rd_ptr, out_ptr, E, NCH, CH: tl.constexpr, BW: tl.constexpr):
+    """Partial sums over one chunk of a sequence's layer state: ``|st - ref|^2``,
+    ``|rd - ref|^2`` (float32 copies against the float64 truth) and ``|ref|^2``."""
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    k = tl.program_id(2)
+    S = tl.num_programs(1)
+    ref_row = ref_ptr + s.to(tl.int64) * E
+    off = (k * S + s).to(tl.int64) * E
+    a_s = tl.zeros([BW], tl.float64)
+    a_r = tl.zeros([BW], tl.float64)
+    a_n = tl.zeros([BW], tl.float64)
+    for c0 in range(0, CH, BW):
+        e = c * CH + c0 + tl.arange(0, BW)
+        m = e < E
+        rf = tl.load(ref_row + e, mask=m, other=0.0)
+        da = tl.load(st_ptr + off + e, mask=m, other=0.0).to(tl.float64) - rf
+        db = tl.load(rd_ptr + off + e, mask=m, other=0.0).to(tl.float64) - rf
+        a_s += da * da
+        a_r += db * db
+        a_n += rf * rf
+    o = out_ptr + ((k * S + s) * 3) * NCH + c
+    tl.store(o, tl.sum(a_s, axis=0))
+    tl.store(o + NCH, tl.sum(a_r, axis=0))
+    tl.store(o + 2 * NCH, tl.sum(a_n, axis=0))
+
+
+def drift_norms(ref, st, rd, k: int, S: int):
+    """State drift of ``k`` scheme slots: ``|st_i - ref| / |ref|`` and ``|rd_i - ref| / |ref|``
+    per sequence (``(k, S)`` each, float64) for ``ref (S, ...)`` float64 and ``st``/``rd``
+    ``(>=k, S, ...)`` float32, as ``DeviceAccumulator.record_drift_stacked`` computes them but
+    in one read of the states (no float64 copies, no snapshot of the states)."""
+    E = ref.numel() // S
+    CH = 16384
+    NCH = triton.cdiv(E, CH)
+    out = torch.empty((k, S, 3, NCH), dtype=torch.float64, device=ref.device)
+    _drift_kernel[(NCH, S, k)](ref, st, rd, out, E, NCH, CH=CH, BW=min(1024, CH), num_warps=4)
+    tot = out.sum(dim=-1)
+    rn = torch.sqrt(tot[0, :, 2])
+    rn = torch.where(rn > 0, rn, torch.ones_like(rn))
+    return torch.sqrt(tot[:, :, 0]) / rn, torch.sqrt(tot[:, :, 1]) / rn
+
+
 def kl_rows(readout, yh_ref, d, tf32: bool) -> torch.Tensor:
     """KL per row (k, rows) from :func:`row_stats`' ``d`` and ``yh_ref``, as ``Readout.kl``:
     reference logits in float64, the difference matmul (all schemes in one) in TF32 on CUDA
@@ -233,6 +277,12 @@ class DeviceAccumulator(Accumulator):
                                         dim=-1) / rn
         d_rd = torch.linalg.vector_norm(reads.reshape(k, S, -1).to(torch.float64) - rf,
                                         dim=-1) / rn
+        self.record_drift_norms(pos, d_st, d_rd, names, has_read)
+
+    def record_drift_norms(self, pos: int, d_st: torch.Tensor, d_rd: torch.Tensor,
+                           names: list[str], has_read: list[bool]) -> None:
+        """record_drift from drifts already reduced (:func:`drift_norms`): ``d_st``/``d_rd``
+        ``(k, S)``, row i of scheme ``names[i]``."""
         out = {name: {"state": d_st[i], **({"read": d_rd[i]} if has_read[i] else {})}
                for i, name in enumerate(names)}
         while self.next_drift <= pos:
