@@ -247,22 +247,8 @@ class DeviceAccumulator(Accumulator):
         self.done += n
         self._pending -= n
 
-    def record_drift(self, pos: int, ref_state: torch.Tensor, held: dict[str, dict]) -> None:
-        S = ref_state.shape[0]
-        rf = ref_state.reshape(S, -1)
-        rn = torch.linalg.vector_norm(rf, dim=-1)
-        rn = torch.where(rn > 0, rn, torch.ones_like(rn))
-        out = {}
-        for name, h in held.items():
-            d = {}
-            for key in ("state", "read"):
-                if h is not None and key in h:
-                    diff = h[key].reshape(S, -1).to(torch.float64) - rf
-                    d[key] = torch.linalg.vector_norm(diff, dim=-1) / rn
-            out[name] = d
-        while self.next_drift <= pos:
-            self.drift[self.next_drift] = out
-            self.next_drift += self.window
+    def _keep(self, t: torch.Tensor) -> torch.Tensor:
+        return t  # stays on the device until to_host()
 
     def record_drift_stacked(self, pos: int, ref_state: torch.Tensor, states: torch.Tensor,
                              reads: torch.Tensor, names: list[str], has_read: list[bool]) -> None:
@@ -285,9 +271,7 @@ class DeviceAccumulator(Accumulator):
         ``(k, S)``, row i of scheme ``names[i]``."""
         out = {name: {"state": d_st[i], **({"read": d_rd[i]} if has_read[i] else {})}
                for i, name in enumerate(names)}
-        while self.next_drift <= pos:
-            self.drift[self.next_drift] = out
-            self.next_drift += self.window
+        self._store_drift(pos, out)
 
     def to_host(self, dead_at: dict[str, int | None]) -> None:
         """Copy every statistic to NumPy at once; drop the drift of schemes dead by then."""

@@ -123,6 +123,10 @@ class Accumulator:
     def want_drift(self, pos: int) -> bool:
         return pos >= self.next_drift
 
+    def _keep(self, t: torch.Tensor):
+        """Where per-window statistics live: host NumPy here; a device subclass keeps tensors."""
+        return t.cpu().numpy()
+
     def record_drift(self, pos: int, ref_state: torch.Tensor, held: dict[str, dict]) -> None:
         """ref_state (S,H,Dv,Dk) float64; held[name] = {"state": ..., "read": ...} or None."""
         S = ref_state.shape[0]
@@ -136,8 +140,12 @@ class Accumulator:
                 if h is None or key not in h:
                     continue
                 diff = h[key].reshape(S, -1).to(torch.float64) - rf
-                d[key] = (torch.linalg.vector_norm(diff, dim=-1) / rn).cpu().numpy()
+                d[key] = self._keep(torch.linalg.vector_norm(diff, dim=-1) / rn)
             out[name] = d
+        self._store_drift(pos, out)
+
+    def _store_drift(self, pos: int, out: dict) -> None:
+        """Assign a drift sample to every window that ended at or before ``pos``."""
         while self.next_drift <= pos:
             self.drift[self.next_drift] = out
             self.next_drift += self.window
