@@ -10,7 +10,6 @@ baseline of ``experiments/bench_cpu.py``.
 from __future__ import annotations
 
 import time
-import zlib
 
 import numpy as np
 import torch
@@ -20,6 +19,7 @@ from precsim import formats as pf
 from .config import Config
 from .engine import Result, _progress, flush_schedule
 from .metrics import Accumulator, Readout
+from .schemes import format_options, quantize_state
 from .workload import make_workload
 
 NP_DTYPES = {"fp32": np.float32, "fp64": np.float64}
@@ -28,24 +28,12 @@ NP_DTYPES = {"fp32": np.float32, "fp64": np.float64}
 class _Q:
     """Quantizer bound to one scheme (same SR streams as the torch engine)."""
 
-    def __init__(self, name, cfg, sc, fmt_options):
-        self.base = zlib.crc32(name.encode())
-        self.seed, self.sc = cfg.run.seed, sc
-        self.opts = fmt_options
-        self.layer = cfg.formats.tensor_scope == "tensor"
+    def __init__(self, name, cfg, sc):
+        self.kw = dict(name=name, seed=cfg.run.seed, sc=sc, fmt_options=format_options(cfg),
+                       layer_scope=cfg.formats.tensor_scope == "tensor")
 
     def __call__(self, S, fmt, rounding, event, purpose):
-        f = pf.get(fmt)
-        if f.kind == "identity" or (f.name == "fp32" and S.dtype == np.float32):
-            return S
-        opts = self.opts if (f.kind == "block" and "tensor_scope" in f.options) else {}
-        shp = S.shape
-        x = S.reshape(shp[0], shp[1] * shp[2], shp[3]) if (self.layer and f.kind == "block") \
-            else S
-        out = pf.quantize(x, f, rounding, seed=self.seed,
-                          stream=pf.stream_id(self.base, event, purpose),
-                          sr_bits=self.sc.sr_bits, overflow=self.sc.overflow, **opts)
-        return out.reshape(shp)
+        return quantize_state(S, fmt, rounding, event=event, purpose=purpose, **self.kw)
 
 
 def _out(S, c):
@@ -61,10 +49,7 @@ def run_numpy(cfg: Config, progress: bool = True, record_outputs: bool = False) 
     P, N = cfg.model.head_dim, cfg.model.state_dim
     shape = (Sq, H, P, N)
     names = list(cfg.schemes)
-    fo = {"scale_floor": cfg.formats.scale_floor,
-          "tensor_scope": "matrix" if cfg.formats.tensor_scope == "tensor"
-          else cfg.formats.tensor_scope}
-    qs = {n: _Q(n, cfg, sc, fo) for n, sc in cfg.schemes.items()}
+    qs = {n: _Q(n, cfg, sc) for n, sc in cfg.schemes.items()}
     state = {n: np.zeros(shape, dt_) for n in names}
     read = {n: np.zeros(shape, dt_) for n in names}
     events = dict.fromkeys(names, 0)

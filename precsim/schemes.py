@@ -45,19 +45,10 @@ class Scheme:
         return self.cfg.label or describe(self.cfg)
 
     def _q(self, x: torch.Tensor, fmt: str, rounding: str, purpose: int) -> torch.Tensor:
-        f = pf.get(fmt)
-        if f.kind == "identity" or (f.name == "fp32" and x.dtype == torch.float32):
-            return x
-        opts = {}
-        if f.kind == "block" and "tensor_scope" in f.options:
-            opts = dict(self.fmt_options)
-        shape = x.shape
-        if self.tensor_scope == "tensor" and f.kind == "block":
-            x = x.reshape(shape[0], shape[1] * shape[2], shape[3])  # one layer per sequence
-        stream = pf.stream_id(zlib.crc32(self.name.encode()), self.events, purpose)
-        out = pf.quantize(x, f, rounding, seed=self.seed, stream=stream,
-                          sr_bits=self.cfg.sr_bits, overflow=self.cfg.overflow, **opts)
-        return out.reshape(shape)
+        return quantize_state(x, fmt, rounding, name=self.name, event=self.events,
+                              purpose=purpose, seed=self.seed, sc=self.cfg,
+                              fmt_options=self.fmt_options,
+                              layer_scope=self.tensor_scope == "tensor")
 
     def init(self, shape, device, dtype) -> None:
         self.state = torch.zeros(shape, device=device, dtype=dtype)
@@ -131,10 +122,34 @@ def describe(s: SchemeConfig) -> str:
     return f"{s.kind}({upd})"
 
 
+def format_options(cfg: Config) -> dict:
+    """quantize() options of block formats; ``tensor`` scope = a (S, H*P, N) view's matrix."""
+    scope = cfg.formats.tensor_scope
+    return {"scale_floor": cfg.formats.scale_floor,
+            "tensor_scope": "matrix" if scope == "tensor" else scope}
+
+
+def quantize_state(x, fmt: str, rounding: str, *, name: str, event: int, purpose: int,
+                   seed: int, sc: SchemeConfig, fmt_options: dict, layer_scope: bool):
+    """Quantise a state ``(S, H, Dv, Dk)`` (NumPy or torch) for scheme ``name``.
+
+    SR streams are keyed by (seed, scheme name, event index, purpose), the same in every engine.
+    """
+    f = pf.get(fmt)
+    if f.kind == "identity" or (f.name == "fp32" and "float32" in str(x.dtype)):
+        return x
+    opts = fmt_options if (f.kind == "block" and "tensor_scope" in f.options) else {}
+    shape = x.shape
+    if layer_scope and f.kind == "block":
+        x = x.reshape(shape[0], shape[1] * shape[2], shape[3])  # one layer per sequence
+    stream = pf.stream_id(zlib.crc32(name.encode()), event, purpose)
+    out = pf.quantize(x, f, rounding, seed=seed, stream=stream, sr_bits=sc.sr_bits,
+                      overflow=sc.overflow, **opts)
+    return out.reshape(shape)
+
+
 def build_schemes(cfg: Config) -> list[Scheme]:
-    fo = {"scale_floor": cfg.formats.scale_floor,
-          "tensor_scope": "matrix" if cfg.formats.tensor_scope == "tensor"
-          else cfg.formats.tensor_scope}
+    fo = format_options(cfg)
     return [SCHEMES[s.kind](name=n, cfg=s, seed=cfg.run.seed, fmt_options=fo,
                             tensor_scope=cfg.formats.tensor_scope)
             for n, s in cfg.schemes.items()]
