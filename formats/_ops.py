@@ -83,9 +83,6 @@ class TorchOps:
 
         return isinstance(x, torch.Tensor)
 
-    def __getattr__(self, item):  # pragma: no cover - defensive
-        raise AttributeError(item)
-
     @staticmethod
     def abs(x):
         return x.abs()

@@ -6,7 +6,7 @@ value dim, key dim; every state row evolves on its own):
 * ``conv_step``: one conventional update, returning the *unrounded* new state and its output;
 * ``segment``: ReplaySSM over the positions between two flushes — outputs by output-only
   evaluation from a read copy plus the buffer, and the folded state from the master (DESIGN.md §3);
-* ``buffer_keys``: the activations the replay buffer holds (rounded to the buffer dtype).
+  the activations the buffer holds (Mamba-2: x, B; GDN: u, k) go through ``buffer_round``.
 
 Inputs are dicts of tensors with a leading time axis: ``(m, S, H[, dim])``.
 """
@@ -37,9 +37,6 @@ class Mamba2:
     """Mamba-2: ``S_t = a_t S_{t-1} + dt_t x_t B_t^T``, ``y_t = S_t C_t``; state (P, N)."""
 
     name: str = "mamba2"
-    input_keys: tuple = ("dt", "x", "B", "C")
-    time_scalars: tuple = ("dt",)
-    buffer_keys: tuple = ("x", "B")  # dt stays FP32 in the buffer
 
     @staticmethod
     def state_dims(model) -> tuple[int, int]:
@@ -77,9 +74,6 @@ class GatedDeltaNet:
     ``o_t = S_t q_t``; state (V, K)."""
 
     name: str = "gdn"
-    input_keys: tuple = ("g", "beta", "q", "k", "v")
-    time_scalars: tuple = ("g", "beta")
-    buffer_keys: tuple = ("k",)  # u is buffered too, rounded as it is produced
 
     @staticmethod
     def state_dims(model) -> tuple[int, int]:

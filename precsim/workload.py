@@ -97,8 +97,6 @@ class RandomWorkload(Workload):
                    "C": np.repeat(Cg, rep, axis=2)}
         else:
             raw = rng.standard_normal((T, S, H))
-            if self.style == "seed_article":
-                raw = raw + 0.0
             g = -np.exp(self.params["A_log"]) * softplus(self.dt_noise * raw
                                                          + self.params["dt_bias"])
             beta = 1.0 / (1.0 + np.exp(-rng.standard_normal((T, S, H))))
