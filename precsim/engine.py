@@ -120,6 +120,7 @@ def run_torch(cfg: Config, device: str, progress: bool = True,
     pc = family_params(family.name, wl.params, dev, cdt)
     D = wl.params.get("D")
     D64 = torch.as_tensor(D, dtype=torch.float64, device=dev) if D is not None else None
+    Dc = D64.to(cdt) if D64 is not None else None  # the D*x skip, in the schemes' precision
     Sq, H = cfg.run.seqs, cfg.model.heads
     Dv, Dk = family.state_dims(cfg.model)
     shape = (Sq, H, Dv, Dk)
@@ -155,8 +156,8 @@ def run_torch(cfg: Config, device: str, progress: bool = True,
                                   buffer_round=br, u_from_master=u_master)
             else:
                 y = s.run_segment(family, inp, pc, pos, True)
-            if D64 is not None:
-                y = y + D64.to(cdt)[:, None] * inp["x"]
+            if Dc is not None:
+                y = y + Dc[:, None] * inp["x"]
             finite = torch.isfinite(y).reshape(m, -1).all(dim=1)
             if not bool(finite.all()):
                 s.dead_at = pos + int((~finite).nonzero()[0, 0]) + 1
