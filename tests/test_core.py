@@ -59,7 +59,7 @@ def test_oracle_matches_hand_recurrence_with_D():
 @pytest.mark.parametrize("L,drafts", [(1, 0), (5, 0), (16, 0), (16, 4), (8, 3), (4, 4)],
                          ids=lambda v: str(v))
 def test_replay_fp64_equals_conventional_and_oracle(family, L, drafts, trace_file):
-    path, tr = trace_file(family, T=64, H=2, P=4, N=8)
+    path, tr = trace_file(family, T=64, H=2, P=4, N=8, with_D=True)  # D: Mamba-2's skip
     cfg = to_config(_fp64_cfg(family, path, replay__buffer_len=L, replay__drafts=drafts,
                               replay__acceptance=0.6))
     res = run_torch(cfg, "cpu", progress=False, record_outputs=True)
