@@ -909,6 +909,45 @@ def test_sr_chunked_calls_equal_unchunked(name, opts, backend):
     assert_same_bits(np.concatenate(parts), full, x)
 
 
+def e2m1_edge_values() -> np.ndarray:
+    """Every E2M1 grid point, midpoint and in-between 256th, their float32 neighbours, both
+    signs, zeros, values past 6, +-Inf, NaN and float32 subnormals (one 16-wide block each)."""
+    g = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
+    fr = np.concatenate([g[:-1, None] + np.diff(g)[:, None] * np.arange(256)[None] / 256])
+    v = np.concatenate([g, fr.ravel(), [6.5, 7.9, 8.0, 100.0, 1e30, 2e-45, 1e-40, 1e-3]])
+    v = v.astype(np.float32)
+    v = np.concatenate([v, np.nextafter(v, np.float32(0)), np.nextafter(v, np.float32(9))])
+    v = np.concatenate([v, -v, [np.inf, -np.inf, np.nan, -np.nan, -0.0]]).astype(np.float32)
+    return np.resize(v, (len(v) + 31) // 32 * 32).reshape(1, -1, 32)
+
+
+@pytest.mark.parametrize("offset", [0, 1001, 2**32 - 100])
+@pytest.mark.parametrize("name,opts", [(n, o) for n, o in BLOCK_CONFIGS
+                                       if pf.get(n).element.name == "fp4_e2m1"],
+                         ids=[i for (n, _), i in zip(BLOCK_CONFIGS, BLOCK_IDS)
+                              if pf.get(n).element.name == "fp4_e2m1"])
+def test_e2m1_sr_table_path_equals_the_generic_path(name, opts, offset, monkeypatch):
+    """The CPU torch shortcut for E2M1 SR (a table indexed by the top 18 bits) is bit-identical
+    to the generic element rounding, on every block case and on the E2M1 edge values as the
+    scaled elements themselves (a block scale of 1: one element is 6 in every block)."""
+    from precsim.formats import core
+
+    edge = e2m1_edge_values()
+    for c in (0, 16):
+        edge[..., c] = np.where(np.isfinite(edge[..., c]), 6.0, edge[..., c])
+    cases = [block_case(c, name, np.float32) for c in BLOCK_CASES] + [edge]
+    for i, x in enumerate(cases):
+        xt = torch.from_numpy(np.ascontiguousarray(x))
+        kw = dict(seed=123 + i, stream=9, offset=offset, **opts)
+        fast = pf.quantize(xt, name, "sr", **kw)
+        with monkeypatch.context() as m:
+            m.setattr(core, "_e2m1_table_ok", lambda *a: False)
+            slow = pf.quantize(xt, name, "sr", **kw)
+        assert_same_bits(fast, slow, x, f"case {i}")
+    assert core._e2m1_table_ok(xt.reshape(-1, pf.get(name).block), pf.get(name).element, "sr",
+                               core.TORCH, None)
+
+
 @pytest.mark.parametrize("rounding", pf.ROUNDINGS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("name", NAMES)
