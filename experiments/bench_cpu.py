@@ -86,6 +86,13 @@ def main() -> None:
     for label, rep, t_np, t_pt in rows:
         print(f"{label:<15}{rep:>4}{t_np:>14.2f}{t_pt:>16.2f}{t_np / t_pt:>9.2f}x"
               f"{1e6 * t_np / hs:>17.1f}{1e6 * t_pt / hs:>17.1f}")
+    # the part of a whole process that no engine can speed up: interpreter start, imports
+    # (torch alone ~2.6 s here), Hydra composition, writing files and the plot
+    f_np, f_pt = whole_process("numpy", a.heads, 16), whole_process("torch", a.heads, 16)
+    whole_np = rows[0][2]
+    print(f"{'process floor':<15}{'':>4}{f_np:>14.2f}{f_pt:>16.2f}{'':>10}   (run.steps=16)")
+    print(f"ceiling of the whole-process speed-up with an engine that took no time at all: "
+          f"{whole_np:.2f} / {f_pt:.2f} = {whole_np / f_pt:.2f}x")
     print("\nfinal-window rel_err (numpy engine | torch engine):")
     for k in e_np:
         print(f"  {k:<24}{e_np[k]:>12.4g} | {e_pt[k]:.4g}")
