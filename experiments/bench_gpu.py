@@ -189,18 +189,22 @@ def main(argv=None) -> int:
     study(2 * 16, dev, a.smoke)
     add("compile + first run (32 steps)", time.perf_counter() - t)
     best, best_t = None, math.inf
-    for nw in [int(w) for w in a.warps.split(",")]:
+    for spec in a.warps.split(","):  # "4" or "8:128" (num_warps:maxnreg)
+        nw, _, mr = spec.partition(":")
+        kw = {"num_warps": int(nw), "maxnreg": int(mr) if mr else None}
+        what = f"num_warps={nw}" + (f", maxnreg={mr}" if mr else "")
         try:
-            study(32, dev, a.smoke, num_warps=nw, skip_metrics=True)  # compile
-            w, r = study(min(a.steps, 4096), dev, a.smoke, num_warps=nw, skip_metrics=True)
+            study(32, dev, a.smoke, skip_metrics=True, **kw)  # compile
+            w, r = study(min(a.steps, 4096), dev, a.smoke, skip_metrics=True, **kw)
             k = r.info["kernel_s"] or w
-            add(f"kernels only, num_warps={nw}, {min(a.steps, 4096)} steps", k,
+            add(f"kernels only, {what}, {min(a.steps, 4096)} steps", k,
                 f"wall {w:.3f} s; registers {r.info['registers']}, spills {r.info['spills']}")
             if k < best_t:
-                best, best_t = nw, k
+                best, best_t = kw, k
         except Exception as e:  # noqa: BLE001 - a variant may not compile; report, go on
-            add(f"num_warps={nw} failed", math.nan, f"{type(e).__name__}: {e}"[:120])
-    res["num_warps"] = best = best or 8
+            add(f"{what} failed", math.nan, f"{type(e).__name__}: {e}"[:120])
+    best = best or {"num_warps": 8, "maxnreg": None}
+    res["num_warps"], res["maxnreg"] = best["num_warps"], best["maxnreg"]
     try:
         _timed_stages(a, dev, card, best, res, add, rows)
     except Exception as e:  # noqa: BLE001 - print what was measured before the failure
@@ -213,31 +217,47 @@ def main(argv=None) -> int:
 def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     walls = []
     for _ in range(2):
-        w, r = study(a.steps, dev, a.smoke, num_warps=best)
+        w, r = study(a.steps, dev, a.smoke, **best)
         walls.append(w)
     full = min(walls)
     res["full_s"], res["kernel_s"] = full, r.info["kernel_s"]
     res["final"] = {row["scheme"]: row["rel_err"] for row in r.rows if row["step"] == a.steps}
     add(f"Triton engine, full study, {a.steps} steps (best of 2)", full,
         f"kernels {r.info['kernel_s'] or math.nan:.3f} s, {r.info['launches']} launches")
-    w, r = study(a.steps, dev, a.smoke, num_warps=best, skip_metrics=True)
+    w, r = study(a.steps, dev, a.smoke, **best, skip_metrics=True)
     add("  variant: no metrics (inputs + kernels)", w, f"kernels {r.info['kernel_s'] or 0:.3f} s")
+    study(32, dev, a.smoke, **best, lpt=False, skip_metrics=True)  # compile
+    w, r = study(a.steps, dev, a.smoke, **best, lpt=False, skip_metrics=True)
+    add("  variant: no metrics, slots dispatched in storage order (no LPT)", w,
+        f"kernels {r.info['kernel_s'] or 0:.3f} s")
+    w, r = study(a.steps, dev, a.smoke, **best, prefetch=False, skip_metrics=True)
+    add("  variant: no metrics, inputs not prefetched on a side stream", w,
+        f"kernels {r.info['kernel_s'] or 0:.3f} s")
     for only in () if a.no_subsets else (
             ("conventional_fp32",), ("conventional_nvfp4_sr",),
             ("shared_nvfp4_sr", "split_fp32_nvfp4", "split_fp16sr_nvfp4")):
-        study(32, dev, a.smoke, only=only, num_warps=best, skip_metrics=True)  # compile
-        w, r = study(min(a.steps, 4096), dev, a.smoke, only=only, num_warps=best,
+        study(32, dev, a.smoke, only=only, **best, skip_metrics=True)  # compile
+        w, r = study(min(a.steps, 4096), dev, a.smoke, only=only, **best,
                      skip_metrics=True)
         add(f"  kernels: truth + {' + '.join(only)}, {min(a.steps, 4096)} steps",
             r.info["kernel_s"] or w, f"registers {r.info['registers']}")
-    w, _ = study(a.steps, dev, a.smoke, num_warps=best, overlap=False)
+    w, _ = study(a.steps, dev, a.smoke, **best, overlap=False)
     add("  variant: metrics not overlapped with the next kernel", w)
-    w, _ = study(a.steps, dev, a.smoke, kl=False, num_warps=best)
+    w, _ = study(a.steps, dev, a.smoke, kl=False, **best)
     add("  variant: no KL", w)
-    w, _ = study(a.steps, dev, a.smoke, num_warps=best, kl_tf32=False)
+    w, _ = study(a.steps, dev, a.smoke, **best, kl_tf32=False)
     add("  variant: KL difference matmul in IEEE FP32 (no TF32)", w)
-    w, _ = study(a.steps, dev, a.smoke, num_warps=best, fused_metrics=False)
+    w, _ = study(a.steps, dev, a.smoke, **best, kl_fused=False)
+    add("  variant: KL tail as torch ops, one float64 reference GEMM (no split)", w)
+    w, _ = study(a.steps, dev, a.smoke, **best, prefetch=False)
+    add("  variant: inputs not prefetched on a side stream", w)
+    w, _ = study(a.steps, dev, a.smoke, **best, fused_metrics=False)
     add("  variant: window metrics as torch ops (not the fused Triton pass)", w)
+    for part in (_profile, _kl_parts) if dev == "cuda" else ():
+        try:
+            part(a, dev, best, add)
+        except Exception as e:  # noqa: BLE001 - diagnostics only; report, go on
+            add(f"  {part.__name__} failed", math.nan, f"{type(e).__name__}: {e}"[:200])
     from precsim.kernels.inputs import CounterInputs
 
     from precsim.workload import make_workload
@@ -250,11 +270,11 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
         src.chunk(t0, min(a.steps, t0 + 256))
     sync(dev)
     add("  stage: device input generation alone", time.perf_counter() - t)
-    w, r = study(a.long, dev, a.smoke, num_warps=best)
+    w, r = study(a.long, dev, a.smoke, **best)
     res["long_s"] = w
     add(f"Triton engine, full study, {a.long} steps", w,
         f"kernels {r.info['kernel_s'] or math.nan:.3f} s")
-    w, _ = study(a.host_steps, dev, a.smoke, num_warps=best, inputs="host")
+    w, _ = study(a.host_steps, dev, a.smoke, **best, inputs="host")
     res["host_s"] = w * a.steps / a.host_steps
     add(f"Triton engine, host (NumPy) inputs: {a.host_steps} steps, extrapolated",
         res["host_s"], "bound by NumPy input generation on the host")
@@ -278,7 +298,7 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     res["fp32_frac"] = 5 * 5 * el / ks / PEAK["fp32"]
     lines = [f"# Triton engine benchmark — {res['date']}", "",
              f"card: {card}; torch {torch.__version__}; triton {_tv()}; study: seed_table, "
-             f"{m.heads}x{m.head_dim}x{m.state_dim}, {a.steps} steps; num_warps={best}", "",
+             f"{m.heads}x{m.head_dim}x{m.state_dim}, {a.steps} steps; {best}", "",
              "| what | seconds | note |", "|---|---|---|"]
     lines += [f"| {w} | {s:.4g} | {n} |" for w, s, n in rows]
     lines += ["", f"speed-up vs the plain PyTorch step loop: {res['loop_s'] / full:.0f}x "
@@ -296,6 +316,51 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_gpu.md").write_text(text + "\n")
     (out / "bench_gpu.json").write_text(json.dumps({**res, "rows": rows}, indent=1))
+
+
+def _profile(a, dev, best, add) -> None:
+    """GPU time per kernel of the study over 2,048 steps (torch.profiler, metrics not
+    overlapped so kernels do not share SMs), extrapolated to the full horizon; top rows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = 2048
+    study(steps, dev, a.smoke, **best, overlap=False)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        w, _ = study(steps, dev, a.smoke, **best, overlap=False)
+    tot: dict[str, list] = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "self_device_time_total", None)
+        t = ev.self_cuda_time_total if t is None else t
+        if t > 0:
+            tot[ev.key] = [t * 1e-6 * a.steps / steps, ev.count]
+    scale = a.steps / steps
+    add(f"  profile: study without overlap, {steps} steps, x{scale:g}", w * scale,
+        f"GPU busy {sum(v[0] for v in tot.values()):.3f} s (extrapolated)")
+    for key, (t, c) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:14]:
+        add(f"    {key[:54]}", t, f"{c} calls in {steps} steps")
+
+
+def _kl_parts(a, dev, best, add) -> None:
+    """The KL's matmuls on one window's shapes (256 rows, 5 schemes, width 8192, vocab
+    1024), times 128 windows: float64 reference product whole / in width slices, TF32
+    difference product."""
+    import triton
+    from precsim.kernels.metrics import _ref_products, _tf32_matmul
+
+    from precsim.metrics import Readout
+
+    rows, k, W, V = 256, 5, 8192, 1024
+    win = a.steps // 256
+    ro = Readout(W, V, 1.0, dev)
+    yh = torch.randn(rows, W, dtype=torch.float64, device=dev)
+    d = torch.randn(k * rows, W, dtype=torch.float32, device=dev)
+    for split in (1, 4, 8, 16):
+        ms = triton.testing.do_bench(lambda s=split: _ref_products(ro, yh, s), return_mode="median")
+        add(f"  KL part: float64 reference GEMM, {split} width slices", ms * 1e-3 * win,
+            f"{ms * 1e3:.0f} us per window")
+    with _tf32_matmul(True):
+        ms = triton.testing.do_bench(lambda: d @ ro.W32.T, return_mode="median")
+    add("  KL part: TF32 difference GEMM", ms * 1e-3 * win, f"{ms * 1e3:.0f} us per window")
 
 
 def _tv() -> str:

@@ -62,6 +62,28 @@ def scheme_block(s) -> int:
     return blocks.pop() if blocks else 0
 
 
+def slot_cost(code: int | None) -> int:
+    """Rough relative cost of a kernel slot per step (None: the float64 truth), for the dispatch
+    order: every-step block quantisation (measured ~3.5x the truth per step on the H200) >
+    ReplaySSM (~1.6x) > every-step element rounding > truth, conventional FP32."""
+    if code is None:
+        return 1
+    kind, fmt, rnd = code % 4, (code // 4) % 16, (code // 1024) % 2
+    if kind != 0:
+        return 4
+    return 6 + rnd if fmt >= 6 else (3 + rnd if fmt > 0 else 1)
+
+
+def dispatch_order(truth: bool, codes: list[int], lpt: bool = True) -> int:
+    """The kernels' ``ORDER``: grid column k runs slot ``(ORDER >> 4k) & 15`` (slot 0 the truth
+    when ``truth``). With ``lpt`` the costliest slots come first (longest-processing-time
+    order: a launch's cheap programs fill the SMs behind the long ones instead of the long ones
+    running alone at its end); else the identity."""
+    costs = ([slot_cost(None)] if truth else []) + [slot_cost(c) for c in codes]
+    order = sorted(range(len(costs)), key=lambda k: -costs[k]) if lpt else range(len(costs))
+    return sum(k << (4 * pos) for pos, k in enumerate(order))
+
+
 def _pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
@@ -122,7 +144,9 @@ def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
 def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str = "host",
                num_warps: int | None = None, record_outputs=False, overlap: bool | None = None,
                skip_metrics: bool = False, poison: bool = False,
-               kl_tf32: bool = True, fused_metrics: bool = True) -> Result:
+               kl_tf32: bool = True, fused_metrics: bool = True, lpt: bool = True,
+               maxnreg: int | None = None, kl_fused: bool = True, kl_split: int = 8,
+               prefetch: bool = True) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
@@ -136,6 +160,12 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     write every output). ``fused_metrics`` (default) reduces each window's outputs in one Triton
     pass (:func:`precsim.kernels.metrics.row_stats`); False: the torch ops of
     ``DeviceAccumulator.push`` (also used when outputs are recorded).
+    ``lpt`` (default) dispatches the costliest slots' programs first (:func:`dispatch_order`);
+    ``maxnreg`` caps the kernels' registers per thread (Triton's option; benchmarks).
+    ``kl_fused`` (default, fused metrics only): the KL after its two matmuls in one Triton pass,
+    the float64 reference product in ``kl_split`` width slices (:func:`metrics.kl_rows`).
+    ``prefetch`` (default, CUDA): the next window's inputs are drawn on a side stream while the
+    current kernel runs (device inputs only).
     Unsupported settings fall back to the torch engine with a logged note
     (``Result.info["triton_fallback"]``).
     """
@@ -227,8 +257,8 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                 dead_at = torch.where(anyb & ~dead, first, dead_at)
                 dead = dead | anyb
                 if not skip_metrics:
-                    kl = kl_rows(readout, yh, dd, kl_tf32)[perm].view(ns, n, Sq) \
-                        if dd is not None else None
+                    kl = None if dd is None else kl_rows(
+                        readout, yh, dd, kl_tf32, kl_fused, kl_split)[perm].view(ns, n, Sq)
                     acc.push_stats(err[perm].view(ns, n, Sq), kl)
                     if states is not None:  # drift_norms, computed after the kernel
                         acc.record_drift_norms(t1, states[0], states[1],
@@ -265,14 +295,31 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     t_loop = time.perf_counter()
     t0, pending, timed, kern, side_done = 0, None, [], {}, []
     ends = launch_ends(steps, cfg.metrics.window, L)
-    for t1 in ends:
+    def prepare(a: int, b: int) -> dict:
+        """Inputs of steps [a, b) on the device, with the decays the kernels read."""
+        inp = src.chunk(a, b) if src is not None else {
+            k: torch.as_tensor(v, device=dev) for k, v in wl.chunk(a, b).items()}
+        inp.update(_decays(family.name, inp, params, Sq, H, b - a))
+        return inp
+
+    # device inputs of window k+1 are drawn on their own stream while window k's kernel runs
+    # (they fill the SMs its last programs leave idle instead of delaying the next launch)
+    pre = torch.cuda.Stream(device=dev) if cuda and prefetch and src is not None else None
+    main = torch.cuda.current_stream(dev) if cuda else None
+    nxt = None
+    for wi, t1 in enumerate(ends):
         n = t1 - t0
         if len(timed) > 4:  # the host runs ahead without syncs: bound the windows in flight
             timed[-5][1].synchronize()
         if len(side_done) > 4:
             side_done[-5].synchronize()
-        inp = src.chunk(t0, t1) if src is not None else {
-            k: torch.as_tensor(v, device=dev) for k, v in wl.chunk(t0, t1).items()}
+        if nxt is not None:
+            inp, ready = nxt
+            main.wait_event(ready)
+            for t in inp.values():  # allocated on the prefetch stream, used on main
+                t.record_stream(main)
+        else:
+            inp = prepare(t0, t1)
         alloc = functools.partial(torch.full, fill_value=math.nan) if poison else torch.empty
         y64 = alloc((n, SH, P), dtype=torch.float64, device=dev)
         y32 = alloc((max(ns, 1), n, SH, P), dtype=torch.float32, device=dev)
@@ -282,7 +329,10 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         for gi, (blk, idx) in enumerate(groups):
             kern[gi] = _launch(family.name, inp, params, S64, st, rd, y64, y32, k1, k0,
                     [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
-                    t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw)
+                    t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg)
+        if pre is not None and wi + 1 < len(ends):
+            with torch.cuda.stream(pre):
+                nxt = (prepare(t1, ends[wi + 1]), pre.record_event())
         states = None
         if acc.want_drift(t1) and not skip_metrics and fused:
             # reduced now on the main stream (one read of the states): no snapshot needed
@@ -347,8 +397,24 @@ def _readout(width: int, vocab: int, scale: float, dev) -> Readout:
     return _READOUTS[key]
 
 
+def _decays(fam: str, inp: dict, params: dict, Sq: int, H: int, n: int) -> dict:
+    """Per-step decays of a window, ``(n, S*H)`` each, computed as the torch engine does:
+    ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
+    (Mamba-2 ``dt A``, GDN ``g``)."""
+    if fam == "mamba2":
+        dt = inp["dt"].reshape(n, Sq, H)
+        A = params["A"]
+        a64 = torch.exp(dt * A).reshape(n, Sq * H)
+        dA32 = (dt.to(torch.float32) * A.to(torch.float32)).reshape(n, Sq * H)
+    else:
+        g = inp["g"].reshape(n, Sq * H)
+        a64 = torch.exp(g)
+        dA32 = g.to(torch.float32)
+    return {"_a64": a64, "_a32": torch.exp(dA32), "_dA32": dA32}
+
+
 def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, t0, n, steps,
-            L, Sq, H, P, N, blk, LB, cfg, nw):
+            L, Sq, H, P, N, blk, LB, cfg, nw, lpt=True, maxnreg=None):
     """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
     (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
     SH = Sq * H
@@ -360,17 +426,15 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
                   BUF=BUF_IDS[cfg.replay.buffer_dtype],
                   SFLOOR=int(cfg.formats.scale_floor == "normal"),
                   SCOPE=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
+                  ORDER=dispatch_order(truth, list(codes), lpt),
                   **{f"C{k}": c for k, c in enumerate(cs)}, num_warps=nw,
-                  enable_fp_fusion=False)
+                  enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))
     strides = (n * SH * P, SH * P * N, steps)
     if fam == "mamba2":
         from .mamba2 import mamba2_window
 
         dt = inp["dt"].reshape(n, -1)
-        A = params["A"]
-        a64 = torch.exp(dt.view(n, Sq, H) * A).reshape(n, SH)
-        dA32 = (dt.view(n, Sq, H).to(torch.float32) * A.to(torch.float32)).reshape(n, SH)
-        a32 = torch.exp(dA32)
+        a64, a32, dA32 = inp["_a64"], inp["_a32"], inp["_dA32"]
         B, C = inp["B"], inp["C"]
         G = B.shape[2]
         return mamba2_window[grid](dt, a64, a32, dA32, inp["x"], B, C, S64, st[i0:], rd[i0:], y64,
@@ -379,10 +443,7 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
     else:
         from .gdn import gdn_window
 
-        g = inp["g"].reshape(n, SH)
-        a64 = torch.exp(g)
-        g32 = g.to(torch.float32)
-        a32 = torch.exp(g32)
+        a64, a32, g32 = inp["_a64"], inp["_a32"], inp["_dA32"]
         return gdn_window[grid](a64, a32, g32, inp["beta"].reshape(n, SH), inp["q"], inp["k"],
                                 inp["v"], S64, st[i0:], rd[i0:], y64, y32[i0:], k1[i0:, t0:],
                                 _i32(k0), t0, n, steps, L, SH, *strides,

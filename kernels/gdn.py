@@ -179,11 +179,13 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
                P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, U_MASTER: tl.constexpr,
+               ORDER: tl.constexpr,
                C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
                C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
-    """One launch window: grid (S*H, TRUTH + NSCH)."""
+    """One launch window: grid (S*H, TRUTH + NSCH); grid column k runs slot
+    ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``)."""
     sh = tl.program_id(0)
-    slot = tl.program_id(1)
+    slot = (ORDER >> (4 * tl.program_id(1))) & 15
     if TRUTH:
         if slot == 0:
             _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,

@@ -176,12 +176,16 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                   YSTRIDE, SSTRIDE, KSTRIDE,
                   P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
-                  SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
+                  SFLOOR: tl.constexpr, SCOPE: tl.constexpr, ORDER: tl.constexpr,
                   C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
                   C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
-    """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout."""
+    """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout.
+
+    Grid column k runs slot ``(ORDER >> 4k) & 15``: the host puts the costliest slots first, so
+    their programs are dispatched first and the cheap ones fill the SMs behind them (a shorter
+    tail per launch)."""
     sh = tl.program_id(0)
-    slot = tl.program_id(1)
+    slot = (ORDER >> (4 * tl.program_id(1))) & 15
     sg = (sh // H) * G + (sh % H) // REP
     if TRUTH:
         if slot == 0:

@@ -172,14 +172,70 @@ def drift_norms(ref, st, rd, k: int, S: int):
     return torch.sqrt(tot[:, :, 0]) / rn, torch.sqrt(tot[:, :, 1]) / rn
 
 
-def kl_rows(readout, yh_ref, d, tf32: bool) -> torch.Tensor:
+@triton.jit(do_not_specialize=["ROWS"])
+def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, ROWS, V, NSPLIT: tl.constexpr,
+               BV: tl.constexpr):
+    """KL of one row of one scheme slot, ``Readout.kl`` operation for operation in float64:
+    reference logits ``scale * sum_s ref[s, row]`` (NSPLIT partial products over the width),
+    ``logp_ref = log_softmax``, ``logp_sim = log_softmax(logp_ref + scale * prod)`` (prod the
+    float32 difference product), ``sum exp(logp_ref) (logp_ref - logp_sim)`` clamped at 0."""
+    r = tl.program_id(0)
+    k = tl.program_id(1)
+    v = tl.arange(0, BV)
+    m = v < V
+    scale = tl.load(scale_ptr)  # float64 (a scalar argument would be float32)
+    a = tl.zeros([BV], tl.float64)
+    for s in tl.static_range(NSPLIT):
+        a += tl.load(ref_ptr + (s * ROWS + r).to(tl.int64) * V + v, mask=m, other=0.0)
+    a = tl.where(m, scale * a, float("-inf"))
+    sa = a - tl.max(a, axis=0)
+    lp = sa - tl.log(tl.sum(tl.exp(sa), axis=0))
+    p = tl.load(prod_ptr + (k * ROWS + r).to(tl.int64) * V + v, mask=m, other=0.0)
+    b = lp + scale * p.to(tl.float64)
+    sb = b - tl.max(b, axis=0)
+    ls = sb - tl.log(tl.sum(tl.exp(sb), axis=0))
+    kl = tl.sum(tl.where(m, tl.exp(lp) * (lp - ls), 0.0), axis=0)
+    tl.store(out_ptr + k * ROWS + r, tl.maximum(kl, 0.0))
+
+
+def _ref_products(readout, yh_ref: torch.Tensor, split: int) -> torch.Tensor:
+    """``yh_ref @ W64^T`` (float64) as ``split`` partial products over slices of the width
+    ``(split, rows, V)``, one batched matmul: a window has only a few hundred rows, so one
+    float64 GEMM of that shape covers few output tiles and leaves most SMs idle; the slices give
+    ``split`` times more tiles (only the order of the float64 sum changes)."""
+    rows, W = yh_ref.shape
+    V = readout.W64.shape[0]
+    if split <= 1 or W % split:
+        return (yh_ref @ readout.W64.T)[None]
+    Ws = getattr(readout, "_w64_split", None)
+    if Ws is None or Ws.shape[0] != split:
+        Ws = readout.W64.view(V, split, W // split).permute(1, 0, 2).contiguous()
+        readout._w64_split = Ws  # (split, V, W/split), built once per readout
+    return torch.bmm(yh_ref.view(rows, split, W // split).transpose(0, 1), Ws.transpose(1, 2))
+
+
+def kl_rows(readout, yh_ref, d, tf32: bool, fused: bool = True,
+            split: int = 8) -> torch.Tensor:
     """KL per row (k, rows) from :func:`row_stats`' ``d`` and ``yh_ref``, as ``Readout.kl``:
     reference logits in float64, the difference matmul (all schemes in one) in TF32 on CUDA
-    when ``tf32`` (see :func:`_kl`)."""
-    logp_ref = torch.log_softmax(readout.scale * (yh_ref @ readout.W64.T), dim=-1)
+    when ``tf32`` (see :func:`_kl`). ``fused`` (default): the reference product in ``split``
+    width slices (:func:`_ref_products`) and everything after the two matmuls in one Triton
+    pass (:func:`_kl_kernel`); else torch ops."""
     k, rows, W = d.shape
     with _tf32_matmul(tf32):
         prod = (d.reshape(k * rows, W) @ readout.W32.T).view(k, rows, -1)
+    if fused:
+        ref = _ref_products(readout, yh_ref, split)
+        V = ref.shape[-1]
+        out = torch.empty((k, rows), dtype=torch.float64, device=d.device)
+        sc = getattr(readout, "_scale64", None)
+        if sc is None:
+            sc = readout._scale64 = torch.tensor([readout.scale], dtype=torch.float64,
+                                                 device=d.device)
+        _kl_kernel[(rows, k)](ref, prod, sc, out, rows, V, NSPLIT=ref.shape[0],
+                              BV=triton.next_power_of_2(V), num_warps=4)
+        return out
+    logp_ref = torch.log_softmax(readout.scale * (yh_ref @ readout.W64.T), dim=-1)
     logp_sim = torch.log_softmax(logp_ref + readout.scale * prod.to(torch.float64), dim=-1)
     return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
 
