@@ -34,7 +34,7 @@ from precsim.schemes import build_schemes
 from precsim.ssm import get_family
 from precsim.workload import make_workload
 
-from .metrics import DeviceAccumulator, drift_norms, kl_rows, row_stats
+from .metrics import DeviceAccumulator, drift_from_partials, drift_partials, kl_rows, row_stats
 from .quant import IEEE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id, sr_bits_of
 from .rng import event_keys
 
@@ -145,8 +145,8 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                num_warps: int | None = None, record_outputs=False, overlap: bool | None = None,
                skip_metrics: bool = False, poison: bool = False,
                kl_tf32: bool = True, fused_metrics: bool = True, lpt: bool = True,
-               maxnreg: int | None = None, kl_fused: bool = True, kl_split: int = 8,
-               prefetch: bool = True) -> Result:
+               maxnreg: int | None = None, kl_fused: bool = True, kl_split: int = 1,
+               prefetch: bool = True, metrics_batch: int = 8) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
@@ -165,7 +165,8 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     ``kl_fused`` (default, fused metrics only): the KL after its two matmuls in one Triton pass,
     the float64 reference product in ``kl_split`` width slices (:func:`metrics.kl_rows`).
     ``prefetch`` (default, CUDA): the next window's inputs are drawn on a side stream while the
-    current kernel runs (device inputs only).
+    current kernel runs (device inputs only). ``metrics_batch``: launch windows whose inputs and
+    fused window metrics are drawn and reduced together (fewer, larger device ops).
     Unsupported settings fall back to the torch engine with a logged note
     (``Result.info["triton_fallback"]``).
     """
@@ -260,9 +261,6 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                     kl = None if dd is None else kl_rows(
                         readout, yh, dd, kl_tf32, kl_fused, kl_split)[perm].view(ns, n, Sq)
                     acc.push_stats(err[perm].view(ns, n, Sq), kl)
-                    if states is not None:  # drift_norms, computed after the kernel
-                        acc.record_drift_norms(t1, states[0], states[1],
-                                               [schemes[i].name for i in by_slot], split)
                 if side is not None:
                     side_done.append(side.record_event())
                 return
@@ -293,8 +291,17 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
 
     bar = _progress(cfg, progress)
     t_loop = time.perf_counter()
-    t0, pending, timed, kern, side_done = 0, None, [], {}, []
+    pending, timed, kern, side_done = None, [], {}, []
     ends = launch_ends(steps, cfg.metrics.window, L)
+    # launch windows per metrics batch: the inputs and window metrics of G launches are drawn
+    # and reduced together (a few dozen small device ops per batch: the host stays ahead of
+    # the GPU); the torch-ops path keeps one launch per batch
+    per_win = (ends[0] * SH * P) * (8 * max(ns, 1) + 8 * 4)  # outputs, d, yh, x, inputs
+    G = max(1, min(metrics_batch, (1 << 31) // per_win)) if fused else 1
+    batches = [ends[k:k + G] for k in range(0, len(ends), G)]
+    next_drift = cfg.metrics.window  # fused drift samples, as Accumulator.want_drift
+    drift_parts: list[tuple[int, torch.Tensor]] = []
+
     def prepare(a: int, b: int) -> dict:
         """Inputs of steps [a, b) on the device, with the decays the kernels read."""
         inp = src.chunk(a, b) if src is not None else {
@@ -302,60 +309,78 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         inp.update(_decays(family.name, inp, params, Sq, H, b - a))
         return inp
 
-    # device inputs of window k+1 are drawn on their own stream while window k's kernel runs
-    # (they fill the SMs its last programs leave idle instead of delaying the next launch)
+    # device inputs of batch k+1 are drawn on their own stream while batch k's first kernel
+    # runs (they fill the SMs its last programs leave idle instead of delaying a launch)
     pre = torch.cuda.Stream(device=dev) if cuda and prefetch and src is not None else None
     main = torch.cuda.current_stream(dev) if cuda else None
     nxt = None
-    for wi, t1 in enumerate(ends):
-        n = t1 - t0
-        if len(timed) > 4:  # the host runs ahead without syncs: bound the windows in flight
-            timed[-5][1].synchronize()
-        if len(side_done) > 4:
-            side_done[-5].synchronize()
+    T0 = 0
+    for bi, bends in enumerate(batches):
+        T1 = bends[-1]
+        nB = T1 - T0
+        if len(side_done) > 2:  # bound the batches whose metrics are in flight
+            side_done[-3].synchronize()
         if nxt is not None:
             inp, ready = nxt
             main.wait_event(ready)
             for t in inp.values():  # allocated on the prefetch stream, used on main
                 t.record_stream(main)
         else:
-            inp = prepare(t0, t1)
+            inp = prepare(T0, T1)
         alloc = functools.partial(torch.full, fill_value=math.nan) if poison else torch.empty
-        y64 = alloc((n, SH, P), dtype=torch.float64, device=dev)
-        y32 = alloc((max(ns, 1), n, SH, P), dtype=torch.float32, device=dev)
-        if cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-        for gi, (blk, idx) in enumerate(groups):
-            kern[gi] = _launch(family.name, inp, params, S64, st, rd, y64, y32, k1, k0,
-                    [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
-                    t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg)
-        if pre is not None and wi + 1 < len(ends):
-            with torch.cuda.stream(pre):
-                nxt = (prepare(t1, ends[wi + 1]), pre.record_event())
+        y64 = alloc((nB, SH, P), dtype=torch.float64, device=dev)
+        y32 = alloc((max(ns, 1), nB, SH, P), dtype=torch.float32, device=dev)
         states = None
-        if acc.want_drift(t1) and not skip_metrics and fused:
-            # reduced now on the main stream (one read of the states): no snapshot needed
-            states = drift_norms(S64, st, rd, ns, Sq)
-        elif acc.want_drift(t1) and not skip_metrics:  # snapshot: the next launch overwrites
-            states = (S64.clone(), st.clone(), rd.clone()) if overlap else (S64, st, rd)
-        if cuda:
-            e1.record()
-            timed.append((e0, e1))
-        item = (t0, t1, inp, y64, y32, states, e1 if cuda else None)
+        t0 = T0
+        for t1 in bends:
+            n = t1 - t0
+            if len(timed) > 4:  # the host runs ahead without syncs: bound the launches in flight
+                timed[-5][1].synchronize()
+            if cuda:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+            a, b = t0 - T0, t1 - T0
+            win = {k: v[a:b] for k, v in inp.items()} if G > 1 else inp
+            for gi, (blk, idx) in enumerate(groups):
+                kern[gi] = _launch(family.name, win, params, S64, st, rd, y64[a:b], y32[:, a:b],
+                        k1, k0, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
+                        t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg)
+            if pre is not None and t0 == T0 and bi + 1 < len(batches):
+                with torch.cuda.stream(pre):
+                    nxt = (prepare(T1, batches[bi + 1][-1]), pre.record_event())
+            if fused and not skip_metrics and t1 >= next_drift:
+                # partial sums now on the main stream (one read of the states, no snapshot);
+                # finished for all samples at the end
+                drift_parts.append((t1, drift_partials(S64, st, rd, ns, Sq)))
+                while next_drift <= t1:
+                    next_drift += cfg.metrics.window
+            elif acc.want_drift(t1) and not skip_metrics and not fused:
+                # snapshot: the next launch overwrites the states
+                states = (S64.clone(), st.clone(), rd.clone()) if overlap else (S64, st, rd)
+            if cuda:
+                e1.record()
+                timed.append((e0, e1))
+            if bar is not None:
+                bar.update(n)
+            t0 = t1
+        item = (T0, T1, inp, y64, y32, states, e1 if cuda else None)
         if overlap:
             if pending is not None:
                 process(pending)
             pending = item
         else:
             process(item)
-        if bar is not None:
-            bar.update(n)
-        t0 = t1
+        T0 = T1
     if pending is not None:
         process(pending)
     if cuda:
         torch.cuda.synchronize(dev)
+    if drift_parts:  # every fused drift sample finished at once, one copy to the host
+        d_st, d_rd = drift_from_partials(torch.stack([p for _, p in drift_parts]))
+        d_st, d_rd = d_st.cpu().numpy(), d_rd.cpu().numpy()
+        names_slot = [schemes[i].name for i in by_slot]
+        for j, (pos, _) in enumerate(drift_parts):
+            acc.record_drift_norms(pos, d_st[j], d_rd[j], names_slot, split)
     first_bad = dead_at.tolist()
     for i, s in enumerate(schemes):
         s.dead_at = first_bad[slot[i]] if first_bad[slot[i]] >= 0 else None
@@ -429,7 +454,7 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
                   ORDER=dispatch_order(truth, list(codes), lpt),
                   **{f"C{k}": c for k, c in enumerate(cs)}, num_warps=nw,
                   enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))
-    strides = (n * SH * P, SH * P * N, steps)
+    strides = (y32.stride(0), SH * P * N, steps)
     if fam == "mamba2":
         from .mamba2 import mamba2_window
 

@@ -110,11 +110,18 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
     Lb = tl.zeros([LB], tl.float32)  # Lc at each buffered step
     na, nb, nq, nk, nv = _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, z64, sh, SHT, P, K, op,
                                     ok3)
+    if KIND != 0:  # k and q as vectors too (the buffer's layout), prefetched as well
+        nk2 = tl.load(k_ptr + (z64 * SHT + sh) * K + ok2)
+        nq2 = tl.load(q_ptr + (z64 * SHT + sh) * K + ok2)
     for i in range(n_steps):
         a, b64, q64, k64, v64 = na, nb, nq, nk, nv
-        na, nb, nq, nk, nv = _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr,
-                                        tl.minimum(z64 + i + 1, n_steps - 1), sh, SHT, P, K, op,
-                                        ok3)  # prefetch the next step
+        inext = tl.minimum(z64 + i + 1, n_steps - 1)
+        na, nb, nq, nk, nv = _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, inext, sh, SHT, P, K,
+                                        op, ok3)  # prefetch the next step
+        if KIND != 0:
+            k2v, q2v = nk2, nq2
+            nk2 = tl.load(k_ptr + (inext * SHT + sh) * K + ok2)
+            nq2 = tl.load(q_ptr + (inext * SHT + sh) * K + ok2)
         beta = b64.to(tl.float32)
         q3 = q64.to(tl.float32)
         v = v64.to(tl.float32)
@@ -130,10 +137,8 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
         else:
             t = t0 + i
             j = t % L
-            rk = ((z64 + i) * SHT + sh) * K
             k3 = round_elem(k64.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, ok3)
-            k2 = round_elem(tl.load(k_ptr + rk + ok2).to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0,
-                            ok2)
+            k2 = round_elem(k2v.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, ok2)
             Lc = Lc + a  # a = g here
             gam = tl.exp(Lc)
             w = tl.where(lrow < j, tl.exp(Lc - Lb), 0.0)  # strictly earlier steps
@@ -162,7 +167,7 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
                     R = S
                 Lc = tl.full([], 0.0, tl.float32)
             else:  # output-only evaluation: the checkpoint is only read
-                q2 = tl.load(q_ptr + rk + ok2).to(tl.float32)
+                q2 = q2v.to(tl.float32)
                 QK = tl.sum(Kb * q2[None, :], axis=1)
                 y = tl.sum((w * QK)[:, None] * Ub, axis=0) + gam * tl.sum(
                     tl.sum(R * q3[None, :, :], axis=2), axis=1)

@@ -117,11 +117,18 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
     db = tl.zeros([LB], tl.float32)  # dt of each buffered step
     ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, z64, sh, sg, SHT,
                                       SGT, P, N, op, on3)
+    if KIND != 0:  # B and C as vectors too (the buffer's layout), prefetched as well
+        nB2 = tl.load(B_ptr + (z64 * SGT + sg) * N + on2)
+        nC2 = tl.load(C_ptr + (z64 * SGT + sg) * N + on2)
     for i in range(n_steps):
         dt64, a, x64, B64, C64 = ndt, na, nxv, nB, nC
-        ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr,
-                                          tl.minimum(z64 + i + 1, n_steps - 1), sh, sg, SHT,
-                                          SGT, P, N, op, on3)  # prefetch the next step
+        inext = tl.minimum(z64 + i + 1, n_steps - 1)
+        ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, inext, sh, sg,
+                                          SHT, SGT, P, N, op, on3)  # prefetch the next step
+        if KIND != 0:
+            B2, C2 = nB2, nC2
+            nB2 = tl.load(B_ptr + (inext * SGT + sg) * N + on2)
+            nC2 = tl.load(C_ptr + (inext * SGT + sg) * N + on2)
         dt = dt64.to(tl.float32)
         x = x64.to(tl.float32)
         C3 = C64.to(tl.float32)
@@ -134,10 +141,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
         else:
             t = t0 + i
             j = t % L
-            rb = ((z64 + i) * SGT + sg) * N
             xr = round_elem(x, BUF, 0, 0, 0, 0, 0, 0, 0, op)
-            Br = round_elem(tl.load(B_ptr + rb + on2).to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0,
-                            on2)
+            Br = round_elem(B2.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, on2)
             Lc = Lc + a  # a = dt A here
             Lb = tl.where(lrow == j, Lc, Lb)
             db = tl.where(lrow == j, dt, db)
@@ -159,8 +164,7 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
                     R = S
                 Lc = tl.full([], 0.0, tl.float32)
             else:  # output-only evaluation: the checkpoint is only read
-                C2 = tl.load(C_ptr + rb + on2).to(tl.float32)
-                G = tl.sum(Bb * C2[None, :], axis=1)
+                G = tl.sum(Bb * C2.to(tl.float32)[None, :], axis=1)
                 y = tl.sum((w * G)[:, None] * xb, axis=0) + gam * tl.sum(
                     tl.sum(R * C3[None, :, :], axis=2), axis=1)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)

@@ -156,20 +156,34 @@ def _drift_kernel(ref_ptr, st_ptr, rd_ptr, out_ptr, E, NCH, CH: tl.constexpr, BW
     tl.store(o + 2 * NCH, tl.sum(a_n, axis=0))
 
 
-def drift_norms(ref, st, rd, k: int, S: int):
-    """State drift of ``k`` scheme slots: ``|st_i - ref| / |ref|`` and ``|rd_i - ref| / |ref|``
-    per sequence (``(k, S)`` each, float64) for ``ref (S, ...)`` float64 and ``st``/``rd``
-    ``(>=k, S, ...)`` float32, as ``DeviceAccumulator.record_drift_stacked`` computes them but
-    in one read of the states (no float64 copies, no snapshot of the states)."""
+def drift_partials(ref, st, rd, k: int, S: int) -> torch.Tensor:
+    """Partial sums of the state drift of ``k`` scheme slots, ``(k, S, 3, chunks)`` float64
+    (``|st_i - ref|^2``, ``|rd_i - ref|^2``, ``|ref|^2`` per chunk of a sequence's state), for
+    ``ref (S, ...)`` float64 and ``st``/``rd`` ``(>=k, S, ...)`` float32: one read of the states,
+    one launch; :func:`drift_from_partials` finishes them (later, many samples at once)."""
     E = ref.numel() // S
     CH = 16384
     NCH = triton.cdiv(E, CH)
     out = torch.empty((k, S, 3, NCH), dtype=torch.float64, device=ref.device)
     _drift_kernel[(NCH, S, k)](ref, st, rd, out, E, NCH, CH=CH, BW=min(1024, CH), num_warps=4)
-    tot = out.sum(dim=-1)
-    rn = torch.sqrt(tot[0, :, 2])
+    return out
+
+
+def drift_from_partials(parts: torch.Tensor):
+    """``|st_i - ref| / |ref|`` and ``|rd_i - ref| / |ref|`` ``(..., k, S)`` from
+    :func:`drift_partials` outputs ``(..., k, S, 3, chunks)`` (stacked samples welcome)."""
+    tot = parts.sum(dim=-1)
+    rn = torch.sqrt(tot[..., :1, :, 2])
     rn = torch.where(rn > 0, rn, torch.ones_like(rn))
-    return torch.sqrt(tot[:, :, 0]) / rn, torch.sqrt(tot[:, :, 1]) / rn
+    return torch.sqrt(tot[..., 0]) / rn, torch.sqrt(tot[..., 1]) / rn
+
+
+def drift_norms(ref, st, rd, k: int, S: int):
+    """State drift of ``k`` scheme slots: ``|st_i - ref| / |ref|`` and ``|rd_i - ref| / |ref|``
+    per sequence (``(k, S)`` each, float64) for ``ref (S, ...)`` float64 and ``st``/``rd``
+    ``(>=k, S, ...)`` float32, as ``DeviceAccumulator.record_drift_stacked`` computes them but
+    in one read of the states (no float64 copies, no snapshot of the states)."""
+    return drift_from_partials(drift_partials(ref, st, rd, k, S))
 
 
 @triton.jit(do_not_specialize=["ROWS"])
@@ -188,14 +202,15 @@ def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, ROWS, V, NSPLIT: tl.conste
     for s in tl.static_range(NSPLIT):
         a += tl.load(ref_ptr + (s * ROWS + r).to(tl.int64) * V + v, mask=m, other=0.0)
     a = tl.where(m, scale * a, float("-inf"))
-    sa = a - tl.max(a, axis=0)
+    sa = a - tl.max(tl.where(a == a, a, float("-inf")), axis=0)
     lp = sa - tl.log(tl.sum(tl.exp(sa), axis=0))
     p = tl.load(prod_ptr + (k * ROWS + r).to(tl.int64) * V + v, mask=m, other=0.0)
     b = lp + scale * p.to(tl.float64)
-    sb = b - tl.max(b, axis=0)
+    # a NaN (dead scheme) must reach the result, as in torch: the max skips it, the sum not
+    sb = b - tl.max(tl.where(b == b, b, float("-inf")), axis=0)
     ls = sb - tl.log(tl.sum(tl.exp(sb), axis=0))
     kl = tl.sum(tl.where(m, tl.exp(lp) * (lp - ls), 0.0), axis=0)
-    tl.store(out_ptr + k * ROWS + r, tl.maximum(kl, 0.0))
+    tl.store(out_ptr + k * ROWS + r, tl.maximum(kl, 0.0, propagate_nan=tl.PropagateNan.ALL))
 
 
 def _ref_products(readout, yh_ref: torch.Tensor, split: int) -> torch.Tensor:
@@ -259,8 +274,8 @@ class DeviceAccumulator(Accumulator):
         if kl is not None:
             self._kl.append(kl.transpose(0, 1))
         self._pending += err.shape[1]
-        while self._pending >= self.window:
-            self._reduce(self.window)
+        if self._pending >= self.window:  # every whole window at once
+            self._reduce_stats(self.window, self._pending // self.window)
 
     def _reduce(self, n: int) -> None:
         if getattr(self, "_err", None):
@@ -288,20 +303,48 @@ class DeviceAccumulator(Accumulator):
         self.done += n
         self._pending -= n
 
-    def _reduce_stats(self, n: int) -> None:
-        err = self._take(self._err, n).transpose(0, 1)  # (k, n, S)
-        kl = self._take(self._kl, n).transpose(0, 1).mean(dim=1) if self._kl else None
-        mean, top, per_step = err.mean(dim=1), err.amax(dim=1), err.mean(dim=2)
-        entry = {"step": self.done + n, "len": n}
-        for i, name in enumerate(self.names):
-            self.per_step_rel_err[name].append(per_step[i])
-            stats = {"rel_err": mean[i], "rel_err_max": top[i]}
-            if kl is not None:
-                stats["kl"] = kl[i]
-            entry[name] = stats
-        self.windows.append(entry)
-        self.done += n
-        self._pending -= n
+    def _reduce_stats(self, n: int, m: int = 1) -> None:
+        """``m`` windows of ``n`` steps from the pushed statistics, in a few device ops; the
+        windows' entries are filled in by :meth:`to_host` (no per-window, per-scheme ops)."""
+        err = self._take(self._err, n * m).transpose(0, 1)  # (k, m n, S)
+        k, _, S = err.shape
+        err = err.reshape(k, m, n, S)
+        stats = {"rel_err": err.mean(dim=2), "rel_err_max": err.amax(dim=2)}  # (k, m, S)
+        if self._kl:
+            stats["kl"] = self._take(self._kl, n * m).transpose(0, 1).reshape(
+                k, m, n, S).mean(dim=2)
+        if not hasattr(self, "_batches"):
+            self._batches = []
+        self._batches.append((len(self.windows), len(self.per_step_rel_err[self.names[0]]),
+                              stats, err.mean(dim=3)))  # per-step rel_err (k, m, n)
+        for w in range(m):
+            self.windows.append({"step": self.done + (w + 1) * n, "len": n,
+                                 **{name: {} for name in self.names}})
+        for name in self.names:
+            self.per_step_rel_err[name] += [None] * m
+        self.done += n * m
+        self._pending -= n * m
+
+    def _fill_batches(self) -> None:
+        """Copy the statistics of :meth:`_reduce_stats` to the host in one transfer and fill
+        in the windows' entries and per-step rel_err."""
+        batches = getattr(self, "_batches", [])
+        if not batches:
+            return
+        parts = [t for _, _, stats, ps in batches for t in (*stats.values(), ps)]
+        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts]).cpu().numpy()
+        at = 0
+        for w0, p0, stats, ps in batches:
+            vals = {}
+            for key, t in (*stats.items(), ("per_step", ps)):
+                vals[key] = flat[at:at + t.numel()].reshape(tuple(t.shape))
+                at += t.numel()
+            for i, name in enumerate(self.names):
+                for w in range(vals["per_step"].shape[1]):
+                    self.windows[w0 + w][name] = {key: v[i, w] for key, v in vals.items()
+                                                  if key != "per_step"}
+                    self.per_step_rel_err[name][p0 + w] = vals["per_step"][i, w]
+        self._batches = []
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         return t  # stays on the device until to_host()
@@ -331,6 +374,7 @@ class DeviceAccumulator(Accumulator):
 
     def to_host(self, dead_at: dict[str, int | None]) -> None:
         """Copy every statistic to NumPy at once; drop the drift of schemes dead by then."""
+        self._fill_batches()
         slots: list[tuple[dict, object, torch.Tensor]] = []
         for w in self.windows:
             for name in self.names:
