@@ -169,6 +169,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host-steps", type=int, default=1024)
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--no-subsets", action="store_true", help="skip the per-scheme kernel runs")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of the full study")
+    ap.add_argument("--lpt-variant", action="store_true", help="time the kernels without LPT")
+    ap.add_argument("--kl-parts", action="store_true", help="time the KL's matmuls alone")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter)")
     a = ap.parse_args(argv)
@@ -215,24 +218,27 @@ def main(argv=None) -> int:
 
 
 def _timed_stages(a, dev, card, best, res, add, rows) -> None:
-    walls = []
-    for _ in range(2):
+    study(a.steps, dev, a.smoke, **best)  # warm: allocator pool, GEMM heuristics at full size
+    walls, runs = [], []
+    for _ in range(a.repeat):
         w, r = study(a.steps, dev, a.smoke, **best)
         walls.append(w)
+        runs.append(r)
     full = min(walls)
-    res["full_s"], res["kernel_s"] = full, r.info["kernel_s"]
+    r = runs[walls.index(full)]
+    res["full_s"], res["kernel_s"], res["full_runs_s"] = full, r.info["kernel_s"], walls
     res["final"] = {row["scheme"]: row["rel_err"] for row in r.rows if row["step"] == a.steps}
-    add(f"Triton engine, full study, {a.steps} steps (best of 2)", full,
-        f"kernels {r.info['kernel_s'] or math.nan:.3f} s, {r.info['launches']} launches")
+    add(f"Triton engine, full study, {a.steps} steps (best of {a.repeat})", full,
+        f"runs {', '.join(f'{x:.3f}' for x in walls)} s; kernels "
+        f"{r.info['kernel_s'] or math.nan:.3f} s, {r.info['launches']} launches; host "
+        f"blocked {r.info['host_wait_s']:.3f} s of {r.info['wall_loop_s']:.3f} s")
     w, r = study(a.steps, dev, a.smoke, **best, skip_metrics=True)
     add("  variant: no metrics (inputs + kernels)", w, f"kernels {r.info['kernel_s'] or 0:.3f} s")
-    study(32, dev, a.smoke, **best, lpt=False, skip_metrics=True)  # compile
-    w, r = study(a.steps, dev, a.smoke, **best, lpt=False, skip_metrics=True)
-    add("  variant: no metrics, slots dispatched in storage order (no LPT)", w,
-        f"kernels {r.info['kernel_s'] or 0:.3f} s")
-    w, r = study(a.steps, dev, a.smoke, **best, prefetch=False, skip_metrics=True)
-    add("  variant: no metrics, inputs not prefetched on a side stream", w,
-        f"kernels {r.info['kernel_s'] or 0:.3f} s")
+    if a.lpt_variant:
+        study(32, dev, a.smoke, **best, lpt=False, skip_metrics=True)  # compile
+        w, r = study(a.steps, dev, a.smoke, **best, lpt=False, skip_metrics=True)
+        add("  variant: no metrics, slots dispatched in storage order (no LPT)", w,
+            f"kernels {r.info['kernel_s'] or 0:.3f} s")
     for only in () if a.no_subsets else (
             ("conventional_fp32",), ("conventional_nvfp4_sr",),
             ("shared_nvfp4_sr", "split_fp32_nvfp4", "split_fp16sr_nvfp4")):
@@ -241,21 +247,21 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
                      skip_metrics=True)
         add(f"  kernels: truth + {' + '.join(only)}, {min(a.steps, 4096)} steps",
             r.info["kernel_s"] or w, f"registers {r.info['registers']}")
-    w, _ = study(a.steps, dev, a.smoke, **best, overlap=False)
-    add("  variant: metrics not overlapped with the next kernel", w)
-    w, _ = study(a.steps, dev, a.smoke, kl=False, **best)
-    add("  variant: no KL", w)
-    w, _ = study(a.steps, dev, a.smoke, **best, kl_tf32=False)
-    add("  variant: KL difference matmul in IEEE FP32 (no TF32)", w)
-    w, _ = study(a.steps, dev, a.smoke, **best, metrics_batch=1)
-    add("  variant: metrics and inputs per launch window (not batched by 8)", w)
-    w, _ = study(a.steps, dev, a.smoke, **best, kl_fused=False)
-    add("  variant: KL tail as torch ops (not the fused Triton pass)", w)
-    w, _ = study(a.steps, dev, a.smoke, **best, prefetch=False)
-    add("  variant: inputs not prefetched on a side stream", w)
-    w, _ = study(a.steps, dev, a.smoke, **best, fused_metrics=False)
-    add("  variant: window metrics as torch ops (not the fused Triton pass)", w)
-    for part in (_profile, _kl_parts) if dev == "cuda" else ():
+    for what, kw in (
+            ("metrics not overlapped with the next kernel", {"overlap": False}),
+            ("no KL", {"kl": False}),
+            ("kernels on a default-priority stream", {"priority": False}),
+            ("metrics and inputs per launch window (not batched by 8)", {"metrics_batch": 1}),
+            ("float64 KL reference GEMM in 8 width slices", {"kl_split": 8}),
+            ("KL tail as torch ops (not the fused Triton pass)", {"kl_fused": False}),
+            ("inputs not prefetched on a side stream", {"prefetch": False}),
+            ("window metrics as torch ops (not the fused Triton pass)",
+             {"fused_metrics": False})):
+        w, r = study(a.steps, dev, a.smoke, **{**best, **kw})
+        add(f"  variant: {what}", w, f"kernels {r.info['kernel_s'] or math.nan:.3f} s, host "
+            f"blocked {r.info['host_wait_s']:.3f} s")
+    parts = (_profile, _host_profile, *((_kl_parts,) if a.kl_parts else ()))
+    for part in parts if dev == "cuda" else ():
         try:
             part(a, dev, best, add)
         except Exception as e:  # noqa: BLE001 - diagnostics only; report, go on
@@ -340,6 +346,22 @@ def _profile(a, dev, best, add) -> None:
         f"GPU busy {sum(v[0] for v in tot.values()):.3f} s (extrapolated)")
     for key, (t, c) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:14]:
         add(f"    {key[:54]}", t, f"{c} calls in {steps} steps")
+
+
+def _host_profile(a, dev, best, add) -> None:
+    """Where the host spends one full study (cProfile, top functions by own time)."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    w, _ = study(a.steps, dev, a.smoke, **best)
+    pr.disable()
+    st = pstats.Stats(pr)
+    add("  host profile: full study under cProfile", w, "top functions by own time below")
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]
+    for (file, line, fn), (_, nc, tt, ct, _) in rows:
+        add(f"    {Path(file).name}:{line} {fn}"[:58], tt, f"{nc} calls, cumulative {ct:.3f} s")
 
 
 def _kl_parts(a, dev, best, add) -> None:

@@ -146,7 +146,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                skip_metrics: bool = False, poison: bool = False,
                kl_tf32: bool = True, fused_metrics: bool = True, lpt: bool = True,
                maxnreg: int | None = None, kl_fused: bool = True, kl_split: int = 1,
-               prefetch: bool = True, metrics_batch: int = 8) -> Result:
+               prefetch: bool = True, metrics_batch: int = 8, priority: bool = True) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
@@ -167,6 +167,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     ``prefetch`` (default, CUDA): the next window's inputs are drawn on a side stream while the
     current kernel runs (device inputs only). ``metrics_batch``: launch windows whose inputs and
     fused window metrics are drawn and reduced together (fewer, larger device ops).
+    ``priority`` (default, CUDA): the kernels run on a high-priority stream.
     Unsupported settings fall back to the torch engine with a logged note
     (``Result.info["triton_fallback"]``).
     """
@@ -291,7 +292,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
 
     bar = _progress(cfg, progress)
     t_loop = time.perf_counter()
-    pending, timed, kern, side_done = None, [], {}, []
+    pending, timed, kern, side_done, host_wait = None, [], {}, [], 0.0
     ends = launch_ends(steps, cfg.metrics.window, L)
     # launch windows per metrics batch: the inputs and window metrics of G launches are drawn
     # and reduced together (a few dozen small device ops per batch: the host stays ahead of
@@ -309,70 +310,82 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         inp.update(_decays(family.name, inp, params, Sq, H, b - a))
         return inp
 
-    # device inputs of batch k+1 are drawn on their own stream while batch k's first kernel
-    # runs (they fill the SMs its last programs leave idle instead of delaying a launch)
-    pre = torch.cuda.Stream(device=dev) if cuda and prefetch and src is not None else None
-    main = torch.cuda.current_stream(dev) if cuda else None
-    nxt = None
-    T0 = 0
-    for bi, bends in enumerate(batches):
-        T1 = bends[-1]
-        nB = T1 - T0
-        if len(side_done) > 2:  # bound the batches whose metrics are in flight
-            side_done[-3].synchronize()
-        if nxt is not None:
-            inp, ready = nxt
-            main.wait_event(ready)
-            for t in inp.values():  # allocated on the prefetch stream, used on main
-                t.record_stream(main)
-        else:
-            inp = prepare(T0, T1)
-        alloc = functools.partial(torch.full, fill_value=math.nan) if poison else torch.empty
-        y64 = alloc((nB, SH, P), dtype=torch.float64, device=dev)
-        y32 = alloc((max(ns, 1), nB, SH, P), dtype=torch.float32, device=dev)
-        states = None
-        t0 = T0
-        for t1 in bends:
-            n = t1 - t0
-            if len(timed) > 4:  # the host runs ahead without syncs: bound the launches in flight
-                timed[-5][1].synchronize()
-            if cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-            a, b = t0 - T0, t1 - T0
-            win = {k: v[a:b] for k, v in inp.items()} if G > 1 else inp
-            for gi, (blk, idx) in enumerate(groups):
-                kern[gi] = _launch(family.name, win, params, S64, st, rd, y64[a:b], y32[:, a:b],
-                        k1, k0, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
-                        t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg)
-            if pre is not None and t0 == T0 and bi + 1 < len(batches):
-                with torch.cuda.stream(pre):
-                    nxt = (prepare(T1, batches[bi + 1][-1]), pre.record_event())
-            if fused and not skip_metrics and t1 >= next_drift:
-                # partial sums now on the main stream (one read of the states, no snapshot);
-                # finished for all samples at the end
-                drift_parts.append((t1, drift_partials(S64, st, rd, ns, Sq)))
-                while next_drift <= t1:
-                    next_drift += cfg.metrics.window
-            elif acc.want_drift(t1) and not skip_metrics and not fused:
-                # snapshot: the next launch overwrites the states
-                states = (S64.clone(), st.clone(), rd.clone()) if overlap else (S64, st, rd)
-            if cuda:
-                e1.record()
-                timed.append((e0, e1))
-            if bar is not None:
-                bar.update(n)
-            t0 = t1
-        item = (T0, T1, inp, y64, y32, states, e1 if cuda else None)
-        if overlap:
-            if pending is not None:
-                process(pending)
-            pending = item
-        else:
-            process(item)
-        T0 = T1
-    if pending is not None:
-        process(pending)
+    # launches on a high-priority stream: when a launch's programs and the metrics (side
+    # stream) or the next inputs (prefetch stream) both wait for SMs, the launch goes first and
+    # the others fill the SMs its last programs leave idle
+    hi = torch.cuda.Stream(device=dev, priority=-5) if cuda and priority else None
+    if hi is not None:
+        hi.wait_stream(torch.cuda.current_stream(dev))  # the states were zeroed there
+    with torch.cuda.stream(hi) if hi is not None else contextlib.nullcontext():
+        # device inputs of batch k+1 are drawn on their own stream while batch k's first
+        # kernel runs (they fill the SMs its last programs leave idle, not a launch gap)
+        pre = torch.cuda.Stream(device=dev) if cuda and prefetch and src is not None else None
+        main = torch.cuda.current_stream(dev) if cuda else None
+        nxt = None
+        T0 = 0
+        for bi, bends in enumerate(batches):
+            T1 = bends[-1]
+            nB = T1 - T0
+            if len(side_done) > 2:  # bound the batches whose metrics are in flight
+                w0 = time.perf_counter()
+                side_done[-3].synchronize()
+                host_wait += time.perf_counter() - w0
+            if nxt is not None:
+                inp, ready = nxt
+                main.wait_event(ready)
+                for t in inp.values():  # allocated on the prefetch stream, used on main
+                    t.record_stream(main)
+            else:
+                inp = prepare(T0, T1)
+            alloc = functools.partial(torch.full, fill_value=math.nan) if poison else torch.empty
+            y64 = alloc((nB, SH, P), dtype=torch.float64, device=dev)
+            y32 = alloc((max(ns, 1), nB, SH, P), dtype=torch.float32, device=dev)
+            states = None
+            t0 = T0
+            for t1 in bends:
+                n = t1 - t0
+                if len(timed) > 4:  # the host runs ahead without syncs: bound the launches
+                    w0 = time.perf_counter()
+                    timed[-5][1].synchronize()
+                    host_wait += time.perf_counter() - w0
+                if cuda:
+                    e0 = torch.cuda.Event(enable_timing=True)
+                    e1 = torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                a, b = t0 - T0, t1 - T0
+                win = {k: v[a:b] for k, v in inp.items()} if G > 1 else inp
+                for gi, (blk, idx) in enumerate(groups):
+                    kern[gi] = _launch(family.name, win, params, S64, st, rd, y64[a:b], y32[:, a:b],
+                            k1, k0, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
+                            t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg)
+                if pre is not None and t0 == T0 and bi + 1 < len(batches):
+                    with torch.cuda.stream(pre):
+                        nxt = (prepare(T1, batches[bi + 1][-1]), pre.record_event())
+                if fused and not skip_metrics and t1 >= next_drift:
+                    # partial sums now on the main stream (one read of the states, no snapshot);
+                    # finished for all samples at the end
+                    drift_parts.append((t1, drift_partials(S64, st, rd, ns, Sq)))
+                    while next_drift <= t1:
+                        next_drift += cfg.metrics.window
+                elif acc.want_drift(t1) and not skip_metrics and not fused:
+                    # snapshot: the next launch overwrites the states
+                    states = (S64.clone(), st.clone(), rd.clone()) if overlap else (S64, st, rd)
+                if cuda:
+                    e1.record()
+                    timed.append((e0, e1))
+                if bar is not None:
+                    bar.update(n)
+                t0 = t1
+            item = (T0, T1, inp, y64, y32, states, e1 if cuda else None)
+            if overlap:
+                if pending is not None:
+                    process(pending)
+                pending = item
+            else:
+                process(item)
+            T0 = T1
+        if pending is not None:
+            process(pending)
     if cuda:
         torch.cuda.synchronize(dev)
     if drift_parts:  # every fused drift sample finished at once, one copy to the host
@@ -394,6 +407,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
             "overlap": overlap,
             "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
             "wall_loop_s": time.perf_counter() - t_loop,
+            "host_wait_s": host_wait,  # host blocked on the in-flight bounds (ahead of the GPU)
             "registers": [getattr(k, "n_regs", None) for k in kern.values()],
             "spills": [getattr(k, "n_spills", None) for k in kern.values()],
             "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}

@@ -190,7 +190,8 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
     """One launch window: grid (S*H, TRUTH + NSCH); grid column k runs slot
     ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``)."""
     sh = tl.program_id(0)
-    slot = (ORDER >> (4 * tl.program_id(1))) & 15
+    # int64: 9 slots take 36 bits
+    slot = ((tl.full([], ORDER, tl.int64) >> (4 * tl.program_id(1))) & 15).to(tl.int32)
     if TRUTH:
         if slot == 0:
             _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,

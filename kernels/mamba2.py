@@ -189,7 +189,8 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
     their programs are dispatched first and the cheap ones fill the SMs behind them (a shorter
     tail per launch)."""
     sh = tl.program_id(0)
-    slot = (ORDER >> (4 * tl.program_id(1))) & 15
+    # int64: 9 slots take 36 bits
+    slot = ((tl.full([], ORDER, tl.int64) >> (4 * tl.program_id(1))) & 15).to(tl.int32)
     sg = (sh // H) * G + (sh % H) // REP
     if TRUTH:
         if slot == 0:
