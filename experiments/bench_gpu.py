@@ -171,7 +171,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-subsets", action="store_true", help="skip the per-scheme kernel runs")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of the full study")
     ap.add_argument("--lpt-variant", action="store_true", help="time the kernels without LPT")
-    ap.add_argument("--kl-parts", action="store_true", help="time the KL's matmuls alone")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter)")
     a = ap.parse_args(argv)
@@ -234,6 +233,11 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
         f"blocked {r.info['host_wait_s']:.3f} s of {r.info['wall_loop_s']:.3f} s")
     w, r = study(a.steps, dev, a.smoke, **best, skip_metrics=True)
     add("  variant: no metrics (inputs + kernels)", w, f"kernels {r.info['kernel_s'] or 0:.3f} s")
+    study(32, dev, a.smoke, **best, reload=True, skip_metrics=True)  # compile
+    w, r = study(a.steps, dev, a.smoke, **best, reload=True, skip_metrics=True)
+    add("  variant: no metrics, ReplaySSM copies re-read after each flush (reload)", w,
+        f"kernels {r.info['kernel_s'] or 0:.3f} s; registers {r.info['registers']}, spills "
+        f"{r.info['spills']}")
     if a.lpt_variant:
         study(32, dev, a.smoke, **best, lpt=False, skip_metrics=True)  # compile
         w, r = study(a.steps, dev, a.smoke, **best, lpt=False, skip_metrics=True)
@@ -252,7 +256,6 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
             ("no KL", {"kl": False}),
             ("kernels on a default-priority stream", {"priority": False}),
             ("metrics and inputs per launch window (not batched by 8)", {"metrics_batch": 1}),
-            ("float64 KL reference GEMM in 8 width slices", {"kl_split": 8}),
             ("KL tail as torch ops (not the fused Triton pass)", {"kl_fused": False}),
             ("inputs not prefetched on a side stream", {"prefetch": False}),
             ("window metrics as torch ops (not the fused Triton pass)",
@@ -260,8 +263,7 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
         w, r = study(a.steps, dev, a.smoke, **{**best, **kw})
         add(f"  variant: {what}", w, f"kernels {r.info['kernel_s'] or math.nan:.3f} s, host "
             f"blocked {r.info['host_wait_s']:.3f} s")
-    parts = (_profile, _host_profile, *((_kl_parts,) if a.kl_parts else ()))
-    for part in parts if dev == "cuda" else ():
+    for part in (_profile, _host_profile) if dev == "cuda" else ():
         try:
             part(a, dev, best, add)
         except Exception as e:  # noqa: BLE001 - diagnostics only; report, go on
@@ -362,29 +364,6 @@ def _host_profile(a, dev, best, add) -> None:
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]
     for (file, line, fn), (_, nc, tt, ct, _) in rows:
         add(f"    {Path(file).name}:{line} {fn}"[:58], tt, f"{nc} calls, cumulative {ct:.3f} s")
-
-
-def _kl_parts(a, dev, best, add) -> None:
-    """The KL's matmuls on one window's shapes (256 rows, 5 schemes, width 8192, vocab
-    1024), times 128 windows: float64 reference product whole / in width slices, TF32
-    difference product."""
-    import triton
-    from precsim.kernels.metrics import _ref_products, _tf32_matmul
-
-    from precsim.metrics import Readout
-
-    rows, k, W, V = 256, 5, 8192, 1024
-    win = a.steps // 256
-    ro = Readout(W, V, 1.0, dev)
-    yh = torch.randn(rows, W, dtype=torch.float64, device=dev)
-    d = torch.randn(k * rows, W, dtype=torch.float32, device=dev)
-    for split in (1, 4, 8, 16):
-        ms = triton.testing.do_bench(lambda s=split: _ref_products(ro, yh, s), return_mode="median")
-        add(f"  KL part: float64 reference GEMM, {split} width slices", ms * 1e-3 * win,
-            f"{ms * 1e3:.0f} us per window")
-    with _tf32_matmul(True):
-        ms = triton.testing.do_bench(lambda: d @ ro.W32.T, return_mode="median")
-    add("  KL part: TF32 difference GEMM", ms * 1e-3 * win, f"{ms * 1e3:.0f} us per window")
 
 
 def _tv() -> str:
