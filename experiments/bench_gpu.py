@@ -10,8 +10,10 @@ engine generates its inputs on the device (``inputs="device"``); the host-input 
 workload, the CPU engine's exact stream) is timed on a shorter run and extrapolated. The plain
 PyTorch step loop (below: one op per line, float64 truth, per-step NVFP4 SR through the
 ``precsim.formats`` torch path) and the torch engine are timed on a few hundred steps and
-extrapolated linearly (their cost per step is constant). Variants that leave a stage out say where
-time goes: kernels only (no metrics), no overlap of metrics with the next kernel, no KL.
+extrapolated linearly (their cost per step is constant). Variants that leave a stage out or turn
+one optimisation off say where time goes (kernels only, no KL, no overlap, no batching, ...); a
+torch.profiler pass lists the GPU time per kernel and a cProfile pass the host's time. The full
+study is timed best of ``--repeat`` after one warm-up run at full size.
 """
 
 from __future__ import annotations
@@ -233,11 +235,6 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
         f"blocked {r.info['host_wait_s']:.3f} s of {r.info['wall_loop_s']:.3f} s")
     w, r = study(a.steps, dev, a.smoke, **best, skip_metrics=True)
     add("  variant: no metrics (inputs + kernels)", w, f"kernels {r.info['kernel_s'] or 0:.3f} s")
-    study(32, dev, a.smoke, **best, reload=True, skip_metrics=True)  # compile
-    w, r = study(a.steps, dev, a.smoke, **best, reload=True, skip_metrics=True)
-    add("  variant: no metrics, ReplaySSM copies re-read after each flush (reload)", w,
-        f"kernels {r.info['kernel_s'] or 0:.3f} s; registers {r.info['registers']}, spills "
-        f"{r.info['spills']}")
     if a.lpt_variant:
         study(32, dev, a.smoke, **best, lpt=False, skip_metrics=True)  # compile
         w, r = study(a.steps, dev, a.smoke, **best, lpt=False, skip_metrics=True)

@@ -146,8 +146,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                skip_metrics: bool = False, poison: bool = False,
                kl_tf32: bool = True, fused_metrics: bool = True, lpt: bool = True,
                maxnreg: int | None = None, kl_fused: bool = True,
-               prefetch: bool = True, metrics_batch: int = 8, priority: bool = True,
-               reload: bool = False) -> Result:
+               prefetch: bool = True, metrics_batch: int = 8, priority: bool = True) -> Result:
     """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
 
     ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
@@ -168,8 +167,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     ``prefetch`` (default, CUDA): the next window's inputs are drawn on a side stream while the
     current kernel runs (device inputs only). ``metrics_batch``: launch windows whose inputs and
     fused window metrics are drawn and reduced together (fewer, larger device ops).
-    ``priority`` (default, CUDA): the kernels run on a high-priority stream. ``reload``
-    (Mamba-2): ReplaySSM copies re-read after each flush (see ``mamba2._scheme``).
+    ``priority`` (default, CUDA): the kernels run on a high-priority stream.
     Unsupported settings fall back to the torch engine with a logged note
     (``Result.info["triton_fallback"]``).
     """
@@ -359,8 +357,7 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                 for gi, (blk, idx) in enumerate(groups):
                     kern[gi] = _launch(family.name, win, params, S64, st, rd, y64[a:b], y32[:, a:b],
                             k1, k0, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
-                            t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg,
-                        reload)
+                            t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg)
                 if pre is not None and t0 == T0 and bi + 1 < len(batches):
                     with torch.cuda.stream(pre):
                         nxt = (prepare(T1, batches[bi + 1][-1]), pre.record_event())
@@ -456,7 +453,7 @@ def _decays(fam: str, inp: dict, params: dict, Sq: int, H: int, n: int) -> dict:
 
 
 def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, t0, n, steps,
-            L, Sq, H, P, N, blk, LB, cfg, nw, lpt=True, maxnreg=None, reload=False):
+            L, Sq, H, P, N, blk, LB, cfg, nw, lpt=True, maxnreg=None):
     """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
     (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
     SH = Sq * H
@@ -469,7 +466,6 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
                   SFLOOR=int(cfg.formats.scale_floor == "normal"),
                   SCOPE=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
                   ORDER=dispatch_order(truth, list(codes), lpt),
-                  **({"RELOAD": int(reload)} if fam == "mamba2" else {}),
                   **{f"C{k}": c for k, c in enumerate(cs)}, num_warps=nw,
                   enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))
     strides = (y32.stride(0), SH * P * N, steps)

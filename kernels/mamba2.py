@@ -9,9 +9,8 @@ advance in lockstep per launch. States persist in global memory between launches
 whole ReplaySSM segments (its length is a multiple of ``buffer_len``), so the replay buffers
 start empty and live in registers only.
 
-Tiles are ``[NB, P, BLK]`` (``N = NB * BLK``, BLK the block of the scheme's block format): block
-scales are a reduction over the last axis without reshapes, and with the blocks first Triton
-gives each thread all blocks of a few rows, so the output's row sums need 2 shuffle levels, not 5.
+Tiles are ``[P, NB, BLK]`` (``N = NB * BLK``, BLK the block of the scheme's block format) so
+block scales are a reduction over the last axis without reshapes.
 
 ReplaySSM (DESIGN.md §3) is evaluated output-only from a buffer of the segment's inputs, as the
 torch engine does: ``y_t = gamma_t (R C_t) + sum_j w_j(t) (C_t . B_j) x_j`` with the decays
@@ -53,7 +52,7 @@ def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, 
     N: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     on3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
-    off3 = op[None, :, None] * N + on3[:, None, :]  # tiles [NB, P, BLK]: see _scheme
+    off3 = op[:, None, None] * N + on3[None, :, :]
     z64 = sh.to(tl.int64) * 0
     base = sh.to(tl.int64) * (P * N)
     S = tl.load(S64_ptr + base + off3)
@@ -64,8 +63,8 @@ def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, 
         ndt, na, nxv, nB, nC = _load_step(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr,
                                           tl.minimum(z64 + i + 1, n_steps - 1), sh, sg, SHT,
                                           SGT, P, N, op, on3)  # prefetch the next step
-        S = a * S + (dt * x)[None, :, None] * B3[:, None, :]
-        y = tl.sum(tl.sum(S * C3[:, None, :], axis=0), axis=1)
+        S = a * S + (dt * x)[:, None, None] * B3[None, :, :]
+        y = tl.sum(tl.sum(S * C3[None, :, :], axis=2), axis=1)
         tl.store(y64_ptr + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(S64_ptr + base + off3, S)
 
@@ -75,7 +74,7 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
             t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
             IDX: tl.constexpr, CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr,
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
-            SCOPE: tl.constexpr, RELOAD: tl.constexpr):
+            SCOPE: tl.constexpr):
     """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head."""
     KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
     F: tl.constexpr = (CODE // 4) % 16
@@ -87,17 +86,7 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
     op = tl.arange(0, P)
     on2 = tl.arange(0, N)
     on3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
-    # tiles are [NB, P, BLK] (block, row, element): Triton then lays a thread's registers
-    # over all blocks of a few rows, so a row sum (the output y = S C) is mostly in-thread
-    # (2 shuffle levels instead of 5 per row, no spills); block scales still reduce axis 2.
-    # ReplaySSM's copies come from the fold's dot, whose layout the compiler then keeps for
-    # them: with RELOAD they are written and read back at each flush to stay in the loads'
-    # layout; without, they keep [P, NB, BLK] tiles (the dot's shape)
-    BFIRST: tl.constexpr = (KIND == 0) | (RELOAD == 1)
-    if BFIRST:
-        off3 = op[None, :, None] * N + on3[:, None, :]
-    else:
-        off3 = op[:, None, None] * N + on3[None, :, :]
+    off3 = op[:, None, None] * N + on3[None, :, :]
     z64 = sh.to(tl.int64) * 0
     base = sh.to(tl.int64) * (P * N)
     base_lo = (base & 0xFFFFFFFF).to(tl.uint32)
@@ -144,8 +133,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
         x = x64.to(tl.float32)
         C3 = C64.to(tl.float32)
         if KIND == 0:
-            S_new = a * S + (dt * x)[None, :, None] * B64.to(tl.float32)[:, None, :]
-            y = tl.sum(tl.sum(S_new * C3[:, None, :], axis=0), axis=1)
+            S_new = a * S + (dt * x)[:, None, None] * B64.to(tl.float32)[None, :, :]
+            y = tl.sum(tl.sum(S_new * C3[None, :, :], axis=2), axis=1)
             k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
             S = quantize(S_new, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                          off3)
@@ -163,12 +152,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
             Bb = tl.where(lrow[:, None] == j, Br[None, :], Bb)
             if (j == L - 1) | (t == total - 1):  # flush: fold, write, output from the fold
                 fold = tl.dot(tl.trans(w[:, None] * xb), Bb, input_precision="ieee")
-                if BFIRST:
-                    fold = gam * S + tl.permute(tl.reshape(fold, (P, NB, BLK)), (1, 0, 2))
-                    y = tl.sum(tl.sum(fold * C3[:, None, :], axis=0), axis=1)
-                else:
-                    fold = gam * S + tl.reshape(fold, (P, NB, BLK))
-                    y = tl.sum(tl.sum(fold * C3[None, :, :], axis=2), axis=1)
+                fold = gam * S + tl.reshape(fold, (P, NB, BLK))
+                y = tl.sum(tl.sum(fold * C3[None, :, :], axis=2), axis=1)
                 k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
                 S = quantize(fold, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                              off3)
@@ -177,24 +162,11 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
                                  off3)
                 else:
                     R = S
-                if RELOAD:  # written, then read back after a barrier (see the tiles above)
-                    tl.store(st + off3, S)
-                    if KIND == 2:
-                        tl.store(rd + off3, R)
-                    tl.debug_barrier()
-                    S = tl.load(st + off3)
-                    if KIND == 2:
-                        R = tl.load(rd + off3)
-                    else:
-                        R = S
                 Lc = tl.full([], 0.0, tl.float32)
             else:  # output-only evaluation: the checkpoint is only read
                 G = tl.sum(Bb * C2.to(tl.float32)[None, :], axis=1)
-                if BFIRST:
-                    RC = tl.sum(tl.sum(R * C3[:, None, :], axis=0), axis=1)
-                else:
-                    RC = tl.sum(tl.sum(R * C3[None, :, :], axis=2), axis=1)
-                y = tl.sum((w * G)[:, None] * xb, axis=0) + gam * RC
+                y = tl.sum((w * G)[:, None] * xb, axis=0) + gam * tl.sum(
+                    tl.sum(R * C3[None, :, :], axis=2), axis=1)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(st + off3, S)
     if KIND == 2:
@@ -209,7 +181,6 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                   P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                   SFLOOR: tl.constexpr, SCOPE: tl.constexpr, ORDER: tl.constexpr,
-                  RELOAD: tl.constexpr,
                   C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
                   C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
     """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout.
@@ -229,39 +200,39 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
         if slot == TRUTH + 0:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 1:
         if slot == TRUTH + 1:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 2:
         if slot == TRUTH + 2:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 3:
         if slot == TRUTH + 3:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 4:
         if slot == TRUTH + 4:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 5:
         if slot == TRUTH + 5:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 6:
         if slot == TRUTH + 6:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
     if NSCH > 7:
         if slot == TRUTH + 7:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, RELOAD)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
