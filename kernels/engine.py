@@ -321,6 +321,8 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
         # kernel runs (they fill the SMs its last programs leave idle, not a launch gap)
         pre = torch.cuda.Stream(device=dev) if cuda and prefetch and src is not None else None
         main = torch.cuda.current_stream(dev) if cuda else None
+        if pre is not None:
+            pre.wait_stream(main)  # the inputs' parameters were copied on the default stream
         nxt = None
         T0 = 0
         for bi, bends in enumerate(batches):
