@@ -924,7 +924,7 @@ def e2m1_edge_values() -> np.ndarray:
 @pytest.mark.parametrize("offset", [0, 1001, 2**32 - 100])
 @pytest.mark.parametrize("name,opts", [(n, o) for n, o in BLOCK_CONFIGS
                                        if pf.get(n).element.name == "fp4_e2m1"],
-                         ids=[i for (n, _), i in zip(BLOCK_CONFIGS, BLOCK_IDS)
+                         ids=[i for (n, _), i in zip(BLOCK_CONFIGS, BLOCK_IDS, strict=True)
                               if pf.get(n).element.name == "fp4_e2m1"])
 def test_e2m1_sr_table_path_equals_the_generic_path(name, opts, offset, monkeypatch):
     """The CPU torch shortcut for E2M1 SR (a table indexed by the top 18 bits) is bit-identical
