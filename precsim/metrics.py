@@ -151,21 +151,69 @@ class Accumulator:
             self.next_drift += self.window
 
     def rows(self) -> list[dict]:
-        """Tidy rows: one per scheme and window end."""
-        rows = []
+        """Tidy rows: one per scheme and window end. The per-sequence bands of every window and
+        scheme are :func:`band` values computed in a few vectorised NumPy calls (one ``band()``
+        per window, scheme and metric took ~0.1 s of a 32,768-step GPU study's host time)."""
+        cells = [(w, name) for w in self.windows for name in self.names]
+        cols: dict[str, list] = {}
+        for metric in ("rel_err", "kl"):
+            have = [metric in w[name] for w, name in cells]
+            if any(have):
+                vals = [np.asarray(w[name][metric], dtype=np.float64).reshape(-1) if h else None
+                        for (w, name), h in zip(cells, have, strict=True)]
+                cols.update(_bands(metric, vals))
+        top = [float(np.max(w[name]["rel_err_max"])) for w, name in cells] if cells else []
+        drift = []
         for w in self.windows:
             dr = self.drift.get(w["step"]) or self.drift.get(
                 max([k for k in self.drift if k <= w["step"]], default=-1), {})
-            for name in self.names:
-                st = w[name]
-                row = {"scheme": name, "step": w["step"]}
-                for metric in ("rel_err", "kl"):
-                    if metric in st:
-                        for suf, val in band(st[metric]).items():
-                            row[metric + suf] = val
-                row["rel_err_max"] = float(np.max(st["rel_err_max"]))
-                d = dr.get(name, {}) if dr else {}
-                row["state_drift"] = float(np.mean(d["state"])) if "state" in d else math.nan
-                row["read_drift"] = float(np.mean(d["read"])) if "read" in d else math.nan
-                rows.append(row)
+            drift += [dr.get(name, {}) if dr else {} for name in self.names]
+        means = {key: _means([d.get(key) for d in drift]) for key in ("state", "read")}
+        rows = []
+        for c, (w, name) in enumerate(cells):
+            row = {"scheme": name, "step": w["step"]}
+            for key, col in cols.items():
+                if col[c] is not None:
+                    row[key] = col[c]
+            row["rel_err_max"] = top[c]
+            row["state_drift"] = means["state"][c]
+            row["read_drift"] = means["read"][c]
+            rows.append(row)
         return rows
+
+
+def _bands(metric: str, vals: list) -> dict[str, list]:
+    """:func:`band` of every array in ``vals`` (None: no value) at once: columns
+    ``metric``, ``metric_p10/_p50/_p90`` (NaN where an array has a non-finite value). Arrays of
+    one length go through one ``np.percentile`` over an axis (the same partition and
+    interpolation as per array: the same values)."""
+    out = {metric + suf: [None] * len(vals) for suf in ("", "_p10", "_p50", "_p90")}
+    by_len: dict[int, list[int]] = {}
+    for i, v in enumerate(vals):
+        if v is not None:
+            by_len.setdefault(v.size, []).append(i)
+    for idx in by_len.values():
+        a = np.stack([vals[i] for i in idx])
+        fin = np.isfinite(a).all(axis=1)
+        a = np.where(fin[:, None], a, 0.0)
+        stats = [a.mean(axis=1), *np.percentile(a, [10, 50, 90], axis=1)]
+        for suf, col in zip(("", "_p10", "_p50", "_p90"), stats, strict=True):
+            col = np.where(fin, col, np.nan)
+            for j, i in enumerate(idx):
+                out[metric + suf][i] = float(col[j])
+    return out
+
+
+def _means(vals: list) -> list[float]:
+    """``float(np.mean(v))`` of every array in ``vals`` (None: NaN), arrays of one length at
+    once."""
+    out = [math.nan] * len(vals)
+    by_len: dict[int, list[int]] = {}
+    for i, v in enumerate(vals):
+        if v is not None:
+            by_len.setdefault(np.size(v), []).append(i)
+    for idx in by_len.values():
+        m = np.stack([np.asarray(vals[i], dtype=np.float64).reshape(-1) for i in idx]).mean(axis=1)
+        for j, i in enumerate(idx):
+            out[i] = float(m[j])
+    return out

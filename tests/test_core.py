@@ -191,3 +191,54 @@ def test_metrics_rows_and_summary_lengths():
         assert 0 < r["rel_err"] < 1e-2 and r["kl"] >= 0 and r["rel_err_p10"] <= r["rel_err_p90"]
     figs = summary_figures(res.rows, [32, 64, 1024], 96)
     assert set(figs["c"]) == {"32", "64", "final"}
+
+
+def _rows_one_band_at_a_time(acc) -> list[dict]:
+    """The plain definition of ``Accumulator.rows``: ``band()`` per window, scheme and metric."""
+    from precsim.metrics import band
+
+    rows = []
+    for w in acc.windows:
+        dr = acc.drift.get(w["step"]) or acc.drift.get(
+            max([k for k in acc.drift if k <= w["step"]], default=-1), {})
+        for name in acc.names:
+            st, row = w[name], {"scheme": name, "step": w["step"]}
+            for metric in ("rel_err", "kl"):
+                if metric in st:
+                    row.update({metric + s: v for s, v in band(st[metric]).items()})
+            row["rel_err_max"] = float(np.max(st["rel_err_max"]))
+            d = dr.get(name, {}) if dr else {}
+            row["state_drift"] = float(np.mean(d["state"])) if "state" in d else math.nan
+            row["read_drift"] = float(np.mean(d["read"])) if "read" in d else math.nan
+            rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("S", [1, 3, 8])
+def test_vectorised_rows_equal_band_per_window(S):
+    """Accumulator.rows computes every window's bands at once; value for value it equals one
+    ``band()`` per window (NaN in a sequence, a scheme without KL, windows without a drift
+    sample included)."""
+    from precsim.metrics import Accumulator
+
+    rng = np.random.default_rng(S)
+    acc = Accumulator(["a", "b", "c"], 16, None)
+    for k in range(6):
+        w = {"step": 16 * (k + 1), "len": 16}
+        for name in acc.names:
+            st = {"rel_err": rng.lognormal(size=S), "rel_err_max": rng.lognormal(size=S)}
+            if name != "c":
+                st["kl"] = rng.lognormal(size=S)
+            if (k, name) == (3, "b"):
+                st["rel_err"][0] = np.nan
+            w[name] = st
+        acc.windows.append(w)
+        if k % 2 == 0:
+            acc.drift[w["step"]] = {"a": {"state": rng.random(S)}, "b": {},
+                                    "c": {"state": rng.random(S), "read": rng.random(S)}}
+    got, want = acc.rows(), _rows_one_band_at_a_time(acc)
+    assert len(got) == 18 and [list(r) for r in got] == [list(r) for r in want]
+    for r, s in zip(got, want, strict=True):
+        for key, v in s.items():
+            assert (r[key] == v) or (isinstance(v, float) and np.isnan(v) and np.isnan(r[key])), \
+                (r["scheme"], r["step"], key)

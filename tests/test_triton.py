@@ -274,33 +274,3 @@ def test_kl_rows_fused_matches_torch_ops():
     b = kl_rows(ro, yh, d, False, fused=False)
     assert (b > 1e-6).all()
     np.testing.assert_allclose(a.cpu().numpy(), b.cpu().numpy(), rtol=1e-9)
-
-
-@pytest.mark.parametrize("S", [1, 3, 8])
-def test_device_rows_equal_accumulator_rows(S):
-    """DeviceAccumulator.rows (vectorised bands) == Accumulator.rows, value for value, NaN and
-    missing KL / drift included."""
-    from precsim.kernels.metrics import DeviceAccumulator
-
-    from precsim.metrics import Accumulator
-
-    rng = np.random.default_rng(S)
-    acc = DeviceAccumulator(["a", "b", "c"], 16, None)
-    for k in range(6):
-        w = {"step": 16 * (k + 1), "len": 16}
-        for name in acc.names:
-            st = {"rel_err": rng.lognormal(size=S), "rel_err_max": rng.lognormal(size=S)}
-            if name != "c":
-                st["kl"] = rng.lognormal(size=S)
-            if (k, name) == (3, "b"):
-                st["rel_err"][0] = np.nan
-            w[name] = st
-        acc.windows.append(w)
-        if k % 2 == 0:
-            acc.drift[w["step"]] = {"a": {"state": rng.random(S)}, "b": {},
-                                    "c": {"state": rng.random(S), "read": rng.random(S)}}
-    got, want = acc.rows(), Accumulator.rows(acc)
-    assert [list(r) for r in got] == [list(r) for r in want]
-    for r, s in zip(got, want, strict=True):
-        for key, v in s.items():
-            assert (r[key] == v) or (isinstance(v, float) and np.isnan(v) and np.isnan(r[key]))
