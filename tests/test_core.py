@@ -193,10 +193,17 @@ def test_metrics_rows_and_summary_lengths():
     assert set(figs["c"]) == {"32", "64", "final"}
 
 
+def band(values) -> dict:
+    """Mean and 10/50/90th percentiles of one window's per-sequence values; NaN if any is not
+    finite."""
+    v = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(v)):
+        return dict.fromkeys(("", "_p10", "_p50", "_p90"), math.nan)
+    return {"": float(v.mean()), **{f"_p{q}": float(np.percentile(v, q)) for q in (10, 50, 90)}}
+
+
 def _rows_one_band_at_a_time(acc) -> list[dict]:
     """The plain definition of ``Accumulator.rows``: ``band()`` per window, scheme and metric."""
-    from precsim.metrics import band
-
     rows = []
     for w in acc.windows:
         dr = acc.drift.get(w["step"]) or acc.drift.get(
