@@ -44,6 +44,20 @@ def _kl(readout, yh_ref, logp_ref, y_sim, tf32: bool) -> torch.Tensor:
     return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
 
 
+@triton.jit
+def _row_chunk(ys_row, yr_row, x_row, D_ptr, c, m, dead, P: tl.constexpr, HAS_D: tl.constexpr):
+    """Columns ``c`` of one output row: the scheme's (float64, NaN if ``dead``) and the truth's,
+    each with its skip term ``D x`` (float32 for the scheme, float64 for the truth)."""
+    ys = tl.load(ys_row + c, mask=m, other=0.0)
+    yr = tl.load(yr_row + c, mask=m, other=0.0)
+    if HAS_D:
+        Dh = tl.load(D_ptr + c // P, mask=m, other=0.0)
+        xv = tl.load(x_row + c, mask=m, other=0.0)
+        yr = yr + Dh * xv
+        ys = ys + Dh.to(tl.float32) * xv.to(tl.float32)
+    return tl.where(dead, float("nan"), ys).to(tl.float64), yr
+
+
 @triton.jit(do_not_specialize=["ROWS", "W"])
 def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, dead_ptr, err_ptr, bad_ptr, d_ptr, yh_ptr,
                       ROWS, W, P: tl.constexpr, HAS_D: tl.constexpr, KL: tl.constexpr,
@@ -64,14 +78,7 @@ def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, dead_ptr, err_ptr, bad_ptr
     for c0 in range(0, W, BW):
         c = c0 + tl.arange(0, BW)
         m = c < W
-        ys = tl.load(ys_row + c, mask=m, other=0.0)
-        yr = tl.load(yr_row + c, mask=m, other=0.0)
-        if HAS_D:
-            Dh = tl.load(D_ptr + c // P, mask=m, other=0.0)
-            xv = tl.load(x_row + c, mask=m, other=0.0)
-            yr = yr + Dh * xv
-            ys = ys + Dh.to(tl.float32) * xv.to(tl.float32)
-        y = tl.where(dead, float("nan"), ys).to(tl.float64)
+        y, yr = _row_chunk(ys_row, yr_row, x_row, D_ptr, c, m, dead, P, HAS_D)
         ss += tl.where(m, y * y, 0.0)
         rr += yr * yr
         ee += tl.where(m, (y - yr) * (y - yr), 0.0)
@@ -88,14 +95,7 @@ def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, dead_ptr, err_ptr, bad_ptr
         for c0 in range(0, W, BW):
             c = c0 + tl.arange(0, BW)
             m = c < W
-            ys = tl.load(ys_row + c, mask=m, other=0.0)
-            yr = tl.load(yr_row + c, mask=m, other=0.0)
-            if HAS_D:
-                Dh = tl.load(D_ptr + c // P, mask=m, other=0.0)
-                xv = tl.load(x_row + c, mask=m, other=0.0)
-                yr = yr + Dh * xv
-                ys = ys + Dh.to(tl.float32) * xv.to(tl.float32)
-            y = tl.where(dead, float("nan"), ys).to(tl.float64)
+            y, yr = _row_chunk(ys_row, yr_row, x_row, D_ptr, c, m, dead, P, HAS_D)
             yh = yr / rms_r
             tl.store(d_row + c, (y / rms_s - yh).to(tl.float32), mask=m)
             if k == 0:
