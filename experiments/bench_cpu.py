@@ -37,9 +37,9 @@ def whole_process(engine: str, heads: int, steps: int) -> float:
 def in_process(engine: str, heads: int, steps: int, only: str | None = None
                ) -> tuple[float, dict]:
     from hydra import compose, initialize_config_module
+    from precsim.engine import run
 
     from precsim.config import register_configs, to_config
-    from precsim.engine import run
 
     register_configs()
     with initialize_config_module(config_module="precsim.conf", version_base="1.3"):

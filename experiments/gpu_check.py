@@ -120,9 +120,9 @@ def oracle_outputs(tr: dict, heads: int, workers: int = 8) -> np.ndarray:
 
 def compare(name, cfg, device, rows, oracle=True, inputs="host"):
     """Triton vs run_torch rows (same device, same inputs) and truth vs the oracle."""
+    from precsim.engine import run_torch
     from precsim.kernels import run_triton
 
-    from precsim.engine import run_torch
     from precsim.workload import make_workload
 
     run_triton(cfg_small(cfg), device, progress=False)  # compile outside the timing

@@ -1,10 +1,13 @@
-"""precsim.kernels — fused Triton kernels: the GPU engine (``run.engine=triton``).
+"""precsim.kernels — fused Triton kernels (plain tensors and ints in; no precsim config).
 
-``available(device)`` / ``why_unavailable(device)`` say whether the engine can run here (a CUDA
+``mamba2`` / ``gdn``: the fused decode kernels and their keyword launchers; ``codes``: the slot
+code layout and dispatch order; ``quant`` / ``rng``: fake quantisation and counter-based random
+bits, bit-identical to ``precsim.formats``; ``metrics``: fused window metrics; ``inputs``: the
+counter-based normals. The host driver is ``precsim.engines.triton``.
+
+``available(device)`` / ``why_unavailable(device)`` say whether the kernels can run here (a CUDA
 device with Triton, or any device with ``TRITON_INTERPRET=1``, Triton's CPU interpreter, for
-tests); ``run_triton(cfg, device, progress)`` runs a config and returns a
-``precsim.engine.Result`` (see :mod:`precsim.kernels.engine`). Settings the kernels do not cover
-fall back to the torch engine with a logged note.
+tests).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import os
 
 
 def why_unavailable(device: str = "cuda") -> str:
-    """Empty string when the Triton engine can run on ``device``, else the reason."""
+    """Empty string when the Triton kernels can run on ``device``, else the reason."""
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -33,11 +36,4 @@ def available(device: str = "cuda") -> bool:
     return why_unavailable(device) == ""
 
 
-def run_triton(cfg, device, progress=True, **kw):
-    """Run ``cfg`` with the fused kernels (``precsim.kernels.engine.run_triton``)."""
-    from .engine import run_triton as _run
-
-    return _run(cfg, device, progress, **kw)
-
-
-__all__ = ["available", "why_unavailable", "run_triton"]
+__all__ = ["available", "why_unavailable"]

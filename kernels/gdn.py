@@ -23,7 +23,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .codes import CODE_BITS as _CB
+from .codes import FMT_SHIFT as _FS
+from .codes import KIND_SHIFT as _KS
+from .codes import OVF_SHIFT as _OS
+from .codes import RFMT_SHIFT as _RFS
+from .codes import RND_SHIFT as _RS
+from .codes import SRB_SHIFT as _SS
 from .quant import quantize, round_elem
+
+KIND_SHIFT, FMT_SHIFT, RFMT_SHIFT = tl.constexpr(_KS), tl.constexpr(_FS), tl.constexpr(_RFS)
+RND_SHIFT, OVF_SHIFT, SRB_SHIFT = tl.constexpr(_RS), tl.constexpr(_OS), tl.constexpr(_SS)
+CODE_BITS, CODE_MASK = tl.constexpr(_CB), tl.constexpr((1 << _CB) - 1)
 
 
 @triton.jit
@@ -70,12 +81,12 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
             LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
             U_MASTER: tl.constexpr):
     """One scheme (``CODE`` as in ``mamba2._scheme``) on one head."""
-    KIND: tl.constexpr = CODE % 4
-    F: tl.constexpr = (CODE // 4) % 16
-    RF: tl.constexpr = (CODE // 64) % 16
-    RND: tl.constexpr = (CODE // 1024) % 2
-    OVF: tl.constexpr = (CODE // 2048) % 2
-    SRB: tl.constexpr = (CODE // 4096) % 64
+    KIND: tl.constexpr = (CODE >> KIND_SHIFT) & 3  # 0 conventional, 1 shared, 2 split
+    F: tl.constexpr = (CODE >> FMT_SHIFT) & 15
+    RF: tl.constexpr = (CODE >> RFMT_SHIFT) & 15
+    RND: tl.constexpr = (CODE >> RND_SHIFT) & 1
+    OVF: tl.constexpr = (CODE >> OVF_SHIFT) & 1
+    SRB: tl.constexpr = (CODE >> SRB_SHIFT) & 63
     K: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     ok2 = tl.arange(0, K)
@@ -185,8 +196,7 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
                TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, U_MASTER: tl.constexpr,
                ORDER: tl.constexpr,
-               C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
-               C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
+               CODES: tl.constexpr):
     """One launch window: grid (S*H, TRUTH + NSCH); grid column k runs slot
     ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``)."""
     sh = tl.program_id(0)
@@ -196,43 +206,28 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
         if slot == 0:
             _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,
                    NB, BLK)
-    if NSCH > 0:
-        if slot == TRUTH + 0:
+    for k in tl.static_range(NSCH):  # one slot per scheme; codes packed CODE_BITS apart
+        if slot == TRUTH + k:
             _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
-    if NSCH > 1:
-        if slot == TRUTH + 1:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
-    if NSCH > 2:
-        if slot == TRUTH + 2:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
-    if NSCH > 3:
-        if slot == TRUTH + 3:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
-    if NSCH > 4:
-        if slot == TRUTH + 4:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
-    if NSCH > 5:
-        if slot == TRUTH + 5:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
-    if NSCH > 6:
-        if slot == TRUTH + 6:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
-    if NSCH > 7:
-        if slot == TRUTH + 7:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7, P, NB,
-                    BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
+                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, k,
+                    (CODES >> (CODE_BITS * k)) & CODE_MASK, P, NB, BLK, LB, BUF, SFLOOR, SCOPE,
+                    U_MASTER)
+
+
+def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, k0: int, t0: int, n: int,
+           total: int, L: int, slots: list[int], codes: list[int], truth: bool, blk: int, LB: int,
+           buf: int, sfloor: int, scope: int, order: int, u_master: bool, num_warps: int,
+           maxnreg: int | None = None):
+    """One launch over steps ``[t0, t0+n)`` (see ``mamba2.launch``). Tensors: ``a64, a32, g32,
+    beta (n, S*H)``, ``q, k (n, S, H, K)``, ``v (n, S, H, V)``, states ``(S*H, V, K)``."""
+    SH, P, K = S64.shape
+    assert v.shape[-1] == P and k.shape[-1] == K and K % blk == 0
+    i0 = slots[0] if slots else 0
+    packed = sum(c << (_CB * j) for j, c in enumerate(codes))
+    grid = (SH, int(truth) + len(slots))
+    return gdn_window[grid](
+        a64, a32, g32, beta.reshape(n, SH), q, k, v, S64, st[i0:], rd[i0:], y64, y32[i0:],
+        k1[i0:, t0:], k0, t0, n, total, L, SH, y32.stride(0), SH * P * K, total, P=P,
+        NB=K // blk, BLK=blk, LB=LB, TRUTH=int(truth), NSCH=len(slots), BUF=buf, SFLOOR=sfloor,
+        SCOPE=scope, U_MASTER=int(u_master), ORDER=order, CODES=packed, num_warps=num_warps,
+        enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))

@@ -29,9 +29,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .codes import CODE_BITS as _CB
+from .codes import FMT_SHIFT as _FS
+from .codes import KIND_SHIFT as _KS
+from .codes import OVF_SHIFT as _OS
+from .codes import RFMT_SHIFT as _RFS
+from .codes import RND_SHIFT as _RS
+from .codes import SRB_SHIFT as _SS
 from .quant import quantize, round_elem
 
-MAX_SCHEMES = 8
+KIND_SHIFT, FMT_SHIFT, RFMT_SHIFT = tl.constexpr(_KS), tl.constexpr(_FS), tl.constexpr(_RFS)
+RND_SHIFT, OVF_SHIFT, SRB_SHIFT = tl.constexpr(_RS), tl.constexpr(_OS), tl.constexpr(_SS)
+CODE_BITS, CODE_MASK = tl.constexpr(_CB), tl.constexpr((1 << _CB) - 1)
+
 
 
 @triton.jit
@@ -76,12 +86,12 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
             SCOPE: tl.constexpr):
     """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head."""
-    KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
-    F: tl.constexpr = (CODE // 4) % 16
-    RF: tl.constexpr = (CODE // 64) % 16
-    RND: tl.constexpr = (CODE // 1024) % 2
-    OVF: tl.constexpr = (CODE // 2048) % 2
-    SRB: tl.constexpr = (CODE // 4096) % 64
+    KIND: tl.constexpr = (CODE >> KIND_SHIFT) & 3  # 0 conventional, 1 shared, 2 split
+    F: tl.constexpr = (CODE >> FMT_SHIFT) & 15
+    RF: tl.constexpr = (CODE >> RFMT_SHIFT) & 15
+    RND: tl.constexpr = (CODE >> RND_SHIFT) & 1
+    OVF: tl.constexpr = (CODE >> OVF_SHIFT) & 1
+    SRB: tl.constexpr = (CODE >> SRB_SHIFT) & 63
     N: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     on2 = tl.arange(0, N)
@@ -181,8 +191,7 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                   P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                   SFLOOR: tl.constexpr, SCOPE: tl.constexpr, ORDER: tl.constexpr,
-                  C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
-                  C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr):
+                  CODES: tl.constexpr):
     """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout.
 
     Grid column k runs slot ``(ORDER >> 4k) & 15``: the host puts the costliest slots first, so
@@ -196,43 +205,31 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
         if slot == 0:
             _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT,
                    SGT, P, NB, BLK)
-    if NSCH > 0:
-        if slot == TRUTH + 0:
+    for k in tl.static_range(NSCH):  # one slot per scheme; codes packed CODE_BITS apart
+        if slot == TRUTH + k:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 0, C0,
+                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, k,
+                    (CODES >> (CODE_BITS * k)) & CODE_MASK,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
-    if NSCH > 1:
-        if slot == TRUTH + 1:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 1, C1,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
-    if NSCH > 2:
-        if slot == TRUTH + 2:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 2, C2,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
-    if NSCH > 3:
-        if slot == TRUTH + 3:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 3, C3,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
-    if NSCH > 4:
-        if slot == TRUTH + 4:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 4, C4,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
-    if NSCH > 5:
-        if slot == TRUTH + 5:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 5, C5,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
-    if NSCH > 6:
-        if slot == TRUTH + 6:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 6, C6,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
-    if NSCH > 7:
-        if slot == TRUTH + 7:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, 7, C7,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+
+
+def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, k0: int, t0: int, n: int,
+           total: int, L: int, heads: int, slots: list[int], codes: list[int], truth: bool,
+           blk: int, LB: int, buf: int, sfloor: int, scope: int, order: int, num_warps: int,
+           maxnreg: int | None = None):
+    """One launch over steps ``[t0, t0+n)``: the truth (if ``truth``) and the schemes in storage
+    slots ``slots`` (contiguous, codes ``codes``). Tensors: ``dt, a64, a32, dA32 (n, S*H)``,
+    ``x (n, S, H, P)``, ``B, C (n, S, G, N)``, states ``S64 (S*H, P, N)``,
+    ``st, rd (k, S*H, P, N)``, outputs ``y64 (n, S*H, P)``, ``y32 (k, n, S*H, P)``, SR keys ``k1 (k, total)``."""
+    SH, P, N = S64.shape
+    G = B.shape[2]
+    assert heads % G == 0 and x.shape[-1] == P and B.shape[-1] == N and N % blk == 0
+    i0 = slots[0] if slots else 0
+    packed = sum(c << (_CB * k) for k, c in enumerate(codes))
+    grid = (SH, int(truth) + len(slots))
+    return mamba2_window[grid](
+        dt.reshape(n, -1), a64, a32, dA32, x, B, C, S64, st[i0:], rd[i0:], y64, y32[i0:],
+        k1[i0:, t0:], k0, t0, n, total, L, heads, heads // G, G, SH, (SH // heads) * G,
+        y32.stride(0), SH * P * N, total, P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth),
+        NSCH=len(slots), BUF=buf, SFLOOR=sfloor, SCOPE=scope, ORDER=order, CODES=packed,
+        num_warps=num_warps, enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))

@@ -1,47 +1,15 @@
-"""Window metrics for the Triton engine without a host round trip per window.
+"""Fused window-metric kernels of the Triton engine (plain tensors in, tensors out).
 
-``DeviceAccumulator`` is ``precsim.metrics.Accumulator`` with the same statistics (rel_err mean
-and max, KL through the readout head, state drift) computed the same way, except that every
-scheme of a window is reduced in one batch (one readout matmul for all schemes) and the results
-stay on the device until :meth:`DeviceAccumulator.to_host` (one copy after ``finish()``). The
-base class's per-scheme ``.cpu()`` calls cost a host-device synchronisation each, which at 128
-windows x 5 schemes took longer than the kernels themselves. The KL's difference matmul (all
-schemes in one) runs in TF32 on CUDA: ~1e-3 relative on the KL (see :func:`_kl`).
+:func:`row_stats` reduces a window's outputs of every scheme in one pass (rel_err, non-finite
+flags, the normalised readout inputs), :func:`drift_partials` the state drift, :func:`kl_tail`
+the KL after the readout matmuls. ``precsim.metrics.DeviceAccumulator`` drives them.
 """
 
 from __future__ import annotations
 
-import contextlib
-
-import numpy as np
 import torch
 import triton
 import triton.language as tl
-
-from precsim.metrics import Accumulator
-
-
-@contextlib.contextmanager
-def _tf32_matmul(on: bool):
-    """TF32 for float32 CUDA matmuls inside the block (restored after)."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = bool(on)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
-def _kl(readout, yh_ref, logp_ref, y_sim, tf32: bool) -> torch.Tensor:
-    """``Readout.kl`` with the difference matmul ``(yh_sim - yh_ref) @ W^T`` in TF32 when
-    ``tf32`` (CUDA only; the CPU ignores the flag). The product is a small correction to the
-    float64 reference logits, so TF32's ~5e-4 relative input rounding moves the logit
-    difference, and hence the KL (quadratic in it), by ~1e-3 relative, not the logits."""
-    d = readout.normalise(y_sim.to(torch.float64)) - yh_ref
-    with _tf32_matmul(tf32):
-        prod = d.to(torch.float32) @ readout.W32.T
-    logp_sim = torch.log_softmax(logp_ref + readout.scale * prod.to(torch.float64), dim=-1)
-    return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
 
 
 @triton.jit
@@ -210,174 +178,12 @@ def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, ROWS, V, BV: tl.constexpr)
     tl.store(out_ptr + k * ROWS + r, tl.maximum(kl, 0.0, propagate_nan=tl.PropagateNan.ALL))
 
 
-def kl_rows(readout, yh_ref, d, tf32: bool, fused: bool = True) -> torch.Tensor:
-    """KL per row (k, rows) from :func:`row_stats`' ``d`` and ``yh_ref``, as ``Readout.kl``:
-    reference logits in float64, the difference matmul (all schemes in one) in TF32 on CUDA
-    when ``tf32`` (see :func:`_kl`). ``fused`` (default): everything after the two matmuls in
-    one Triton pass (:func:`_kl_kernel`); else torch ops."""
-    k, rows, W = d.shape
-    with _tf32_matmul(tf32):
-        prod = (d.reshape(k * rows, W) @ readout.W32.T).view(k, rows, -1)
-    ref = yh_ref @ readout.W64.T
-    if fused:
-        V = ref.shape[-1]
-        out = torch.empty((k, rows), dtype=torch.float64, device=d.device)
-        sc = getattr(readout, "_scale64", None)
-        if sc is None:
-            sc = readout._scale64 = torch.tensor([readout.scale], dtype=torch.float64,
-                                                 device=d.device)
-        _kl_kernel[(rows, k)](ref, prod, sc, out, rows, V, BV=triton.next_power_of_2(V),
-                              num_warps=4)
-        return out
-    logp_ref = torch.log_softmax(readout.scale * ref, dim=-1)
-    logp_sim = torch.log_softmax(logp_ref + readout.scale * prod.to(torch.float64), dim=-1)
-    return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
-
-
-class DeviceAccumulator(Accumulator):
-    """Accumulator whose statistics are device tensors until ``to_host()``.
-
-    ``push(y_ref (m,S,H,P) float64, ys[name] (m,S,H,P))`` as in the base class (no None: a dead
-    scheme's outputs are NaN already); ``record_drift`` likewise. ``tf32`` (default True): the KL
-    difference matmul runs in TF32 on CUDA (see :func:`_kl`).
-    """
-
-    tf32 = True
-
-    def push_stats(self, err: torch.Tensor, kl: torch.Tensor | None) -> None:
-        """Per-step statistics already reduced over the width (:func:`row_stats`):
-        ``err``/``kl`` ``(k, m, S)`` in ``self.names`` order; windows as :meth:`push`."""
-        if not hasattr(self, "_err"):
-            self._err, self._kl = [], []
-        self._err.append(err.transpose(0, 1))  # (m, k, S): windows are cut along dim 0
-        if kl is not None:
-            self._kl.append(kl.transpose(0, 1))
-        self._pending += err.shape[1]
-        if self._pending >= self.window:  # every whole window at once
-            self._reduce_stats(self.window, self._pending // self.window)
-
-    def _reduce(self, n: int) -> None:
-        if getattr(self, "_err", None):
-            return self._reduce_stats(n)
-        y_ref = self._take(self._ref, n)
-        S = y_ref.shape[1]
-        yr = y_ref.reshape(n, S, -1)
-        ref_norm = torch.linalg.vector_norm(yr, dim=-1)
-        ys = torch.stack([self._take(self._sim[name], n).reshape(n, S, -1)
-                          for name in self.names]).to(torch.float64)  # (k, n, S, width)
-        err = torch.linalg.vector_norm(ys - yr, dim=-1) / ref_norm  # (k, n, S)
-        kl = None
-        if self.readout is not None:
-            yh_ref, logp_ref = self.readout.ref(yr)
-            kl = _kl(self.readout, yh_ref, logp_ref, ys, self.tf32).mean(dim=1)  # (k, S)
-        mean, top, per_step = err.mean(dim=1), err.amax(dim=1), err.mean(dim=2)
-        entry = {"step": self.done + n, "len": n}
-        for i, name in enumerate(self.names):
-            self.per_step_rel_err[name].append(per_step[i])
-            stats = {"rel_err": mean[i], "rel_err_max": top[i]}
-            if kl is not None:
-                stats["kl"] = kl[i]
-            entry[name] = stats
-        self.windows.append(entry)
-        self.done += n
-        self._pending -= n
-
-    def _reduce_stats(self, n: int, m: int = 1) -> None:
-        """``m`` windows of ``n`` steps from the pushed statistics, in a few device ops; the
-        windows' entries are filled in by :meth:`to_host` (no per-window, per-scheme ops)."""
-        err = self._take(self._err, n * m).transpose(0, 1)  # (k, m n, S)
-        k, _, S = err.shape
-        err = err.reshape(k, m, n, S)
-        stats = {"rel_err": err.mean(dim=2), "rel_err_max": err.amax(dim=2)}  # (k, m, S)
-        if self._kl:
-            stats["kl"] = self._take(self._kl, n * m).transpose(0, 1).reshape(
-                k, m, n, S).mean(dim=2)
-        if not hasattr(self, "_batches"):
-            self._batches = []
-        self._batches.append((len(self.windows), len(self.per_step_rel_err[self.names[0]]),
-                              stats, err.mean(dim=3)))  # per-step rel_err (k, m, n)
-        for w in range(m):
-            self.windows.append({"step": self.done + (w + 1) * n, "len": n,
-                                 **{name: {} for name in self.names}})
-        for name in self.names:
-            self.per_step_rel_err[name] += [None] * m
-        self.done += n * m
-        self._pending -= n * m
-
-    def _fill_batches(self) -> None:
-        """Copy the statistics of :meth:`_reduce_stats` to the host in one transfer and fill
-        in the windows' entries and per-step rel_err."""
-        batches = getattr(self, "_batches", [])
-        if not batches:
-            return
-        parts = [t for _, _, stats, ps in batches for t in (*stats.values(), ps)]
-        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts]).cpu().numpy()
-        at = 0
-        for w0, p0, stats, ps in batches:
-            vals = {}
-            for key, t in (*stats.items(), ("per_step", ps)):
-                vals[key] = flat[at:at + t.numel()].reshape(tuple(t.shape))
-                at += t.numel()
-            for i, name in enumerate(self.names):
-                for w in range(vals["per_step"].shape[1]):
-                    self.windows[w0 + w][name] = {key: v[i, w] for key, v in vals.items()
-                                                  if key != "per_step"}
-                    self.per_step_rel_err[name][p0 + w] = vals["per_step"][i, w]
-        self._batches = []
-
-    def _keep(self, t: torch.Tensor) -> torch.Tensor:
-        return t  # stays on the device until to_host()
-
-    def record_drift_stacked(self, pos: int, ref_state: torch.Tensor, states: torch.Tensor,
-                             reads: torch.Tensor, names: list[str], has_read: list[bool]) -> None:
-        """record_drift for states stacked by scheme: ``states``/``reads`` (k, S, ...) float32,
-        ``names[i]`` the scheme of row i, ``has_read[i]`` whether it keeps a read copy."""
-        S = ref_state.shape[0]
-        rf = ref_state.reshape(S, -1)
-        rn = torch.linalg.vector_norm(rf, dim=-1)
-        rn = torch.where(rn > 0, rn, torch.ones_like(rn))
-        k = len(names)
-        d_st = torch.linalg.vector_norm(states.reshape(k, S, -1).to(torch.float64) - rf,
-                                        dim=-1) / rn
-        d_rd = torch.linalg.vector_norm(reads.reshape(k, S, -1).to(torch.float64) - rf,
-                                        dim=-1) / rn
-        self.record_drift_norms(pos, d_st, d_rd, names, has_read)
-
-    def record_drift_norms(self, pos: int, d_st: torch.Tensor, d_rd: torch.Tensor,
-                           names: list[str], has_read: list[bool]) -> None:
-        """record_drift from drifts already reduced (:func:`drift_norms`): ``d_st``/``d_rd``
-        ``(k, S)``, row i of scheme ``names[i]``."""
-        out = {name: {"state": d_st[i], **({"read": d_rd[i]} if has_read[i] else {})}
-               for i, name in enumerate(names)}
-        self._store_drift(pos, out)
-
-    def to_host(self, dead_at: dict[str, int | None]) -> None:
-        """Copy every statistic to NumPy at once; drop the drift of schemes dead by then."""
-        self._fill_batches()
-        slots: list[tuple[dict, object, torch.Tensor]] = []
-        for w in self.windows:
-            for name in self.names:
-                slots += [(w[name], k, v) for k, v in w[name].items()]
-        for parts in self.per_step_rel_err.values():
-            slots += [(parts, i, v) for i, v in enumerate(parts)]
-        seen: set[int] = set()
-        for out in self.drift.values():
-            if id(out) not in seen:
-                seen.add(id(out))
-                slots += [(d, k, v) for d in out.values() for k, v in d.items()]
-        slots = [s for s in slots if isinstance(s[2], torch.Tensor)]
-        if slots:
-            flat = torch.cat([v.reshape(-1).to(torch.float64) for _, _, v in slots]).cpu()
-            flat = flat.numpy()
-            at = 0
-            for box, key, v in slots:
-                box[key] = flat[at:at + v.numel()].reshape(tuple(v.shape))
-                at += v.numel()
-        for pos in list(self.drift):
-            out = self.drift[pos]
-            gone = [n for n, d in dead_at.items() if d is not None and d <= pos and n in out]
-            if gone:  # run_torch records no drift for a scheme dead at that flush
-                self.drift[pos] = {**out, **{n: {} for n in gone}}
-        for name, parts in self.per_step_rel_err.items():
-            self.per_step_rel_err[name] = [np.asarray(p) for p in parts]
-
+def kl_tail(ref: torch.Tensor, prod: torch.Tensor, scale64: torch.Tensor) -> torch.Tensor:
+    """KL per row ``(k, rows)`` after the readout's two matmuls, in one pass: ``ref (rows, V)``
+    float64 reference logits before scaling, ``prod (k, rows, V)`` float32 difference logits,
+    ``scale64 (1,)`` the logit scale (as ``precsim.metrics.Readout.kl``)."""
+    k, rows, V = prod.shape
+    out = torch.empty((k, rows), dtype=torch.float64, device=prod.device)
+    _kl_kernel[(rows, k)](ref, prod, scale64, out, rows, V, BV=triton.next_power_of_2(V),
+                          num_warps=4)
+    return out

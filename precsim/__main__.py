@@ -86,7 +86,7 @@ def _run_app(cfg) -> None:
 
     from precsim.api import format_table, write_outputs
     from precsim.config import to_config
-    from precsim.engine import run
+    from precsim.engines import run
     from precsim.errors import PrecsimError
     from precsim.results import is_complete
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from . import results as res
 from .config import Config, to_config
-from .engine import Result, run, summary_figures
+from .engines import run
+from .result import Result, summary_figures
 
 
 def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> Result:

@@ -32,6 +32,9 @@ class ModelConfig:
     head_dim: int = 64
     state_dim: int = 128
     groups: int = 1  # Mamba-2: heads of a group share B and C
+    # float32 decays: "exact" = float32 of the float64 decay (the truth's); "fast" = the float32
+    # exp of real kernels (tl.exp, ex2.approx on NVIDIA; emulated on the CPU)
+    decay_exp: str = "exact"
 
 
 @dataclass
@@ -152,6 +155,7 @@ def validate(cfg: Config) -> None:
         v = getattr(m, key)
         check(isinstance(v, int) and v > 0, f"model.{key}", v, "a positive integer")
     check(m.heads % m.groups == 0, "model.groups", m.groups, f"a divisor of model.heads={m.heads}")
+    check_choice("model.decay_exp", m.decay_exp, ("exact", "fast"))
     r = cfg.replay
     check(isinstance(r.buffer_len, int) and r.buffer_len > 0, "replay.buffer_len", r.buffer_len,
           "an integer >= 1")

@@ -66,7 +66,7 @@ class Conventional(Scheme):
         ys = []
         for i in range(m):
             step = {k: v[i] for k, v in inp.items()}
-            S_new, y = family.conv_step(self.state, step, params)
+            S_new, y = family.step(self.state, step)
             self.state = self._q(S_new, self.cfg.fmt, self.cfg.rounding, UPDATE)
             self.events += 1
             ys.append(y)

@@ -3,8 +3,9 @@
 A workload yields inputs for steps ``[t0, t1)`` as float64 arrays with a leading time axis and a
 sequence axis: Mamba-2 ``dt (m,S,H)``, ``x (m,S,H,P)``, ``B``/``C (m,S,H,N)``; GDN ``g``/``beta
 (m,S,H)``, ``q``/``k (m,S,H,K)``, ``v (m,S,H,V)``; plus per-head constants (``A``, ``D``).
-Random inputs are drawn per block of ``BLOCK`` steps from a generator keyed by (seed, block), so the
-stream never depends on how the engine chunks time, and memory stays flat over the horizon.
+Random inputs come from a counter-based generator keyed by (seed, input, element index), the same
+on every engine and device, so the stream never depends on how an engine chunks time, and memory
+stays flat over the horizon. ``chunk`` returns torch float64 tensors on the workload's device.
 """
 
 from __future__ import annotations
@@ -13,18 +14,17 @@ import math
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from precsim import formats as pf
 
 from .config import Config
 from .errors import PrecsimError
 
-BLOCK = 256
+TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4, "g": 5, "beta": 6, "q": 7, "k": 8, "v": 9}
 
 MAMBA2_KEYS = {"A": 1, "dt": 2, "x": 3, "B": 3, "C": 3}
 GDN_KEYS = {"g": 2, "beta": 2, "q": 3, "k": 3, "v": 3}
-
-
-def softplus(x):
-    return np.logaddexp(0.0, x)
 
 
 def inv_softplus(y):
@@ -43,9 +43,14 @@ class Workload:
 
 
 class RandomWorkload(Workload):
-    """Synthetic streams with real initialisation distributions (DESIGN.md §2)."""
+    """Synthetic streams with real initialisation distributions (``workload=synthetic``: mamba_ssm's
+    and fla's initialisations; ``seed_article``: the article's slow-decay layer).
 
-    def __init__(self, cfg: Config, style: str):
+    Per-head constants come from NumPy's PCG64 keyed by the seed; the per-step normals from the
+    counter-based generator (:func:`normals`), so every engine and device sees the same inputs.
+    """
+
+    def __init__(self, cfg: Config, style: str, device="cpu"):
         m = cfg.model
         self.family, self.style = m.family, style
         self.H, self.P, self.N, self.G = m.heads, m.head_dim, m.state_dim, m.groups
@@ -74,57 +79,63 @@ class RandomWorkload(Workload):
                 A[:n_long] = np.exp(rng.uniform(np.log(1e-4), np.log(1e-3), n_long))
                 dt_bias = np.zeros(H)
             self.params = {"A_log": np.log(A), "dt_bias": dt_bias}
-        self._cache: tuple[int, dict] | None = None
+        self.device = torch.device(device)
+        self.p = {k: torch.as_tensor(v, dtype=torch.float64, device=self.device)
+                  for k, v in self.params.items()}
 
-    def _block(self, b: int) -> dict:
-        if self._cache is not None and self._cache[0] == b:
-            return self._cache[1]
-        rng = np.random.default_rng([self.seed, 0xB10C, b])
-        S, H, P, N, G, T = self.S, self.H, self.P, self.N, self.G, BLOCK
-        if self.family == "mamba2":
-            if self.style == "seed_article":
-                dt = softplus(rng.standard_normal((T, S, H)))
-                bc_scale = 1.0 / math.sqrt(N)
-            else:
-                dt = softplus(self.dt_noise * rng.standard_normal((T, S, H))
-                              + self.params["dt_bias"])
-                bc_scale = 1.0
-            x = rng.standard_normal((T, S, H, P))
-            Bg = rng.standard_normal((T, S, G, N)) * bc_scale
-            Cg = rng.standard_normal((T, S, G, N)) * bc_scale
-            rep = H // G
-            out = {"dt": dt, "x": x, "B": np.repeat(Bg, rep, axis=2),
-                   "C": np.repeat(Cg, rep, axis=2)}
-        else:
-            raw = rng.standard_normal((T, S, H))
-            g = -np.exp(self.params["A_log"]) * softplus(self.dt_noise * raw
-                                                         + self.params["dt_bias"])
-            beta = 1.0 / (1.0 + np.exp(-rng.standard_normal((T, S, H))))
-            q = rng.standard_normal((T, S, H, N))
-            k = rng.standard_normal((T, S, H, N))
-            q /= np.linalg.norm(q, axis=-1, keepdims=True) * math.sqrt(N)  # L2 norm, 1/sqrt(K)
-            k /= np.linalg.norm(k, axis=-1, keepdims=True)
-            v = rng.standard_normal((T, S, H, P))
-            out = {"g": g, "beta": beta, "q": q, "k": k, "v": v}
-        self._cache = (b, out)
-        return out
+    def _z(self, key: str, tail: tuple, t0: int, t1: int):
+        z = normals(self.seed, TAGS[key], tail, t0, t1, self.device)
+        return z.numpy() if self.device.type == "cpu" else z
 
     def chunk(self, t0: int, t1: int) -> dict:
-        parts: dict[str, list] = {}
-        t = t0
-        while t < t1:
-            b, off = divmod(t, BLOCK)
-            e = min(t1 - t, BLOCK - off)
-            for k, v in self._block(b).items():
-                parts.setdefault(k, []).append(v[off:off + e])
-            t += e
-        return {k: (v[0] if len(v) == 1 else np.concatenate(v)) for k, v in parts.items()}
+        """Inputs of steps ``[t0, t1)``: float64 tensors on ``self.device`` (B/C per group).
+
+        The transforms run in NumPy on the CPU (its elementwise functions give the same bits at
+        every position, so chunking never changes a value; torch's vectorised CPU kernels do
+        not) and in torch on CUDA, with the same formulas."""
+        S, H, P, N, G = self.S, self.H, self.P, self.N, self.G
+        cpu = self.device.type == "cpu"
+        xp = np if cpu else torch
+        p = self.params if cpu else self.p
+
+        def softplus(x):
+            return xp.logaddexp(x * 0.0, x)
+
+        def unit(x):  # x / ||x||_2 over the last axis
+            return x / xp.sqrt((x * x).sum(-1))[..., None]
+
+        if self.family == "mamba2":
+            z = self._z("dt", (S, H), t0, t1)
+            if self.style == "seed_article":
+                dt, bc = softplus(z), 1.0 / math.sqrt(N)
+            else:
+                dt, bc = softplus(self.dt_noise * z + p["dt_bias"]), 1.0
+            out = {"dt": dt, "x": self._z("x", (S, H, P), t0, t1),
+                   "B": self._z("B", (S, G, N), t0, t1) * bc,
+                   "C": self._z("C", (S, G, N), t0, t1) * bc}
+        else:
+            raw = self._z("g", (S, H), t0, t1)
+            g = -xp.exp(p["A_log"]) * softplus(self.dt_noise * raw + p["dt_bias"])
+            beta = 1.0 / (1.0 + xp.exp(-self._z("beta", (S, H), t0, t1)))
+            q = unit(self._z("q", (S, H, N), t0, t1)) / math.sqrt(N)  # L2 norm, then 1/sqrt(K)
+            k = unit(self._z("k", (S, H, N), t0, t1))
+            out = {"g": g, "beta": beta, "q": q, "k": k, "v": self._z("v", (S, H, P), t0, t1)}
+        return {k: torch.from_numpy(v) for k, v in out.items()} if cpu else out
+
+    def trace(self, t0: int, t1: int, seq: int = 0) -> dict:
+        """One sequence's inputs as a trace dict (``precsim.oracle.decode``), NumPy float64."""
+        c = {k: v[:, seq].cpu().numpy() for k, v in expand_groups(self.chunk(t0, t1),
+                                                                   self.H).items()}
+        if self.family == "mamba2":
+            c["A"] = np.asarray(self.params["A"], dtype=np.float64)
+        return c
 
 
 class TraceWorkload(Workload):
     """Inputs recorded from a real model (``.npz``; schema in the README)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, device="cpu"):
+        self.device = torch.device(device)
         path = Path(cfg.workload.path)
         if not path.is_file():
             raise PrecsimError(f"workload.path={str(path)!r} does not exist; allowed: an .npz "
@@ -161,7 +172,8 @@ class TraceWorkload(Workload):
 
     def chunk(self, t0: int, t1: int) -> dict:
         keys = ("dt", "x", "B", "C") if self.family == "mamba2" else ("g", "beta", "q", "k", "v")
-        return {k: self.data[k][t0:t1, None].astype(np.float64) for k in keys}
+        return {k: torch.as_tensor(self.data[k][t0:t1, None], device=self.device).to(
+            torch.float64) for k in keys}
 
 
 def _trace_dims(d: dict, family: str) -> tuple[int, int, int]:
@@ -221,8 +233,51 @@ def validate_trace(data: dict, where: str = "trace") -> dict:
     return data
 
 
-def make_workload(cfg: Config) -> Workload:
+def make_workload(cfg: Config, device="cpu") -> Workload:
+    """The run's input stream; ``chunk(t0, t1)`` gives float64 tensors on ``device``."""
     kind = cfg.workload.kind
     if kind == "trace":
-        return TraceWorkload(cfg)
-    return RandomWorkload(cfg, kind)
+        return TraceWorkload(cfg, device)
+    return RandomWorkload(cfg, kind, device)
+
+
+def expand_groups(inp: dict, heads: int) -> dict:
+    """Mamba-2's grouped ``B``/``C (m, S, G, N)`` repeated per head ``(m, S, H, N)``."""
+    out = dict(inp)
+    for k in ("B", "C"):
+        if k in inp and inp[k].shape[2] != heads:
+            out[k] = inp[k].repeat_interleave(heads // inp[k].shape[2], dim=2)
+    return out
+
+
+def normals(seed: int, tag: int, tail: tuple, t0: int, t1: int, device) -> torch.Tensor:
+    """Standard normals (float64) of rows ``t0..t1-1`` of a ``(T, *tail)`` array.
+
+    Box-Muller on two counter-based 32-bit words per value (``precsim.formats.random_bits_*``,
+    a pure function of (seed, stream, element index)): ``z = sqrt(-2 ln u1) cos(2 pi u2)``,
+    ``u1 = (w1 + 0.5) / 2^32``, ``u2 = w2 / 2^32``; the element index is the flat index in the
+    whole ``(T, *tail)`` array, so chunking never changes a value. On CUDA one Triton kernel
+    draws them (:func:`precsim.kernels.inputs.normals`); on the CPU NumPy does; the two agree up
+    to the last ulp of log and cos.
+    """
+    per = math.prod(tail)
+    n, off = (t1 - t0) * per, t0 * per
+    ka, kb = (pf.stream_id(0x1A7A, tag, j) for j in (0, 1))
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        from precsim.kernels import available
+
+        if available("cuda"):
+            from precsim.kernels.inputs import normals as fused
+
+            return fused(pf.stream_keys(seed, ka), pf.stream_keys(seed, kb), n, off,
+                         dev).reshape(t1 - t0, *tail)
+        w1 = pf.random_bits_torch(n, seed, ka, off, device=dev).to(torch.float64)
+        w2 = pf.random_bits_torch(n, seed, kb, off, device=dev).to(torch.float64)
+        z = torch.sqrt(-2.0 * torch.log((w1 + 0.5) * 2.0**-32)) * torch.cos(
+            2.0 * math.pi * (w2 * 2.0**-32))
+        return z.reshape(t1 - t0, *tail)
+    u1 = (pf.random_bits_numpy(n, seed, ka, off) + 0.5) * 2.0**-32
+    u2 = pf.random_bits_numpy(n, seed, kb, off) * 2.0**-32
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
+    return torch.from_numpy(z.reshape(t1 - t0, *tail)).to(dev)

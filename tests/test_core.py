@@ -10,8 +10,9 @@ from conftest import make_trace, tiny_cfg
 
 from precsim import oracle
 from precsim.config import to_config
-from precsim.engine import flush_schedule, run_torch
-from precsim.reference import run_numpy
+from precsim.engines.base import flush_schedule
+from precsim.engines.numpy import run as run_numpy
+from precsim.engines.torch import run as run_torch
 from precsim.workload import make_workload
 
 FP64_SCHEMES = {
@@ -180,7 +181,7 @@ def test_accept_seq_drives_the_schedule():
 
 
 def test_metrics_rows_and_summary_lengths():
-    from precsim.engine import summary_figures
+    from precsim.result import summary_figures
 
     cfg = to_config(tiny_cfg("mamba2", steps=96, schemes={
         "c": {"kind": "conventional", "fmt": "fp16"}}))

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from precsim.config import register_configs, to_config
-from precsim.engine import run_torch
+from precsim.engines.torch import run as run_torch
 
 
 def _seed_table(steps: int, heads: int):

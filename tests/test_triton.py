@@ -22,14 +22,15 @@ if "precsim.kernels.quant" in sys.modules and os.environ.get("TRITON_INTERPRET")
     pytest.skip("precsim.kernels imported before TRITON_INTERPRET was set", allow_module_level=True)
 
 from conftest import tiny_cfg  # noqa: E402
-from precsim.kernels import available, run_triton  # noqa: E402
-from precsim.kernels.engine import launch_ends, unsupported_reason  # noqa: E402
+from precsim.kernels import available  # noqa: E402
 from precsim.kernels.quant import quantize_tiles  # noqa: E402
 from precsim.kernels.rng import event_keys  # noqa: E402
 
 from precsim import formats as pf  # noqa: E402
 from precsim.config import to_config  # noqa: E402
-from precsim.engine import run_torch  # noqa: E402
+from precsim.engines.torch import run as run_torch  # noqa: E402
+from precsim.engines.triton import launch_ends, unsupported_reason  # noqa: E402
+from precsim.engines.triton import run as run_triton  # noqa: E402
 from precsim.oracle import decode  # noqa: E402
 from precsim.workload import make_workload  # noqa: E402
 
@@ -116,10 +117,7 @@ def test_mamba2_matches_torch_engine_and_oracle():
     ref = run_torch(cfg, DEV, progress=False)
     assert tri.engine == "triton" and "triton_fallback" not in tri.info
     assert_rows_match(cfg, tri, ref)
-    wl = make_workload(cfg)
-    tr = {k: v[:, 0] for k, v in wl.chunk(0, cfg.run.steps).items()}
-    tr["A"] = wl.params["A"]
-    y = decode(tr)
+    y = decode(make_workload(cfg).trace(0, cfg.run.steps))
     np.testing.assert_allclose(tri.info["outputs"]["truth"][:, 0], y, rtol=0,
                                atol=1e-12 * np.abs(y).max())
     for r, s in zip(tri.rows, ref.rows, strict=True):  # drift and KL follow the same schedule
@@ -138,9 +136,7 @@ def test_gdn_matches_torch_engine_and_oracle(u_source):
     tri = run_triton(cfg, DEV, progress=False, record_outputs=["truth"])
     ref = run_torch(cfg, DEV, progress=False)
     assert_rows_match(cfg, tri, ref)
-    wl = make_workload(cfg)
-    tr = {k: v[:, 0] for k, v in wl.chunk(0, cfg.run.steps).items()}
-    y = decode(tr)
+    y = decode(make_workload(cfg).trace(0, cfg.run.steps))
     np.testing.assert_allclose(tri.info["outputs"]["truth"][:, 0], y, rtol=0,
                                atol=1e-12 * np.abs(y).max())
 
@@ -159,14 +155,11 @@ def test_mx_formats_bf16_buffer_partial_segment():
     assert_rows_match(cfg, tri, ref)
 
 
-def test_device_inputs_truth_matches_oracle():
-    from precsim.kernels.inputs import CounterInputs
-
+def test_grouped_inputs_truth_matches_oracle():
     cfg = cfg_of("mamba2", {"conventional_fp32": SEED_TABLE["conventional_fp32"]}, steps=20,
                  heads=4, model__groups=2)
-    tri = run_triton(cfg, DEV, progress=False, inputs="device", record_outputs=["truth"])
-    tr = CounterInputs(cfg, make_workload(cfg).params, "cpu").trace(0, 20)
-    y = decode(tr)
+    tri = run_triton(cfg, DEV, progress=False, record_outputs=["truth"])
+    y = decode(make_workload(cfg).trace(0, 20))
     np.testing.assert_allclose(tri.info["outputs"]["truth"][:, 0], y, rtol=0,
                                atol=1e-12 * np.abs(y).max())
     assert tri.rows[-1]["rel_err"] < 1e-5
@@ -184,7 +177,7 @@ def test_unsupported_settings_fall_back_to_torch():
 
 
 def test_engine_selection_and_launch_windows():
-    from precsim.engine import resolve_engine
+    from precsim.engines import resolve_engine
 
     # kernels on a CPU tensor need the interpreter, CUDA or not
     assert available("cpu") == (os.environ.get("TRITON_INTERPRET") == "1")
@@ -245,8 +238,9 @@ def test_fused_metrics_match_torch_ops(family):
 
 def test_dispatch_order_changes_nothing_but_the_order():
     """Costliest slots first (LPT): every slot still runs once, results are identical."""
-    from precsim.kernels.engine import dispatch_order, scheme_code
+    from precsim.kernels.codes import dispatch_order
 
+    from precsim.engines.triton import scheme_code
     from precsim.schemes import build_schemes
 
     cfg = cfg_of("mamba2", SEED_TABLE, steps=20)

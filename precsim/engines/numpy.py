@@ -1,5 +1,7 @@
 """The plain NumPy engine (``run.engine=numpy``): one step at a time, one buffer list per scheme.
 
+The truth and the conventional schemes take the family's naive step (:mod:`precsim.families`).
+
 This is how the article runs the experiment, written to be read, not to be fast: for every token
 each scheme appends to its buffer, evaluates its output from the checkpoint plus the buffer
 (output-only), and flushes when the flush schedule says so. It shares nothing with the vectorised
@@ -14,13 +16,15 @@ import time
 import numpy as np
 import torch
 
-from precsim import formats as pf
+from ..config import Config
+from ..families import decays, get_family
+from ..metrics import Accumulator, Readout
+from ..result import Result, make_result
+from ..schemes import format_options, quantize_state
+from ..workload import expand_groups, make_workload
+from .base import buffer_rounder, flush_schedule, progress_bar
 
-from .config import Config
-from .engine import Result, _progress, flush_schedule
-from .metrics import Accumulator, Readout
-from .schemes import format_options, quantize_state
-from .workload import make_workload
+NAME = "numpy"
 
 NP_DTYPES = {"fp32": np.float32, "fp64": np.float64}
 
@@ -40,10 +44,17 @@ def _out(S, c):
     return np.einsum("shvk,shk->shv", S, c)
 
 
-def run_numpy(cfg: Config, progress: bool = True, record_outputs: bool = False) -> Result:
+def supports(cfg: Config, device: str) -> str | None:
+    return None if device == "cpu" else f"run.device={device} (the NumPy engine runs on the CPU)"
+
+
+def run(cfg: Config, device: str = "cpu", progress: bool = True,
+        record_outputs: bool = False) -> Result:
     t_start = time.perf_counter()
     wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
     fam = cfg.model.family
+    family = get_family(fam)
+    p64 = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in wl.params.items()}
     dt_ = NP_DTYPES[cfg.run.compute_dtype]
     Sq, H = cfg.run.seqs, cfg.model.heads
     P, N = cfg.model.head_dim, cfg.model.state_dim
@@ -55,55 +66,43 @@ def run_numpy(cfg: Config, progress: bool = True, record_outputs: bool = False) 
     events = dict.fromkeys(names, 0)
     buf: dict[str, list] = {n: [] for n in names}
     dead: dict[str, int | None] = dict.fromkeys(names)
-    A = wl.params.get("A")
     D = wl.params.get("D")
     S_ref = np.zeros(shape)
-    bdt = cfg.replay.buffer_dtype
     u_master = cfg.replay.gdn_u_source == "master"
     spec = cfg.replay.drafts > 0
-
-    def bround(v):
-        if bdt == "fp64" or (bdt == "fp32" and v.dtype == np.float32):
-            return v
-        return pf.quantize(v, bdt, "rne")
+    bround = buffer_rounder(cfg.replay.buffer_dtype, 32 if dt_ == np.float32 else 64)
 
     readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
         if cfg.metrics.kl else None
     acc = Accumulator(names, cfg.metrics.window, readout)
     recorded: dict[str, list] = {n: [] for n in ["truth", *names]}
-    bar = _progress(cfg, progress)
+    bar = progress_bar(cfg, progress)
+    tdt = torch.float32 if dt_ == np.float32 else torch.float64
     pos = 0
     for m in flush_schedule(cfg):
-        inp64 = wl.chunk(pos, pos + m)
+        t64 = expand_groups(wl.chunk(pos, pos + m), H)
+        inp64 = {k: v.numpy() for k, v in t64.items()}
+        inp64.update({k: v.numpy() for k, v in decays(fam, t64, p64, torch.float64).items()})
         inp = {k: v.astype(dt_) for k, v in inp64.items()}
+        inp.update({k: v.numpy() for k, v in decays(fam, t64, p64, tdt,
+                                                       cfg.model.decay_exp).items()})
         y_ref = np.empty((m, Sq, H, P))
         ys = {n: np.empty((m, Sq, H, P), dt_) for n in names}
         for i in range(m):
             last = i == m - 1
-            if fam == "mamba2":
-                S_ref = _m2_update(S_ref, inp64, i, A)
-                y_ref[i] = _out(S_ref, inp64["C"][i])
-            else:
-                S_ref, _ = _gdn_update(S_ref, inp64, i)
-                y_ref[i] = _out(S_ref, inp64["q"][i])
+            S_ref, y_ref[i] = family.step(S_ref, _at(inp64, i))
             for n in names:
                 sc = cfg.schemes[n]
                 if dead[n] is not None:
                     ys[n][i] = np.nan
                     continue
                 if sc.kind == "conventional":
-                    if fam == "mamba2":
-                        S_new = _m2_update(state[n], inp, i, A.astype(dt_))
-                        ys[n][i] = _out(S_new, inp["C"][i])
-                    else:
-                        S_new, _ = _gdn_update(state[n], inp, i)
-                        ys[n][i] = _out(S_new, inp["q"][i])
+                    S_new, ys[n][i] = family.step(state[n], _at(inp, i))
                     state[n] = qs[n](S_new, sc.fmt, sc.rounding, events[n], 0)
                     events[n] += 1
                 else:
                     R = state[n] if sc.kind == "shared" else read[n]
-                    ys[n][i] = _replay_step(fam, buf[n], R, state[n], inp, i, A, dt_, bround,
-                                            u_master)
+                    ys[n][i] = _replay_step(fam, buf[n], R, state[n], inp, i, bround, u_master)
                     if last:  # flush: fold the buffer into the master, write back once
                         fold = _fold(fam, buf[n], state[n], dt_)
                         if not spec:
@@ -142,38 +141,20 @@ def run_numpy(cfg: Config, progress: bool = True, record_outputs: bool = False) 
     acc.finish()
     if bar is not None:
         bar.close()
-    info = {"workload": cfg.workload.kind}
+    info = {}
     if record_outputs:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
-    return Result(
-        rows=acc.rows(),
-        per_step_rel_err={n: np.concatenate(v) for n, v in acc.per_step_rel_err.items()},
-        schemes={n: {"kind": s.kind, "label": s.label or n, "dead_at": dead[n], "fmt": s.fmt,
-                     "rounding": s.rounding, "read_fmt": s.read_fmt}
-                 for n, s in cfg.schemes.items()},
-        engine="numpy", device="cpu", wall_s=time.perf_counter() - t_start,
-        steps=cfg.run.steps, info=info)
+    return make_result(cfg, acc, dead, engine=NAME, device="cpu", t_start=t_start, info=info)
 
 
-def _m2_update(S, inp, i, A):
-    dt = inp["dt"][i]
-    a = np.exp(dt * A)
-    return a[..., None, None] * S + (dt[..., None] * inp["x"][i])[..., :, None] \
-        * inp["B"][i][..., None, :]
+def _at(inp: dict, i: int) -> dict:
+    return {k: v[i] for k, v in inp.items()}
 
 
-def _gdn_update(S, inp, i):
-    alpha = np.exp(inp["g"][i])
-    k = inp["k"][i]
-    u = inp["beta"][i][..., None] * (inp["v"][i] - alpha[..., None] * np.einsum(
-        "shvk,shk->shv", S, k))
-    return alpha[..., None, None] * S + u[..., :, None] * k[..., None, :], u
-
-
-def _replay_step(fam, buf, R, M, inp, i, A, dt_, bround, u_master):
+def _replay_step(fam, buf, R, M, inp, i, bround, u_master):
     """Append step i to the buffer and return its output by output-only evaluation."""
     if fam == "mamba2":
-        buf.append((inp["dt"][i] * A.astype(dt_), inp["dt"][i], bround(inp["x"][i]),
+        buf.append((inp["la"][i], inp["dt"][i], bround(inp["x"][i]),
                     bround(inp["B"][i])))
         c = inp["C"][i]
         logs = np.stack([e[0] for e in buf])  # (m, S, H)
@@ -184,7 +165,7 @@ def _replay_step(fam, buf, R, M, inp, i, A, dt_, bround, u_master):
             y = y + (w * np.einsum("shn,shn->sh", B, c))[..., None] * x
         return y
     k = bround(inp["k"][i])
-    g = inp["g"][i]
+    g = inp["la"][i]
     logs = np.stack([e[0] for e in buf] + [g])
     after = np.cumsum(logs[::-1], axis=0)[::-1] - logs
     # alpha_t S_{t-1} k_t from the checkpoint and the buffer, without building the state

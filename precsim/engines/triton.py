@@ -1,12 +1,12 @@
-"""The Triton engine: host driver of the fused kernels, returning a ``precsim.engine.Result``.
+"""The Triton engine (``run.engine=triton``): host driver of the kernels in ``precsim.kernels``.
 
 The horizon is cut into *launch windows* that end at the first flush at or after each metrics
 window end (so the ReplaySSM buffers start empty in every launch and state drift is sampled
-where the torch engine samples it). Per launch: the inputs of the window are put on the device
-(``inputs="host"``: the run's workload, the same stream as the CPU engine; ``"device"``: the
-counter-based generator of :mod:`precsim.kernels.inputs`), one kernel launch advances the float64
-truth and every scheme, and the per-step outputs go through ``precsim.metrics.Accumulator`` on
-the device (rel_err, KL through the readout head), exactly as in ``run_torch``. States stay in
+where the torch engine samples it). Per launch: the run's workload draws the window's inputs on the
+device (the counter-based generator every engine uses, or a trace), one kernel launch advances
+the float64 truth and every scheme, and the per-step outputs go through
+``precsim.metrics.DeviceAccumulator`` (rel_err, KL through the readout head), as the torch engine
+reduces them. States stay in
 device memory between launches: a launch reads and writes each state copy once.
 
 Memory is bounded by one window: outputs ``(n, S, H, P)`` per scheme (float32) and the truth
@@ -21,67 +21,54 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from precsim import formats as pf
-from precsim.config import Config
-from precsim.engine import Result, _progress
-from precsim.errors import PrecsimError
-from precsim.metrics import Readout
-from precsim.schemes import build_schemes
-from precsim.ssm import get_family
-from precsim.workload import make_workload
 
-from .metrics import DeviceAccumulator, drift_from_partials, drift_partials, kl_rows, row_stats
-from .quant import IEEE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id, sr_bits_of
-from .rng import event_keys
+from ..config import Config
+from ..errors import PrecsimError
+from ..families import decays, get_family
+from ..metrics import DeviceAccumulator, Readout, kl_rows
+from ..result import Result, make_result
+from ..schemes import build_schemes
+from ..workload import make_workload
+from .base import progress_bar
 
-log = logging.getLogger("precsim.kernels")
-KINDS = {"conventional": 0, "shared": 1, "split": 2}
+NAME = "triton"
+log = logging.getLogger("precsim.engines.triton")
 BUF_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2}
-MAX_SCHEMES = 8
+
+
+def supports(cfg: Config, device: str) -> str | None:
+    """Why the Triton engine cannot run ``cfg`` on ``device`` (None if it can)."""
+    from precsim.kernels import why_unavailable
+
+    return why_unavailable(device) or unsupported_reason(cfg)
 
 
 def scheme_code(s) -> int:
-    """Pack a SchemeConfig into the kernels' constexpr code (see ``mamba2._scheme``)."""
+    """A SchemeConfig as the kernels' slot code (``precsim.kernels.codes``)."""
+    from precsim.kernels.codes import KINDS, pack
+    from precsim.kernels.quant import IEEE, SR, fmt_id, sr_bits_of
+
     rnd = SR if s.rounding == "sr" else 0
-    srb = sr_bits_of(s.fmt, s.sr_bits) if rnd else 0
-    rf = fmt_id(s.read_fmt) if s.kind == "split" else 0
-    return (KINDS[s.kind] + 4 * fmt_id(s.fmt) + 64 * rf + 1024 * rnd
-            + 2048 * (IEEE if s.overflow == "ieee" else 0) + 4096 * srb)
+    return pack(KINDS[s.kind], fmt_id(s.fmt), fmt_id(s.read_fmt) if s.kind == "split" else 0,
+                rnd, IEEE if s.overflow == "ieee" else 0,
+                sr_bits_of(s.fmt, s.sr_bits) if rnd else 0)
 
 
 def scheme_block(s) -> int:
     """Block size a scheme's tiles need (0: any); raises PrecsimError on two different blocks."""
+    from precsim.kernels.quant import block_of
+
     blocks = {block_of(f) for f in (s.fmt, s.read_fmt) if f} - {0}
     if len(blocks) > 1:
         raise PrecsimError(f"scheme {s.kind}({s.fmt}, read {s.read_fmt}) mixes block sizes "
                            f"{sorted(blocks)}")
     return blocks.pop() if blocks else 0
-
-
-def slot_cost(code: int | None) -> int:
-    """Rough relative cost of a kernel slot per step (None: the float64 truth), for the dispatch
-    order: every-step block quantisation (measured ~3.5x the truth per step on the H200) >
-    ReplaySSM (~1.6x) > every-step element rounding > truth, conventional FP32."""
-    if code is None:
-        return 1
-    kind, fmt, rnd = code % 4, (code // 4) % 16, (code // 1024) % 2
-    if kind != 0:
-        return 4
-    return 6 + rnd if fmt >= 6 else (3 + rnd if fmt > 0 else 1)
-
-
-def dispatch_order(truth: bool, codes: list[int], lpt: bool = True) -> int:
-    """The kernels' ``ORDER``: grid column k runs slot ``(ORDER >> 4k) & 15`` (slot 0 the truth
-    when ``truth``). With ``lpt`` the costliest slots come first (longest-processing-time
-    order: a launch's cheap programs fill the SMs behind the long ones instead of the long ones
-    running alone at its end); else the identity."""
-    costs = ([slot_cost(None)] if truth else []) + [slot_cost(c) for c in codes]
-    order = sorted(range(len(costs)), key=lambda k: -costs[k]) if lpt else range(len(costs))
-    return sum(k << (4 * pos) for pos, k in enumerate(order))
 
 
 def _pow2(n: int) -> bool:
@@ -125,7 +112,9 @@ def launch_ends(steps: int, window: int, L: int) -> list[int]:
 
 
 def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
-    """Schemes per launch: (block, indices), at most MAX_SCHEMES each, one block size each."""
+    """Schemes per launch: (block, indices), at most MAX_SLOTS each, one block size each."""
+    from precsim.kernels.codes import MAX_SLOTS
+
     by_blk: dict[int, list[int]] = {}
     for i, b in enumerate(blocks):
         by_blk.setdefault(b, []).append(i)
@@ -136,62 +125,79 @@ def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
     by_blk[first] = anyb + by_blk[first]
     out = []
     for b, idx in sorted(by_blk.items()):
-        for k in range(0, max(len(idx), 1), MAX_SCHEMES):
-            out.append((b, idx[k:k + MAX_SCHEMES]))
+        for k in range(0, max(len(idx), 1), MAX_SLOTS):
+            out.append((b, idx[k:k + MAX_SLOTS]))
     return out
 
 
-def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str = "host",
-               num_warps: int | None = None, record_outputs=False, overlap: bool | None = None,
-               skip_metrics: bool = False, poison: bool = False,
-               kl_tf32: bool = True, fused_metrics: bool = True, lpt: bool = True,
-               maxnreg: int | None = None, kl_fused: bool = True,
-               prefetch: bool = True, metrics_batch: int = 8, priority: bool = True) -> Result:
-    """Run ``cfg`` with the fused kernels; same Result as ``precsim.engine.run_torch``.
+@dataclass
+class Options:
+    """Settings of the Triton engine beyond the config (benchmarks and diagnosis).
 
-    ``inputs``: ``"host"`` streams the run's workload (the CPU engine's exact inputs) or
-    ``"device"`` generates them on the device (:mod:`precsim.kernels.inputs`, same
-    distributions, a different stream). ``overlap`` (default: on CUDA) reduces window k's
-    metrics on a side stream while window k+1's kernel runs. ``record_outputs``: True or a list
-    of names ("truth", scheme names) whose per-step outputs go to ``info["outputs"]``.
-    ``skip_metrics`` (benchmarks) leaves the metrics stage out: no rows. ``kl_tf32``: the KL's
-    difference matmul in TF32 on CUDA (~1e-3 relative on the KL; False: IEEE float32).
-    ``poison`` fills the output buffers with NaN before each launch (checks that the kernels
-    write every output). ``fused_metrics`` (default) reduces each window's outputs in one Triton
-    pass (:func:`precsim.kernels.metrics.row_stats`); False: the torch ops of
-    ``DeviceAccumulator.push`` (also used when outputs are recorded).
-    ``lpt`` (default) dispatches the costliest slots' programs first (:func:`dispatch_order`);
-    ``maxnreg`` caps the kernels' registers per thread (Triton's option; benchmarks).
-    ``kl_fused`` (default, fused metrics only): the KL after its two matmuls in one Triton pass
-    (:func:`metrics.kl_rows`).
-    ``prefetch`` (default, CUDA): the next window's inputs are drawn on a side stream while the
-    current kernel runs (device inputs only). ``metrics_batch``: launch windows whose inputs and
-    fused window metrics are drawn and reduced together (fewer, larger device ops).
-    ``priority`` (default, CUDA): the kernels run on a high-priority stream.
-    Unsupported settings fall back to the torch engine with a logged note
-    (``Result.info["triton_fallback"]``).
+    ``record_outputs``: True or a list of names ("truth", scheme names) whose per-step outputs go
+    to ``info["outputs"]``. ``overlap`` (default: on CUDA) reduces window k's metrics on a side
+    stream while window k+1's kernel runs. ``skip_metrics`` leaves the metrics stage out (no
+    rows). ``poison`` fills the output buffers with NaN before each launch (checks that the
+    kernels write every output). ``kl_tf32``: the KL's difference matmul in TF32 on CUDA (~1e-3
+    relative on the KL; False: IEEE float32). ``fused_metrics``: each window's outputs reduced in
+    one Triton pass (False: the torch ops of ``DeviceAccumulator.push``, also used when outputs
+    are recorded). ``lpt``: the costliest slots' programs first (``kernels.codes.dispatch_order``).
+    ``maxnreg`` caps the kernels' registers per thread. ``kl_fused``: the KL after its two
+    matmuls in one Triton pass. ``prefetch`` (CUDA): the next batch's inputs are drawn on a side
+    stream while the current kernel runs. ``metrics_batch``: launch windows whose inputs and
+    fused window metrics are drawn and reduced together. ``priority`` (CUDA): the kernels run on a
+    high-priority stream.
     """
-    wl = make_workload(cfg)  # a trace may reset model.* from its own shape
+
+    num_warps: int | None = None
+    record_outputs: bool | list = False
+    overlap: bool | None = None
+    skip_metrics: bool = False
+    poison: bool = False
+    kl_tf32: bool = True
+    fused_metrics: bool = True
+    lpt: bool = True
+    maxnreg: int | None = None
+    kl_fused: bool = True
+    prefetch: bool = True
+    metrics_batch: int = 8
+    priority: bool = True
+
+
+def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
+        **kw) -> Result:
+    """Run ``cfg`` with the fused kernels (``kw``: fields of :class:`Options`). Settings the
+    kernels do not cover fall back to the torch engine with a logged note
+    (``Result.info["triton_fallback"]``)."""
+    opt = options or Options(**kw)
+    (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
+     maxnreg, kl_fused, prefetch, metrics_batch, priority) = (
+        opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
+        opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
+        opt.metrics_batch, opt.priority)
+    phases = {"start": time.perf_counter()}
+    wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
     if reason is not None:
-        from precsim.engine import run_torch
+        from . import torch as torch_engine
 
         log.warning("precsim: the Triton engine does not support %s; running the torch engine",
                     reason)
-        res = run_torch(cfg, device, progress=progress)
+        res = torch_engine.run(cfg, device, progress=progress)
         res.info["triton_fallback"] = reason
         return res
     t_start = time.perf_counter()
+    from precsim.kernels import gdn as gdn_kernels
+    from precsim.kernels import mamba2 as mamba2_kernels
+    from precsim.kernels.codes import dispatch_order
+    from precsim.kernels.inputs import exp_f32
+    from precsim.kernels.metrics import drift_from_partials, drift_partials, row_stats
+    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32
+    from precsim.kernels.rng import event_keys
+
     dev = torch.device(device)
     family = get_family(cfg.model.family)
-    if inputs == "device":
-        from .inputs import CounterInputs
-
-        src = CounterInputs(cfg, wl.params, dev)
-    elif inputs == "host":
-        src = None
-    else:
-        raise PrecsimError(f"inputs={inputs!r} is unknown; allowed: host, device")
+    src = wl
     m = cfg.model
     Sq, H = cfg.run.seqs, m.heads
     P, N = family.state_dims(m)
@@ -290,7 +296,8 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
             if side is not None:
                 side_done.append(side.record_event())
 
-    bar = _progress(cfg, progress)
+    bar = progress_bar(cfg, progress)
+    phases["setup"] = time.perf_counter()
     t_loop = time.perf_counter()
     pending, timed, kern, side_done, host_wait = None, [], {}, [], 0.0
     ends = launch_ends(steps, cfg.metrics.window, L)
@@ -303,11 +310,20 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     next_drift = cfg.metrics.window  # fused drift samples, as Accumulator.want_drift
     drift_parts: list[tuple[int, torch.Tensor]] = []
 
+    fast = cfg.model.decay_exp == "fast"
+
     def prepare(a: int, b: int) -> dict:
-        """Inputs of steps [a, b) on the device, with the decays the kernels read."""
-        inp = src.chunk(a, b) if src is not None else {
-            k: torch.as_tensor(v, device=dev) for k, v in wl.chunk(a, b).items()}
-        inp.update(_decays(family.name, inp, params, Sq, H, b - a))
+        """Inputs of steps [a, b) on the device, with the decays the kernels read:
+        ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
+        (``families.decays``; with ``decay_exp=fast`` ``_a32`` is the kernels' ``tl.exp``)."""
+        inp = src.chunk(a, b)
+        n = b - a
+        d64 = decays(family.name, inp, params, torch.float64)
+        d32 = decays(family.name, inp, params, torch.float32)
+        a32 = exp_f32(d32["la"]) if fast and cuda else (
+            decays(family.name, inp, params, torch.float32, "fast")["a"] if fast else d32["a"])
+        inp.update({"_a64": d64["a"].reshape(n, SH), "_a32": a32.reshape(n, SH),
+                    "_dA32": d32["la"].reshape(n, SH)})
         return inp
 
     # launches on a high-priority stream: when a launch's programs and the metrics (side
@@ -319,7 +335,8 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     with torch.cuda.stream(hi) if hi is not None else contextlib.nullcontext():
         # device inputs of batch k+1 are drawn on their own stream while batch k's first
         # kernel runs (they fill the SMs its last programs leave idle, not a launch gap)
-        pre = torch.cuda.Stream(device=dev) if cuda and prefetch and src is not None else None
+        pre = torch.cuda.Stream(device=dev) if cuda and prefetch and \
+            cfg.workload.kind != "trace" else None
         main = torch.cuda.current_stream(dev) if cuda else None
         if pre is not None:
             pre.wait_stream(main)  # the inputs' parameters were copied on the default stream
@@ -357,9 +374,15 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
                 a, b = t0 - T0, t1 - T0
                 win = {k: v[a:b] for k, v in inp.items()} if G > 1 else inp
                 for gi, (blk, idx) in enumerate(groups):
-                    kern[gi] = _launch(family.name, win, params, S64, st, rd, y64[a:b], y32[:, a:b],
-                            k1, k0, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0,
-                            t0, n, steps, L, Sq, H, P, N, blk, LB, cfg, nw, lpt, maxnreg)
+                    kern[gi] = _launch(family.name, win, S64, st, rd, y64[a:b], y32[:, a:b], k1,
+                                       _i32(k0), [slot[i] for i in idx], [codes[i] for i in idx],
+                                       gi == 0, t0, n, steps, L, H, blk, LB, nw, maxnreg,
+                                       lpt=lpt, buf=BUF_IDS[cfg.replay.buffer_dtype],
+                                       sfloor=int(cfg.formats.scale_floor == "normal"),
+                                       scope=SCOPE_NONE if cfg.formats.tensor_scope == "none"
+                                       else SCOPE_MATRIX,
+                                       u_master=cfg.replay.gdn_u_source == "master",
+                                       kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order)
                 if pre is not None and t0 == T0 and bi + 1 < len(batches):
                     with torch.cuda.stream(pre):
                         nxt = (prepare(T1, batches[bi + 1][-1]), pre.record_event())
@@ -399,30 +422,27 @@ def run_triton(cfg: Config, device: str, progress: bool = True, *, inputs: str =
     first_bad = dead_at.tolist()
     for i, s in enumerate(schemes):
         s.dead_at = first_bad[slot[i]] if first_bad[slot[i]] >= 0 else None
+    phases["kernels"] = time.perf_counter()
     acc.finish()
     acc.to_host({s.name: s.dead_at for s in schemes})
     if bar is not None:
         bar.close()
+    phases["metrics"] = time.perf_counter()
     n_flush = math.ceil(steps / L)
-    info = {"flushes": n_flush, "workload": cfg.workload.kind, "mean_segment": steps / n_flush,
-            "launches": len(ends) * len(groups), "inputs": inputs, "num_warps": nw,
-            "overlap": overlap,
+    info = {"flushes": n_flush, "mean_segment": steps / n_flush,
+            "launches": len(ends) * len(groups), "num_warps": nw, "overlap": overlap,
             "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
             "wall_loop_s": time.perf_counter() - t_loop,
             "host_wait_s": host_wait,  # host blocked on the in-flight bounds (ahead of the GPU)
+            "phases_s": {k: round(phases[k] - phases[p], 4) for p, k in
+                         zip(list(phases)[:-1], list(phases)[1:], strict=True)},
             "registers": [getattr(k, "n_regs", None) for k in kern.values()],
             "spills": [getattr(k, "n_spills", None) for k in kern.values()],
             "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
     if recorded:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
-    return Result(
-        rows=acc.rows(),
-        per_step_rel_err={k: np.concatenate(v) for k, v in acc.per_step_rel_err.items() if v},
-        schemes={s.name: {"kind": s.kind, "label": s.label, "dead_at": s.dead_at,
-                          "fmt": s.cfg.fmt, "rounding": s.cfg.rounding,
-                          "read_fmt": s.cfg.read_fmt} for s in schemes},
-        engine="triton", device=str(device), wall_s=time.perf_counter() - t_start,
-        steps=steps, info=info)
+    return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,
+                       device=device, t_start=t_start, info=info)
 
 
 _READOUTS: dict = {}
@@ -438,54 +458,18 @@ def _readout(width: int, vocab: int, scale: float, dev) -> Readout:
     return _READOUTS[key]
 
 
-def _decays(fam: str, inp: dict, params: dict, Sq: int, H: int, n: int) -> dict:
-    """Per-step decays of a window, ``(n, S*H)`` each, computed as the torch engine does:
-    ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
-    (Mamba-2 ``dt A``, GDN ``g``)."""
-    if fam == "mamba2":
-        dt = inp["dt"].reshape(n, Sq, H)
-        A = params["A"]
-        a64 = torch.exp(dt * A).reshape(n, Sq * H)
-        dA32 = (dt.to(torch.float32) * A.to(torch.float32)).reshape(n, Sq * H)
-    else:
-        g = inp["g"].reshape(n, Sq * H)
-        a64 = torch.exp(g)
-        dA32 = g.to(torch.float32)
-    return {"_a64": a64, "_a32": torch.exp(dA32), "_dA32": dA32}
-
-
-def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, t0, n, steps,
-            L, Sq, H, P, N, blk, LB, cfg, nw, lpt=True, maxnreg=None):
+def _launch(fam, inp, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, t0, n, steps, L, H,
+            blk, LB, nw, maxnreg, *, lpt, buf, sfloor, scope, u_master, kernels, order):
     """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
     (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
-    SH = Sq * H
-    blk = blk or min(16, N)
-    cs = list(codes) + [0] * (MAX_SCHEMES - len(idx))
-    i0 = idx[0] if idx else 0
-    grid = (SH, int(truth) + len(idx))
-    common = dict(P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth), NSCH=len(idx),
-                  BUF=BUF_IDS[cfg.replay.buffer_dtype],
-                  SFLOOR=int(cfg.formats.scale_floor == "normal"),
-                  SCOPE=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
-                  ORDER=dispatch_order(truth, list(codes), lpt),
-                  **{f"C{k}": c for k, c in enumerate(cs)}, num_warps=nw,
-                  enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))
-    strides = (y32.stride(0), SH * P * N, steps)
+    N = S64.shape[2]
+    common = dict(S64=S64, st=st, rd=rd, y64=y64, y32=y32, k1=k1, k0=k0, t0=t0, n=n, total=steps,
+                  L=L, slots=idx, codes=list(codes), truth=truth, blk=blk or min(16, N), LB=LB,
+                  buf=buf, sfloor=sfloor, scope=scope, order=order(truth, list(codes), lpt),
+                  num_warps=nw, maxnreg=maxnreg)
+    m2, gdn = kernels
     if fam == "mamba2":
-        from .mamba2 import mamba2_window
-
-        dt = inp["dt"].reshape(n, -1)
-        a64, a32, dA32 = inp["_a64"], inp["_a32"], inp["_dA32"]
-        B, C = inp["B"], inp["C"]
-        G = B.shape[2]
-        return mamba2_window[grid](dt, a64, a32, dA32, inp["x"], B, C, S64, st[i0:], rd[i0:], y64,
-                            y32[i0:], k1[i0:, t0:], _i32(k0), t0, n, steps, L, H, H // G, G,
-                            SH, Sq * G, *strides, **common)
-    else:
-        from .gdn import gdn_window
-
-        a64, a32, g32 = inp["_a64"], inp["_a32"], inp["_dA32"]
-        return gdn_window[grid](a64, a32, g32, inp["beta"].reshape(n, SH), inp["q"], inp["k"],
-                                inp["v"], S64, st[i0:], rd[i0:], y64, y32[i0:], k1[i0:, t0:],
-                                _i32(k0), t0, n, steps, L, SH, *strides,
-                                U_MASTER=int(cfg.replay.gdn_u_source == "master"), **common)
+        return m2.launch(dt=inp["dt"], a64=inp["_a64"], a32=inp["_a32"], dA32=inp["_dA32"],
+                         x=inp["x"], B=inp["B"], C=inp["C"], heads=H, **common)
+    return gdn.launch(a64=inp["_a64"], a32=inp["_a32"], g32=inp["_dA32"], beta=inp["beta"],
+                      q=inp["q"], k=inp["k"], v=inp["v"], u_master=u_master, **common)

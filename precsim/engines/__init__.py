@@ -1,0 +1,73 @@
+"""Engines (registry): the float64 truth and every scheme in lockstep, on one device.
+
+``ENGINES`` maps ``run.engine`` to a module (see :mod:`.base` for what a module provides):
+``numpy`` (the plain step loop, the readable reference), ``torch`` (vectorised, CPU or CUDA),
+``triton`` (fused GPU kernels). ``run.engine=auto`` takes the first engine of ``AUTO[device]``
+that supports the config. A new engine is one module plus one entry here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..config import Config
+from ..errors import PrecsimError
+from ..result import Result
+from .base import flush_schedule
+
+ENGINES = {"numpy": "precsim.engines.numpy", "torch": "precsim.engines.torch",
+           "triton": "precsim.engines.triton"}
+AUTO = {"cuda": ("triton", "torch"), "cpu": ("torch",)}
+
+
+def engine_module(name: str):
+    return importlib.import_module(ENGINES[name])
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PrecsimError("run.device='cuda' but no CUDA device is visible; allowed here: "
+                           "auto, cpu")
+    return name
+
+
+def resolve_engine(name: str, device: str, cfg: Config | None = None) -> str:
+    """The engine ``run.engine=name`` means on ``device`` (``auto``: the first that can run)."""
+    if name == "auto":
+        from precsim.kernels import available
+
+        for cand in AUTO.get(device, ("torch",)):
+            if cand == "triton" and not available(device):
+                continue
+            return cand
+        return "torch"
+    if name == "triton":
+        from precsim.kernels import why_unavailable
+
+        why = why_unavailable(device)
+        if why:
+            raise PrecsimError(f"run.engine='triton' is unavailable ({why}); allowed here: "
+                               "auto, torch, numpy")
+    if name == "numpy" and device != "cpu":
+        raise PrecsimError(f"run.engine='numpy' with run.device={device!r}; allowed: "
+                           "run.device=cpu (or another engine)")
+    return name
+
+
+def run(cfg: Config, progress: bool = True) -> Result:
+    """Run a validated config on the engine and device it asks for."""
+    import torch
+
+    device = resolve_device(cfg.run.device)
+    engine = resolve_engine(cfg.run.engine, device, cfg)
+    if cfg.run.threads > 0 and torch.get_num_threads() != cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    return engine_module(engine).run(cfg, device, progress=progress)
+
+
+__all__ = ["ENGINES", "AUTO", "engine_module", "resolve_device", "resolve_engine", "run",
+           "flush_schedule"]

@@ -1,0 +1,71 @@
+"""What every engine shares: the flush schedule, the progress bar, the buffer rounder.
+
+An engine is one module in this package with ``NAME``, ``supports(cfg, device) -> str | None``
+(None, or why it cannot run ``cfg`` there) and ``run(cfg, device, progress) -> Result``; it
+advances the float64 truth and every scheme in lockstep over ``make_workload(cfg, device)`` and
+reduces the outputs with ``precsim.metrics.Accumulator``, then builds its
+``precsim.result.Result`` with ``make_result``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..config import Config
+
+
+def flush_schedule(cfg: Config) -> Iterator[int]:
+    """Lengths of the segments between flushes, in committed tokens, until ``run.steps``.
+
+    Without drafts: ``buffer_len`` each. With ``drafts = T``: each verification appends T drafts
+    and commits ``a`` of them (i.i.d. acceptance: the run of leading successes, or
+    ``accept_seq`` cycled); a flush follows when ``committed + 2T > buffer_len``.
+    """
+    r = cfg.replay
+    steps, L, T = cfg.run.steps, r.buffer_len, r.drafts
+    done = 0
+    if T == 0:
+        while done < steps:
+            m = min(L, steps - done)
+            done += m
+            yield m
+        return
+    rng = np.random.default_rng([cfg.run.seed, 0xACCE])
+    seq = list(r.accept_seq) if r.accept_seq else None
+    i = committed = 0
+    while done < steps:
+        if seq is not None:
+            a = int(seq[i % len(seq)])
+        else:
+            ok = rng.random(T) < r.acceptance
+            a = int(np.argmin(ok)) if not ok.all() else T
+        i += 1
+        a = min(a, steps - done - committed)
+        committed += a
+        if committed and (committed + 2 * T > L or done + committed >= steps):
+            done += committed
+            yield committed
+            committed = 0
+
+
+def progress_bar(cfg: Config, enabled: bool):
+    """A tqdm bar over the run's steps (None when disabled, not a TTY, or tqdm is missing)."""
+    if not (enabled and cfg.run.progress):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=cfg.run.steps, unit="step", desc="precsim", mininterval=0.5,
+                leave=False, dynamic_ncols=True, disable=None)  # None: off when not a TTY
+
+
+def buffer_rounder(dtype_name: str, compute_bits: int):
+    """The rounding of ReplaySSM buffer entries (``replay.buffer_dtype``), NumPy or torch."""
+    from precsim import formats as pf
+
+    if dtype_name == "fp64" or (dtype_name == "fp32" and compute_bits == 32):
+        return lambda x: x
+    return lambda x: pf.quantize(x, dtype_name, "rne")

@@ -1,0 +1,84 @@
+"""SSM families (registry): each family is one module with its one naive step and torch segment.
+
+A family module (``mamba2.py``, ``gdn.py``) defines:
+
+* ``KEYS``: the per-step input keys (trace schema); ``state_dims(model)`` the state's ``(Dv, Dk)``;
+* ``step(S, inp)``: **the** recurrence, one token, written once with operations NumPy and torch
+  share, so it is the float64 oracle (:mod:`precsim.oracle`), the NumPy engine's step and the
+  torch engine's conventional step alike. ``inp`` holds the token's inputs plus its decay ``a``;
+  it returns the unrounded new state and the output;
+* ``segment(read, master, inp, params, ...)``: ReplaySSM over the positions between two flushes
+  (torch, chunked over the segment; outputs by output-only evaluation from a read copy plus the
+  buffer, the folded state from the master), from the log-decays ``la``;
+* ``log_decay(inp, params)``: the float64 per-step log-decay.
+
+Decays are computed once, in float64, by :func:`decays`: every engine's float32 decay is the
+correctly rounded float32 of the float64 decay (``decay_exp="exact"``), or the float32 ``exp`` a
+fast GPU kernel computes (``"fast"``, see :func:`fast_exp32`). A new family is one module plus
+one entry in ``FAMILIES``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import check_choice
+from . import gdn, mamba2
+from .base import decay_matrices
+
+FAMILIES = {"mamba2": mamba2, "gdn": gdn}
+DECAY_EXPS = ("exact", "fast")
+LOG2E_F32 = float(torch.tensor(1.0 / math.log(2.0), dtype=torch.float32))
+
+
+def get_family(name: str):
+    check_choice("model.family", name, FAMILIES)
+    return FAMILIES[name]
+
+
+def family_of(keys) -> str:
+    """The family whose input keys a trace dict holds."""
+    return "mamba2" if "dt" in keys or "A" in keys else "gdn"
+
+
+def family_params(family: str, params: dict, device, dtype) -> dict:
+    """Per-head constants as tensors: Mamba-2 ``A (H,)``; GDN none (g, beta are inputs)."""
+    return {k: torch.as_tensor(params[k], dtype=dtype, device=device)
+            for k in get_family(family).PARAMS if k in params}
+
+
+def fast_exp32(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``exp`` as fast GPU kernels compute it: ``2^(x * log2 e)`` with the product
+    rounded to float32 (Triton's ``tl.exp`` is ``ex2.approx.f32`` of that product on NVIDIA).
+    On the CPU the ``exp2`` is exact-rounded float32; the GPU's ``ex2.approx`` adds up to ~2 ulp
+    of its own (documented in the README)."""
+    return torch.exp2(x.to(torch.float32) * LOG2E_F32)
+
+
+def decays(family: str, inp64: dict, params64: dict, dtype: torch.dtype,
+           decay_exp: str = "exact") -> dict:
+    """Per-step decay ``a`` and log-decay ``la`` of a window in ``dtype`` (float64 inputs).
+
+    ``exact``: both are the correctly rounded ``dtype`` values of the float64 ones (the truth's).
+    ``fast``: ``a`` is the float32 exp of the float32 log-decay (:func:`fast_exp32`).
+    """
+    la64 = FAMILIES[family].log_decay(inp64, params64)
+    if dtype == torch.float64:
+        return {"a": torch.exp(la64), "la": la64}
+    la = la64.to(dtype)
+    a = fast_exp32(la).to(dtype) if decay_exp == "fast" else torch.exp(la64).to(dtype)
+    return {"a": a, "la": la}
+
+
+def decays_numpy(family: str, inp64: dict, params: dict, dtype, decay_exp: str = "exact"):
+    """:func:`decays` for NumPy float64 inputs (the NumPy engine); same values."""
+    t = {k: torch.from_numpy(v) for k, v in inp64.items()}
+    p = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in params.items()}
+    tdt = torch.float64 if dtype is None or str(dtype).endswith("64") else torch.float32
+    return {k: v.numpy() for k, v in decays(family, t, p, tdt, decay_exp).items()}
+
+
+__all__ = ["FAMILIES", "DECAY_EXPS", "get_family", "family_of", "family_params", "decays",
+           "decays_numpy", "fast_exp32", "decay_matrices"]

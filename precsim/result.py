@@ -1,0 +1,63 @@
+"""What a run produced (``Result``), built in one place (:func:`make_result`) by every engine,
+and the headline figures of a summary (:func:`summary_figures`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Result:
+    """Tidy window rows, per-step errors, and run facts."""
+
+    rows: list[dict]
+    per_step_rel_err: dict[str, np.ndarray]
+    schemes: dict[str, dict]
+    engine: str
+    device: str
+    wall_s: float
+    steps: int
+    info: dict = field(default_factory=dict)
+
+
+def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: float,
+                info: dict | None = None) -> Result:
+    """The Result of a finished run: ``acc`` a finished ``metrics.Accumulator``, ``dead_at`` the
+    first non-finite step of each scheme (None: finite throughout)."""
+    from .schemes import describe
+
+    return Result(
+        rows=acc.rows(),
+        per_step_rel_err={n: np.concatenate(v) for n, v in acc.per_step_rel_err.items() if v},
+        schemes={n: {"kind": s.kind, "label": s.label or describe(s), "dead_at": dead_at.get(n),
+                     "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt}
+                 for n, s in cfg.schemes.items()},
+        engine=engine, device=str(device), wall_s=time.perf_counter() - t_start,
+        steps=cfg.run.steps, info={"workload": cfg.workload.kind, **(info or {})})
+
+
+def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
+    """rel_err / kl / drift of each scheme at the reported lengths (window ending there)."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        out.setdefault(r["scheme"], {})
+    for name in out:
+        mine = [r for r in rows if r["scheme"] == name]
+        for L in lengths:
+            if L > steps:
+                continue
+            cand = [r for r in mine if r["step"] >= L]
+            if not cand:
+                continue
+            r = min(cand, key=lambda r: r["step"])
+            out[name][str(L)] = {k: r.get(k, math.nan) for k in
+                                 ("rel_err", "kl", "state_drift", "read_drift")}
+        last = mine[-1] if mine else None
+        if last:
+            out[name]["final"] = {k: last.get(k, math.nan) for k in
+                                  ("step", "rel_err", "kl", "state_drift", "read_drift")}
+    return out
