@@ -3,7 +3,9 @@
 Triton needs a scheme as compile-time constants; one packed ``tl.constexpr`` per slot keeps the
 kernels' signatures short. The layout is defined here once: :func:`pack` builds a code from plain
 ints, :func:`fields` reads one back on the host, and the kernels decode it with the same shifts
-(``KIND_SHIFT`` ... ``SRB_SHIFT``, imported as module constants).
+written as literal constexpr arithmetic (``CODE % 4``, ``(CODE // 4) % 16``, ...; a launch's codes
+packed as ``CODES = sum_k code_k 2^(CODE_BITS k)``); ``tests/kernels`` evaluates the kernels'
+decode lines against :func:`fields`, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -64,3 +66,4 @@ def dispatch_order(truth: bool, codes: list[int], lpt: bool = True) -> int:
     costs = ([slot_cost(None)] if truth else []) + [slot_cost(c) for c in codes]
     order = sorted(range(len(costs)), key=lambda k: -costs[k]) if lpt else range(len(costs))
     return sum(k << (4 * pos) for pos, k in enumerate(order))
+

@@ -24,17 +24,8 @@ import triton
 import triton.language as tl
 
 from .codes import CODE_BITS as _CB
-from .codes import FMT_SHIFT as _FS
-from .codes import KIND_SHIFT as _KS
-from .codes import OVF_SHIFT as _OS
-from .codes import RFMT_SHIFT as _RFS
-from .codes import RND_SHIFT as _RS
-from .codes import SRB_SHIFT as _SS
 from .quant import quantize, round_elem
 
-KIND_SHIFT, FMT_SHIFT, RFMT_SHIFT = tl.constexpr(_KS), tl.constexpr(_FS), tl.constexpr(_RFS)
-RND_SHIFT, OVF_SHIFT, SRB_SHIFT = tl.constexpr(_RS), tl.constexpr(_OS), tl.constexpr(_SS)
-CODE_BITS, CODE_MASK = tl.constexpr(_CB), tl.constexpr((1 << _CB) - 1)
 
 
 @triton.jit
@@ -81,12 +72,13 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
             LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
             U_MASTER: tl.constexpr):
     """One scheme (``CODE`` as in ``mamba2._scheme``) on one head."""
-    KIND: tl.constexpr = (CODE >> KIND_SHIFT) & 3  # 0 conventional, 1 shared, 2 split
-    F: tl.constexpr = (CODE >> FMT_SHIFT) & 15
-    RF: tl.constexpr = (CODE >> RFMT_SHIFT) & 15
-    RND: tl.constexpr = (CODE >> RND_SHIFT) & 1
-    OVF: tl.constexpr = (CODE >> OVF_SHIFT) & 1
-    SRB: tl.constexpr = (CODE >> SRB_SHIFT) & 63
+    # the fields of kernels.codes.pack (literal: constexpr arithmetic; a test checks them)
+    KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
+    F: tl.constexpr = (CODE // 4) % 16
+    RF: tl.constexpr = (CODE // 64) % 16
+    RND: tl.constexpr = (CODE // 1024) % 2
+    OVF: tl.constexpr = (CODE // 2048) % 2
+    SRB: tl.constexpr = (CODE // 4096) % 64
     K: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     ok2 = tl.arange(0, K)
@@ -206,11 +198,11 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
         if slot == 0:
             _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,
                    NB, BLK)
-    for k in tl.static_range(NSCH):  # one slot per scheme; codes packed CODE_BITS apart
+    for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(18 k)
         if slot == TRUTH + k:
             _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, k,
-                    (CODES >> (CODE_BITS * k)) & CODE_MASK, P, NB, BLK, LB, BUF, SFLOOR, SCOPE,
+                    (CODES // 262144**k) % 262144, P, NB, BLK, LB, BUF, SFLOOR, SCOPE,
                     U_MASTER)
 
 

@@ -30,17 +30,8 @@ import triton
 import triton.language as tl
 
 from .codes import CODE_BITS as _CB
-from .codes import FMT_SHIFT as _FS
-from .codes import KIND_SHIFT as _KS
-from .codes import OVF_SHIFT as _OS
-from .codes import RFMT_SHIFT as _RFS
-from .codes import RND_SHIFT as _RS
-from .codes import SRB_SHIFT as _SS
 from .quant import quantize, round_elem
 
-KIND_SHIFT, FMT_SHIFT, RFMT_SHIFT = tl.constexpr(_KS), tl.constexpr(_FS), tl.constexpr(_RFS)
-RND_SHIFT, OVF_SHIFT, SRB_SHIFT = tl.constexpr(_RS), tl.constexpr(_OS), tl.constexpr(_SS)
-CODE_BITS, CODE_MASK = tl.constexpr(_CB), tl.constexpr((1 << _CB) - 1)
 
 
 
@@ -86,12 +77,13 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
             SCOPE: tl.constexpr):
     """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head."""
-    KIND: tl.constexpr = (CODE >> KIND_SHIFT) & 3  # 0 conventional, 1 shared, 2 split
-    F: tl.constexpr = (CODE >> FMT_SHIFT) & 15
-    RF: tl.constexpr = (CODE >> RFMT_SHIFT) & 15
-    RND: tl.constexpr = (CODE >> RND_SHIFT) & 1
-    OVF: tl.constexpr = (CODE >> OVF_SHIFT) & 1
-    SRB: tl.constexpr = (CODE >> SRB_SHIFT) & 63
+    # the fields of kernels.codes.pack (literal: constexpr arithmetic; a test checks them)
+    KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
+    F: tl.constexpr = (CODE // 4) % 16
+    RF: tl.constexpr = (CODE // 64) % 16
+    RND: tl.constexpr = (CODE // 1024) % 2
+    OVF: tl.constexpr = (CODE // 2048) % 2
+    SRB: tl.constexpr = (CODE // 4096) % 64
     N: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     on2 = tl.arange(0, N)
@@ -205,11 +197,11 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
         if slot == 0:
             _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT,
                    SGT, P, NB, BLK)
-    for k in tl.static_range(NSCH):  # one slot per scheme; codes packed CODE_BITS apart
+    for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(18 k)
         if slot == TRUTH + k:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, k,
-                    (CODES >> (CODE_BITS * k)) & CODE_MASK,
+                    (CODES // 262144**k) % 262144,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
 
 
@@ -220,7 +212,8 @@ def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, k0: int, t
     """One launch over steps ``[t0, t0+n)``: the truth (if ``truth``) and the schemes in storage
     slots ``slots`` (contiguous, codes ``codes``). Tensors: ``dt, a64, a32, dA32 (n, S*H)``,
     ``x (n, S, H, P)``, ``B, C (n, S, G, N)``, states ``S64 (S*H, P, N)``,
-    ``st, rd (k, S*H, P, N)``, outputs ``y64 (n, S*H, P)``, ``y32 (k, n, S*H, P)``, SR keys ``k1 (k, total)``."""
+    ``st, rd (k, S*H, P, N)``, outputs ``y64 (n, S*H, P)``, ``y32 (k, n, S*H, P)``, SR keys
+    ``k1 (k, total)``."""
     SH, P, N = S64.shape
     G = B.shape[2]
     assert heads % G == 0 and x.shape[-1] == P and B.shape[-1] == N and N % blk == 0

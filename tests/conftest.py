@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 torch.set_num_threads(2)
+if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def tiny_cfg(family="mamba2", steps=96, heads=2, schemes=None, **over):

@@ -1,0 +1,70 @@
+"""Slot codes: packing round-trips, and the kernels' literal decode agrees with kernels.codes."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+from precsim.kernels import codes
+
+KERNELS = Path(codes.__file__).parent
+
+
+def test_pack_fields_round_trip():
+    for kind, fmt, rf, rnd, ovf, srb in itertools.product(range(3), (0, 6, 15), (0, 7, 15),
+                                                          (0, 1), (0, 1), (0, 5, 63)):
+        c = codes.pack(kind, fmt, rf, rnd, ovf, srb)
+        assert codes.fields(c) == {"kind": kind, "fmt": fmt, "read_fmt": rf, "rnd": rnd,
+                                   "ovf": ovf, "srb": srb}
+        assert c < 1 << codes.CODE_BITS
+    with pytest.raises(ValueError):
+        codes.pack(0, 16)
+
+
+def _decode_lines(path: Path) -> dict[str, ast.expr]:
+    """The ``NAME: tl.constexpr = <expr of CODE>`` lines of a kernel module."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and any(
+                isinstance(n, ast.Name) and n.id == "CODE" for n in ast.walk(node.value)):
+            out[node.target.id] = node.value
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["mamba2.py", "gdn.py"])
+def test_kernel_decode_matches_codes(kernel):
+    lines = _decode_lines(KERNELS / kernel)
+    names = {"KIND": "kind", "F": "fmt", "RF": "read_fmt", "RND": "rnd", "OVF": "ovf",
+             "SRB": "srb"}
+    assert set(lines) == set(names)
+    for vals in [(2, 15, 9, 1, 1, 63), (1, 6, 0, 0, 1, 8), (0, 3, 14, 1, 0, 17)]:
+        c = codes.pack(*vals)
+        want = codes.fields(c)
+        for var, key in names.items():
+            got = eval(compile(ast.Expression(lines[var]), kernel, "eval"), {"CODE": c})
+            assert got == want[key], (kernel, var)
+
+
+@pytest.mark.parametrize("kernel", ["mamba2.py", "gdn.py"])
+def test_kernel_dispatch_unpacks_launcher_packing(kernel):
+    """The slot dispatch's ``(CODES // B**k) % B`` inverts the launcher's packing."""
+    src = (KERNELS / kernel).read_text()
+    base = 1 << codes.CODE_BITS
+    assert f"(CODES // {base}**k) % {base}" in src
+    cs = [codes.pack(2, 6, 7, 1, 0, 8), codes.pack(0, 0), codes.pack(1, 15, 0, 1, 1, 63)]
+    packed = sum(c << (codes.CODE_BITS * k) for k, c in enumerate(cs))
+    assert [(packed // base**k) % base for k in range(3)] == cs
+
+
+def test_dispatch_order_puts_costly_slots_first():
+    conv_nvfp4_sr = codes.pack(0, 6, 0, 1)
+    conv_fp32 = codes.pack(0, 0)
+    split = codes.pack(2, 0, 6)
+    order = codes.dispatch_order(True, [conv_fp32, split, conv_nvfp4_sr])
+    slots = [(order >> (4 * k)) & 15 for k in range(4)]
+    assert sorted(slots) == [0, 1, 2, 3] and slots[0] == 3 and slots[1] == 2
+    ident = codes.dispatch_order(True, [conv_fp32, split], lpt=False)
+    assert [(ident >> (4 * k)) & 15 for k in range(3)] == [0, 1, 2]
