@@ -174,3 +174,83 @@ def test_record_module_exits_2_with_one_line(tmp_path):
                        text=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "x" in p.stderr
+
+
+# --- whole-model mode ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kl_ckpt(tmp_path_factory):
+    """Tiny checkpoints whose SSM layers matter: weights N(0, 0.2^2) and slowly decaying heads
+    (so a state error persists instead of washing out in a few tokens)."""
+    root = tmp_path_factory.mktemp("klckpt")
+    out = {}
+    for name in ("mamba2", "qwen3_next"):
+        torch.manual_seed(0)
+        cfg = BUILDERS[name]().config
+        cfg.initializer_range = 0.2
+        torch.manual_seed(0)
+        m = type(BUILDERS[name]())(cfg).eval()
+        with torch.no_grad():
+            for _, mixer, _ in models.ssm_layers(m):
+                mixer.A_log.fill_(float(np.log(0.05)))
+        m.save_pretrained(root / name)
+        out[name] = root / name
+    return out
+
+
+def _kl_cfg(path, schemes, steps, **run):
+    from precsim.config import to_config
+
+    return to_config({"model": {"path": str(path)}, "schemes": schemes,
+                      "run": {"steps": steps, "progress": False, **run},
+                      "metrics": {"window": 8}})
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "qwen3_next"])
+def test_model_fp32_scheme_matches_and_fp64_scheme_is_the_models_decode(kl_ckpt, arch):
+    from precsim.models import run_model_kl
+
+    r = run_model_kl(_kl_cfg(kl_ckpt[arch], {"fp32": {"kind": "conventional", "fmt": "fp32"}},
+                             10), "cpu", progress=False)
+    assert r.info["kl"]["fp32"].shape == (10,)
+    assert r.info["kl"]["fp32"].max() < 1e-6
+    assert r.info["top1"]["fp32"].min() == 1.0
+    assert {"scheme", "step", "rel_err", "kl", "kl_p50", "state_drift"} <= set(r.rows[-1])
+    # the reference is the model's own decode: a float64 state stepped by precsim gives the
+    # model's logits to float32 tolerance at every token
+    r64 = run_model_kl(_kl_cfg(kl_ckpt[arch], {"fp64": {"kind": "conventional", "fmt": "fp64"}},
+                               10, compute_dtype="fp64"), "cpu", progress=False)
+    assert r64.per_step_rel_err["fp64"].max() < 2e-6
+
+
+def test_model_replacement_is_wired_to_the_layer(kl_ckpt, monkeypatch):
+    """The same comparison fails when the hooked inputs are slightly wrong (B scaled by 1e-3)."""
+    from precsim.models import run_model_kl
+
+    own = models._mamba2_step
+
+    def perturbed(*a, **k):
+        st = own(*a, **k)
+        st.inp["B"] = st.inp["B"] * 1.001
+        return st
+
+    monkeypatch.setattr(models, "_mamba2_step", perturbed)
+    r = run_model_kl(_kl_cfg(kl_ckpt["mamba2"], {"fp64": {"kind": "conventional", "fmt": "fp64"}},
+                             6, compute_dtype="fp64"), "cpu", progress=False)
+    assert r.per_step_rel_err["fp64"].max() > 2e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mamba2", "qwen3_next"])
+def test_model_shared_nvfp4_sr_drifts_more_than_split(kl_ckpt, arch):
+    from precsim.models import run_model_kl
+
+    r = run_model_kl(_kl_cfg(kl_ckpt[arch], {
+        "shared": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
+        "split": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"}}, 64), "cpu",
+        progress=False)
+    last = {row["scheme"]: row for row in r.rows if row["step"] == 64}
+    assert last["shared"]["kl"] > last["split"]["kl"] > 0
+    # (GDN's split master drifts too: with gdn_u_source=read the read copy's error leaks in)
+    assert last["shared"]["state_drift"] > 2 * last["split"]["state_drift"]
