@@ -27,7 +27,6 @@ from .codes import CODE_BITS as _CB
 from .quant import quantize, round_elem
 
 
-
 @triton.jit
 def _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, i, sh, SHT, P: tl.constexpr, K: tl.constexpr,
                op, ok3):

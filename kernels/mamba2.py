@@ -33,8 +33,6 @@ from .codes import CODE_BITS as _CB
 from .quant import quantize, round_elem
 
 
-
-
 @triton.jit
 def _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, i, sh, sg, SHT, SGT, P: tl.constexpr,
                N: tl.constexpr, op, on3):

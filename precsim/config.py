@@ -35,6 +35,8 @@ class ModelConfig:
     # float32 decays: "exact" = float32 of the float64 decay (the truth's); "fast" = the float32
     # exp of real kernels (tl.exp, ex2.approx on NVIDIA; emulated on the CPU)
     decay_exp: str = "exact"
+    path: str | None = None  # a transformers checkpoint: whole-model mode (precsim.models)
+    prompt: str | None = None  # whole-model mode: prompt text (default: precsim.models')
 
 
 @dataclass
@@ -75,7 +77,8 @@ class FormatOptionsConfig:
 @dataclass
 class WorkloadConfig:
     kind: str = "synthetic"
-    path: str | None = None  # trace .npz
+    path: str | None = None  # trace .npz, or a precsim.record directory (with layer)
+    layer: int | None = None  # record directory: replay layer_{layer:02d}.npz
     long_memory_frac: float = 0.5  # seed_article: share of very long-memory heads
     dt_noise: float = 0.5  # synthetic: std of the raw dt projection around dt_bias
 
@@ -173,6 +176,12 @@ def validate(cfg: Config) -> None:
     check_choice("workload.kind", w.kind, WORKLOADS)
     if w.kind == "trace":
         check(bool(w.path), "workload.path", w.path, "a .npz trace file (workload=trace)")
+    if w.layer is not None:
+        check(isinstance(w.layer, int) and w.layer >= 0, "workload.layer", w.layer,
+              "a layer index >= 0 (a layer_XX.npz of a record directory)")
+    if m.path is not None:
+        check(isinstance(m.path, str) and m.path != "", "model.path", m.path,
+              "a local transformers checkpoint directory")
     check(0.0 <= w.long_memory_frac <= 1.0, "workload.long_memory_frac", w.long_memory_frac,
           "a fraction in [0, 1]")
     run = cfg.run

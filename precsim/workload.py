@@ -137,6 +137,8 @@ class TraceWorkload(Workload):
     def __init__(self, cfg: Config, device="cpu"):
         self.device = torch.device(device)
         path = Path(cfg.workload.path)
+        if path.is_dir():  # a precsim.record directory: one layer's trace
+            path = _record_layer(path, cfg.workload.layer)
         if not path.is_file():
             raise PrecsimError(f"workload.path={str(path)!r} does not exist; allowed: an .npz "
                                "trace file")
@@ -174,6 +176,14 @@ class TraceWorkload(Workload):
         keys = ("dt", "x", "B", "C") if self.family == "mamba2" else ("g", "beta", "q", "k", "v")
         return {k: torch.as_tensor(self.data[k][t0:t1, None], device=self.device).to(
             torch.float64) for k in keys}
+
+
+def _record_layer(root: Path, layer: int | None) -> Path:
+    have = sorted(int(p.stem[6:]) for p in root.glob("layer_*.npz") if p.stem[6:].isdigit())
+    if layer is None or layer not in have:
+        raise PrecsimError(f"workload.layer={layer!r} for record directory {str(root)!r}; "
+                           f"allowed: {', '.join(map(str, have)) or '(no layer_XX.npz there)'}")
+    return root / f"layer_{layer:02d}.npz"
 
 
 def _trace_dims(d: dict, family: str) -> tuple[int, int, int]:

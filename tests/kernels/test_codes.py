@@ -7,7 +7,6 @@ import itertools
 from pathlib import Path
 
 import pytest
-
 from precsim.kernels import codes
 
 KERNELS = Path(codes.__file__).parent
