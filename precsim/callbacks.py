@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import sys
 import tempfile
 import time
@@ -35,34 +34,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .cli import _gpu_count, register_resolvers
+
 log = logging.getLogger("precsim")
 
 ERROR_FILE = "error.txt"
 BROKEN_SUFFIX = ".broken"
-
-
-def _uid() -> str:
-    """A short suffix unique among sweeps started in the same second (pid + random)."""
-    return f"{os.getpid():x}{secrets.token_hex(2)}"
-
-
-def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - no torch/CUDA means no GPU to spread over
-        return 0
-
-
-def register_resolvers() -> None:
-    """``${precsim_uid:}`` (cached per config, so every job of a sweep agrees on it) and
-    ``${precsim_gpus:}`` (visible CUDA devices, at least 1). Call before Hydra resolves dirs."""
-    if not OmegaConf.has_resolver("precsim_uid"):
-        OmegaConf.register_new_resolver("precsim_uid", _uid, use_cache=True)
-    if not OmegaConf.has_resolver("precsim_gpus"):
-        OmegaConf.register_new_resolver("precsim_gpus", lambda: max(1, _gpu_count()),
-                                        use_cache=True)
 
 
 # Unpickling a callback in a launcher's worker process imports this module: the resolvers must

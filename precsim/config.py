@@ -117,14 +117,10 @@ class Config:
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (called by the CLI and by tests)."""
-    from hydra.core.config_store import ConfigStore
+    """Register the schema with Hydra's ConfigStore; lives in :mod:`precsim.cli`."""
+    from .cli import register_configs as _register
 
-    from .callbacks import register_resolvers
-
-    register_resolvers()  # ${precsim_uid:} in hydra.run.dir / hydra.sweep.dir
-    cs = ConfigStore.instance()
-    cs.store(name="precsim_schema", node=Config)
+    _register()
 
 
 def to_config(cfg) -> Config:
