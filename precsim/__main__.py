@@ -3,4 +3,4 @@
 from precsim.cli import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

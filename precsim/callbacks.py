@@ -132,6 +132,7 @@ class SweepCallback(Callback):
             print(f"precsim: error: aggregating {sweep_dir} failed: {e}", file=sys.stderr)
             sys.exit(1)
         print(f"precsim: {agg.n_complete}/{len(agg.jobs)} jobs complete -> {agg.csv_path}")
+        _print_sweep_recommendation(config, agg, sweep_dir)
         bad = [j for j in agg.jobs if j.status != "complete"]
         if bad:
             for j in bad:
@@ -141,6 +142,26 @@ class SweepCallback(Callback):
                   f"{ERROR_FILE} and the log in each); re-run the same command to redo only "
                   "those", file=sys.stderr)
             sys.exit(1)
+
+
+def _print_sweep_recommendation(config: DictConfig, agg: Any, sweep_dir: Path) -> None:
+    """The sweep-level recommendation under the sweep's budget: the same text as
+    ``python -m precsim.report SWEEP_DIR --metric M --budget B``."""
+    import shlex
+
+    from . import report
+
+    metric = str(OmegaConf.select(config, "metrics.budget_metric", default="rel_err"))
+    budget = float(OmegaConf.select(config, "metrics.budget", default=0.0625))
+    try:
+        cands = report.candidates(agg.jobs, metric)
+    except report.ReportError:
+        return
+    if not cands:
+        return
+    print(report.format_recommendation(report.recommend(cands, budget), metric, None))
+    print(f"(the same, with other budgets or a horizon: python -m precsim.report "
+          f"{shlex.quote(str(sweep_dir))} --metric {metric} --budget {budget:g})")
 
 
 def _wants_gpu_spread(config: DictConfig) -> bool:

@@ -55,7 +55,73 @@ def register_configs() -> None:
 
 
 # -- the app -----------------------------------------------------------------------------------
-def main() -> None:
+HELP = """\
+precsim: how far does an SSM layer's output drift after N tokens when its recurrent state is
+stored in FP16 / FP8 / NVFP4 (conventionally, as a shared ReplaySSM checkpoint, or split into a
+master and a read copy), and which scheme is the cheapest within your error budget?
+
+usage: python -m precsim [-m] [GROUP=OPTION | KEY=VALUE ...]      (also: precsim ...)
+
+the three main commands:
+  python -m precsim experiment=split_nvfp4
+      one run: split FP32+NVFP4 beside conventional FP32 and shared NVFP4-SR; prints a table,
+      each scheme's status against the budget and the recommendation
+  python -m precsim -m experiment=precision_sweep hydra/launcher=joblib
+      a sweep (-m: one job per combination); prints progress and one recommendation at the end
+  python -m precsim.report DIR --metric rel_err --budget 0.0625      (also: precsim-report)
+      compares every run under DIR and recommends the cheapest configuration within the budget
+
+groups: {groups}
+keys (see README): run.steps run.seqs run.seed run.out_dir model.heads replay.buffer_len
+  schemes.NAME.fmt|rounding|read_fmt metrics.window metrics.budget_metric metrics.budget ...
+budget (default): metrics.budget_metric=rel_err metrics.budget=0.0625, i.e. the layer output's
+  RMS error at the last step <= 1/16 of its RMS (output SNR >= 24 dB)
+
+output files (in outputs/NAME/DATE_ID/, or hydra.run.dir=DIR, or run.out_dir=DIR):
+  metrics.csv          per scheme and window: rel_err, kl (mean, p10/p50/p90), drift
+  summary.json         headline figures, bytes per step, config; written last (= complete)
+  error_vs_length.png  error, KL and drift vs length, with the budget line
+  per_step.npz         per-step rel_err of every scheme
+  precsim.log          the log (a sweep job's table and verdict go here)
+  a sweep directory (multirun/NAME/DATE_ID/) adds sweep_summary.csv, sweep_error_vs_length.png,
+  sweep_pareto.png
+
+A finished result is never overwritten: rerunning the same config into its directory reuses it,
+another config there is an error. Hydra's own options: --hydra-help; the composed config: --cfg job
+"""
+
+_MULTIRUN_FLAGS = ("-m", "--multirun")
+_HELP_FLAGS = ("-h", "--help")
+
+
+def _groups() -> str:
+    from importlib.resources import files
+
+    conf = files("precsim.conf")
+    out = []
+    for g in ("experiment", "model", "schemes", "workload"):
+        names = sorted(p.name[:-5] for p in conf.joinpath(g).iterdir() if p.name.endswith(".yaml"))
+        out.append(f"{g}={'|'.join(names)}")
+    return "  ".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (user
+    errors raise ``SystemExit(2)`` after one line on stderr)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if any(a in _HELP_FLAGS for a in args):
+            sys.stdout.write(HELP.format(groups=_groups()))
+            sys.stdout.flush()
+            return 0
+        return _main(args)
+    except BrokenPipeError:  # e.g. `precsim --help | head -1`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(args: list[str]) -> int:
     try:
         import hydra
         from omegaconf import DictConfig
@@ -64,29 +130,183 @@ def main() -> None:
     register_configs()
     # let exceptions reach us unprinted, so user errors become one line (bugs still show a trace)
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    fresh_dir: list[bool] = [True]  # whether the run directory is one this process creates
+    try:
+        if _precheck(args, fresh_dir):
+            return 0
+    except Exception as e:  # noqa: BLE001 - user errors become one line, bugs a traceback
+        if is_user_error(e):
+            _fail(one_line(e))
+        raise
 
     @hydra.main(version_base="1.3", config_path="pkg://precsim.conf", config_name="config")
     def _app(cfg: DictConfig) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
         try:
             _run_app(cfg)
         except Exception as e:
-            from hydra.core.hydra_config import HydraConfig
-            from hydra.types import RunMode
-
             # a single run ends here with one line; in a sweep the callback records the job's
             # error and the other jobs go on
             if is_user_error(e) and HydraConfig.get().mode == RunMode.RUN:
+                if fresh_dir[0]:
+                    _remove_stub(HydraConfig.get())
                 _fail(one_line(e))
             raise
 
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "precsim", *args]
     try:
         _app()
-    except SystemExit:
-        raise
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
     except Exception as e:  # noqa: BLE001 - the last line of defence for one-line errors
         if is_user_error(e):
             _fail(one_line(e))
         raise
+    finally:
+        sys.argv = saved
+        GlobalHydra.instance().clear()
+    return 0
+
+
+def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
+    """Everything that can be checked before Hydra creates a run directory: the override keys
+    (against the schema), and for a single run the whole config, the device, the engine, a trace
+    file and a complete result already in an explicit output directory. Returns True when that
+    result is reused (nothing left to do)."""
+    from pathlib import Path
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from precsim.config import check_key
+
+    flags = [a for a in args if a.startswith("-")]
+    if any(f not in _MULTIRUN_FLAGS for f in flags):
+        return False  # Hydra's own options (--cfg, -cn, ...): Hydra handles them
+    overrides = [a for a in args if not a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    run_dir = None
+    for o in parsed:
+        key = o.key_or_group
+        if key == "hydra.run.dir":
+            run_dir = o.value()
+        if key.startswith("hydra") or "/" in key or o.package:
+            continue
+        check_key(key)
+    if flags:  # a sweep: each job is checked as it runs; a failed job leaves error.txt
+        return False
+    user = [a for a, o in zip(overrides, parsed, strict=True)
+            if not (o.key_or_group.startswith("hydra") or o.package)]
+    c = _compose_config(user)
+    _preflight(c)
+    out = c.run.out_dir or (run_dir if isinstance(run_dir, str) and "${" not in run_dir
+                            else None)
+    if out is None:
+        return False  # Hydra's default directory: a new, unique one
+    out = Path(out)
+    fresh_dir[0] = run_dir is not None and not Path(run_dir).exists()
+    from precsim.api import reusable
+
+    stored = reusable(c, out)
+    if stored is None:
+        return False
+    print(f"precsim: {out} already holds a complete result of this config; reused (nothing "
+          "was run or written; delete the directory to redo it)")
+    _print_end(c, stored, out, reused=True)
+    return True
+
+
+def _compose_config(overrides: list[str]):
+    """The validated Config the app would get for ``overrides`` (Hydra's compose API)."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import ConfigCompositionException
+
+    from precsim.config import to_config
+
+    try:
+        with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except ConfigCompositionException as e:
+        _explain_missing_scheme(e, overrides)
+        raise
+    return _to_config(cfg, to_config)
+
+
+def _to_config(cfg, to_config):
+    from omegaconf.errors import OmegaConfBaseException
+
+    from precsim.errors import PrecsimError
+
+    try:
+        return to_config(cfg)
+    except OmegaConfBaseException as e:
+        raise PrecsimError(str(e).splitlines()[0]) from None
+
+
+def _explain_missing_scheme(e: Exception, overrides: list[str]) -> None:
+    """``schemes.candidate.fmt=...`` where the chosen schemes preset has no ``candidate``: say
+    which schemes there are and which preset defines it (instead of Hydra's ``+`` hint)."""
+    import re
+    from importlib.resources import files
+
+    from hydra import compose, initialize_config_module
+
+    from precsim.errors import PrecsimError
+
+    m = re.search(r"Could not override '(schemes\.([^.']+)[^']*)'", str(e))
+    if not m:
+        return
+    name = m.group(2)
+    rest = [o for o in overrides if not o.lstrip("+~").startswith(f"schemes.{name}.")]
+    try:
+        with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+            have = list(compose(config_name="config", overrides=rest).schemes)
+    except Exception:  # noqa: BLE001 - the plain message below still names the key
+        have = []
+    import yaml
+
+    presets = sorted(p.name[:-5] for p in files("precsim.conf").joinpath("schemes").iterdir()
+                     if p.name.endswith(".yaml")
+                     and name in (yaml.safe_load(p.read_text()) or {}))
+    where = (f"; schemes={presets[0]} defines it (add schemes={presets[0]} before "
+             f"{m.group(1)})" if presets else
+             f"; to add a scheme give all of it: 'schemes.{name}={{kind: split, fmt: fp32, "
+             "read_fmt: nvfp4}'")
+    raise PrecsimError(f"unknown scheme schemes.{name} in {m.group(1)}; this config's schemes "
+                       f"are: {', '.join(have) or '?'}{where}") from None
+
+
+def _preflight(c) -> None:
+    """Checks that need more than the config: the device, the engine, a trace file."""
+    import copy
+
+    from precsim.engine import resolve_device, resolve_engine
+
+    resolve_engine(c.run.engine, resolve_device(c.run.device))
+    if c.workload.kind == "trace":
+        from precsim.workload import make_workload
+
+        make_workload(copy.deepcopy(c))  # reads and checks the file (and run.steps against it)
+
+
+def _remove_stub(hc) -> None:
+    """Remove the directory Hydra made for a run that then failed validation, but only when it
+    holds nothing except Hydra's ``.hydra/`` and the job's log (never a result)."""
+    import shutil
+    from pathlib import Path
+
+    out = Path(hc.runtime.output_dir)
+    allowed = {".hydra", f"{hc.job.name}.log"}
+    if out.is_dir() and all(p.name in allowed for p in out.iterdir()):
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def is_user_error(e: BaseException) -> bool:
     """Config and input errors (ours, Hydra's, OmegaConf's), as opposed to bugs."""
     from hydra.errors import HydraException
@@ -116,45 +336,62 @@ def one_line(e: BaseException) -> str:
 
 
 def _run_app(cfg) -> None:
+    import time
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra.types import RunMode
 
-    from precsim.api import format_table, write_outputs
+    from precsim.api import format_table, reusable, write_outputs
     from precsim.config import to_config
     from precsim.engine import run
-    from precsim.errors import PrecsimError
-    from precsim.results import is_complete
 
-    try:
-        c = to_config(cfg)
-    except OmegaConfBaseException as e:
-        raise PrecsimError(str(e).splitlines()[0]) from None
-    out = Path(c.run.out_dir) if c.run.out_dir else Path(HydraConfig.get().runtime.output_dir)
-    if is_complete(out):
-        print(f"precsim: {out} already holds a complete result; skipped (delete it to redo)")
-        return
-    result = run(c, progress=True)
-    summary = write_outputs(c, result, out)
-    print(format_table(summary))
-    print(f"\nengine={result.engine} device={result.device} steps={result.steps} "
-          f"wall={result.wall_s:.2f}s -> {out}")
-    _print_recommendation(c, out)
+    t0 = time.perf_counter()
+    c = _to_config(cfg, to_config)
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    say = _job_log if multirun else print
+    out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
+    stored = reusable(c, out)
+    if stored is not None:
+        say(f"precsim: {out} already holds a complete result of this config; reused")
+        summary = stored
+    else:
+        result = run(c, progress=not multirun)
+        summary = write_outputs(c, result, out)
+        say(format_table(summary))
+        say(f"\nengine={result.engine} device={result.device} steps={result.steps} "
+            f"wall={result.wall_s:.2f}s -> {out}")
+        if summary.get("lengths_skipped"):
+            say(f"note: metrics.lengths {summary['lengths_skipped']} not reported: no window of "
+                f"metrics.window={c.metrics.window} ends there")
+    if multirun:
+        _job_log(_end_text(c, summary, out))
+        print(f"precsim: job {hc.job.num} {'reused' if stored else 'done'} "
+              f"({time.perf_counter() - t0:.1f} s) -> {out}", file=sys.stderr, flush=True)
+    else:
+        _print_end(c, summary, out, reused=stored is not None)
 
 
-def _print_recommendation(c, out) -> None:
-    """The cheapest scheme of this run within ``metrics.budget`` (same rule as precsim.report)."""
+def _end_text(c, summary: dict, out) -> str:
     from precsim import report
 
-    mc = c.metrics
-    try:
-        rec = report.recommend(report.candidates(report.collect(out), mc.budget_metric), mc.budget)
-    except report.ReportError:
-        return
-    text = report.format_recommendation(rec, mc.budget_metric, None, top=2)
-    print("\n" + text.replace("  (job ., ", "  (").replace("[. / ", "["))
-    print(f"(budget: metrics.budget_metric={mc.budget_metric} metrics.budget={mc.budget:g}; "
-          f"a sweep: python -m precsim.report DIR --metric kl --budget 1e-3 --horizon 131072)")
+    return report.run_verdict(summary, c.metrics.budget_metric, c.metrics.budget, out)
 
 
+def _print_end(c, summary: dict, out, reused: bool = False) -> None:
+    if reused:
+        from precsim.api import format_table
+
+        print(format_table(summary))
+    print("\n" + _end_text(c, summary, out))
+
+
+def _job_log(text: str) -> None:
+    """Write to the job's log file only (a sweep keeps the terminal for progress)."""
+    import logging
+
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.emit(logging.makeLogRecord({"msg": text, "levelno": logging.INFO,
+                                          "levelname": "INFO", "name": "precsim"}))

@@ -1,11 +1,11 @@
-"""Sweep reports: ``python -m precsim.report DIR [--metric kl --budget 1e-3 --horizon 131072]``.
+"""Sweep reports: ``python -m precsim.report DIR [--metric rel_err --budget 0.0625 --horizon N]``.
 
 Reads every job directory under ``DIR`` (a sweep directory, a single run directory, or a folder
 of sweeps) and writes into ``DIR``:
 
 * ``sweep_summary.csv`` — one row per job and scheme: the job's overrides as columns, rel_err /
   kl / state_drift at each reported length and at the final step, the cost model's bytes per step
-  (DESIGN.md §8); jobs that failed or never finished get one row with their status.
+  (docs/design.md, "Cost model"); jobs that failed or never finished get one row each.
 * ``sweep_error_vs_length.png`` — error (and KL) vs length of every job and scheme.
 * ``sweep_pareto.png`` — error / KL at the horizon vs bytes per step, with the Pareto front.
 
@@ -319,6 +319,103 @@ def _g(v: float) -> str:
     return f"{v:.3g}"
 
 
+# -- one run's verdict -----------------------------------------------------------------------
+BUDGET_MEANING = {
+    "rel_err": lambda b: (f"the layer output's RMS error <= {100 * b:.3g}% of its RMS vs the "
+                          f"float64 truth, i.e. an output SNR >= {-20 * math.log10(b):.1f} dB"
+                          if b < 1 else "the layer output's relative RMS error vs float64"),
+    "kl": lambda b: (f"KL(p_ref || p_sim) <= {b:g} nats/token through the random readout "
+                     "(its size scales with metrics.logit_scale^2)"),
+    "state_drift": lambda b: f"the held state's relative Frobenius error <= {b:g}",
+}
+
+
+def margin_text(value: float, budget: float) -> str:
+    """'fits, 29% under' / 'fits, 2.5e+05x under' / 'misses by 42%' / 'misses by 3.1x'."""
+    if not math.isfinite(value):
+        return "misses (non-finite)"
+    if value <= budget:
+        if value <= 0:
+            return "fits (exact)"
+        r = budget / value
+        return f"fits, {100 * (1 - 1 / r):.0f}% under" if r < 10 else f"fits, {r:.2g}x under"
+    r = value / budget
+    return f"misses by {100 * (r - 1):.0f}%" if r < 2 else f"misses, {r:.2g}x over"
+
+
+def knob(scheme: str, info: dict, config: dict) -> str:
+    """The setting most likely to bring a scheme that misses the budget within it."""
+    kind, fmt, rd = info.get("kind"), info.get("fmt"), info.get("read_fmt")
+    key = f"schemes.{scheme}"
+    four = ("nvfp4", "mxfp4", "fp4_e2m1")
+    if kind == "split":
+        if rd in four:
+            return f"an FP8 read copy ({key}.read_fmt=fp8_e4m3): its error is the read copy's"
+        if info.get("rounding") == "rne" and fmt not in ("fp32", "fp64"):
+            return f"stochastic rounding of the master ({key}.rounding=sr)"
+        return f"a wider read copy ({key}.read_fmt=bf16)"
+    if kind == "shared":
+        L = int((config.get("replay") or {}).get("buffer_len") or 16)
+        alt = f" or a wider checkpoint ({key}.fmt=fp8_e4m3)" if fmt in four else ""
+        return (f"a longer buffer (replay.buffer_len={2 * L}: half the roundings of the "
+                f"checkpoint){alt}")
+    if info.get("rounding") == "rne" and fmt not in ("fp32", "fp64"):
+        return f"stochastic rounding ({key}.rounding=sr)"
+    return (f"a ReplaySSM split scheme with {fmt} as the read copy (kind=split, fmt=fp32, "
+            f"read_fmt={fmt})")
+
+
+def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) -> str:
+    """What the CLI prints at the end of a run: every scheme's status against the budget at the
+    run's last step (cheapest first), the recommendation with its margin, the knob that would
+    change the answer on a near miss, and the report command for this directory and budget."""
+    steps = int(summary.get("steps") or 0)
+    cost = _costs(summary)
+    rows = []
+    for name, figs in summary.get("figures", {}).items():
+        info = summary.get("schemes", {}).get(name, {})
+        v = (figs.get("final") or {}).get(metric)
+        dead = info.get("dead_at")
+        v = math.inf if v is None or not math.isfinite(v) or dead is not None else float(v)
+        rows.append((float(cost.get(name, {}).get("bytes_per_step") or math.inf), v, name, info))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    lines = [f"budget: {metric} <= {budget:g} at step {steps:,} "
+             f"({BUDGET_MEANING[metric](budget)}; metrics.budget_metric, metrics.budget)"]
+    w = max([len(r[2]) for r in rows] + [6])
+    lines.append(f"  {'scheme':<{w}}  {'B/step/head':>11}  {metric:>9}  status")
+    for b, v, name, _ in rows:
+        lines.append(f"  {name:<{w}}  {b:>11,.0f}  {_g(v):>9}  {margin_text(v, budget)}")
+    fits = [r for r in rows if r[1] <= budget]
+    if not fits:
+        b, v, name, info = min(rows, key=lambda r: (r[1], r[0]))
+        hint = knob(name, info, summary.get("config", {}))
+        lines.append(f"NO scheme is within the budget; the most accurate is {name} "
+                     f"({metric}={_g(v)}, {margin_text(v, budget)}); try {hint}")
+    else:
+        b, v, name, info = fits[0]
+        top = max(r[0] for r in rows)
+        save = f", {top / b:.2g}x fewer bytes than the costliest" if top > b * 1.01 else ""
+        lines.append(f"recommended: {info.get('label', name)} [{name}]: {b:,.0f} B/step/head"
+                     f"{save}; {metric}={_g(v)}, {margin_text(v, budget)} the budget")
+        if v > 0 and budget / v < 1.1:
+            lines.append("  note: within 10% of the budget; check with more sequences "
+                         "(run.seqs) or seeds before relying on it")
+        for cb, cv, cname, cinfo in rows:
+            if cb < b and cv <= 2 * budget:
+                lines.append(f"  near miss: {cname} ({cb:,.0f} B) {margin_text(cv, budget)}; "
+                             f"what would change the answer: "
+                             f"{knob(cname, cinfo, summary.get('config', {}))}")
+    lines.append(f"over a sweep: python -m precsim.report {_shell(str(run_dir))} "
+                 f"--metric {metric} --budget {budget:g}")
+    return "\n".join(lines)
+
+
+def _shell(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
 # -- plots -----------------------------------------------------------------------------------
 def _short_tags(jobs: list[Job]) -> dict[str, str]:
     """Per job: the overrides that differ between jobs, with short keys."""
@@ -469,11 +566,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+REPORT_HELP = """\
+Compares every run under DIR (a sweep directory, one run directory, or a folder of sweeps) and
+writes into DIR: sweep_summary.csv (one row per job and scheme: the job's overrides, rel_err /
+kl / state_drift at each reported length and at the end, bytes per step), sweep_error_vs_length.png
+(the Pareto-front configurations highlighted) and sweep_pareto.png (metric vs bytes per step).
+With --budget it recommends the cheapest configuration within the budget and lists runners-up.
+
+example: python -m precsim.report multirun/precision_sweep/2026-01-01_12-00-00_ab12 \\
+             --metric rel_err --budget 0.0625
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="precsim-report", description=__doc__.splitlines()[0])
+    p = _Parser(prog="precsim-report", description=REPORT_HELP,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=Path, help="a sweep or run directory")
-    p.add_argument("--metric", choices=METRICS, default="kl")
-    p.add_argument("--budget", type=float, help="largest acceptable metric at the horizon")
+    p.add_argument("--metric", choices=METRICS, default="rel_err",
+                   help="the figure compared against the budget (default: rel_err, the layer "
+                        "output's relative RMS error; kl depends on the readout's scale)")
+    p.add_argument("--budget", type=float,
+                   help="largest acceptable metric at the horizon, e.g. 0.0625 (rel_err)")
     p.add_argument("--horizon", type=int, help="generated tokens (default: the longest run)")
     p.add_argument("--top", type=int, default=3, help="runners-up to list")
     p.add_argument("--no-plots", action="store_true", help="write only sweep_summary.csv")

@@ -120,7 +120,7 @@ def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path):
     assert report.check_run_dir(jobs["0"]) is None
     err = (jobs["1"] / "error.txt").read_text()
     assert err.startswith("PrecsimError: schemes.split_fp32_nvfp4.read_fmt='bogus'")
-    assert "Traceback" in err and "read_fmt='bogus'" in (jobs["1"] / "__main__.log").read_text()
+    assert "Traceback" in err and "read_fmt='bogus'" in (jobs["1"] / "precsim.log").read_text()
     with open(sweep / report.CSV_FILE) as f:
         status = {r["job"].split("_")[0]: r["status"] for r in csv.DictReader(f)}
     assert status == {"0": "complete", "1": "failed"}
