@@ -94,15 +94,30 @@ _MULTIRUN_FLAGS = ("-m", "--multirun")
 _HELP_FLAGS = ("-h", "--help")
 
 
-def _groups() -> str:
+def _group_options() -> dict[str, list[str]]:
+    """The presets of each config group (``conf/<group>/*.yaml``)."""
     from importlib.resources import files
 
     conf = files("precsim.conf")
-    out = []
-    for g in ("experiment", "model", "schemes", "workload"):
-        names = sorted(p.name[:-5] for p in conf.joinpath(g).iterdir() if p.name.endswith(".yaml"))
-        out.append(f"{g}={'|'.join(names)}")
-    return "  ".join(out)
+    return {g: sorted(p.name[:-5] for p in conf.joinpath(g).iterdir() if p.name.endswith(".yaml"))
+            for g in ("experiment", "model", "schemes", "workload")}
+
+
+def _groups() -> str:
+    return "  ".join(f"{g}={'|'.join(names)}" for g, names in _group_options().items())
+
+
+def _check_group(group: str, value) -> None:
+    from precsim.errors import PrecsimError
+
+    names = _group_options()[group]
+    if isinstance(value, str) and value in names:
+        return
+    if group == "schemes" and isinstance(value, dict):
+        return  # schemes={...}: a whole dict of schemes
+    if group == "experiment" and value is None:
+        return
+    raise PrecsimError(f"{group}={value!r} is unknown; allowed: {', '.join(names)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +214,8 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
         if key.startswith("hydra") or "/" in key or o.package:
             continue
         check_key(key)
+        if key in _group_options() and not o.is_delete():
+            _check_group(key, o.value())
     if flags:  # a sweep: each job is checked as it runs; a failed job leaves error.txt
         return False
     user = [a for a, o in zip(overrides, parsed, strict=True)
