@@ -115,7 +115,8 @@ def write_outputs(cfg: Config, result: Result, out: Path) -> dict:
                  f"L={cfg.replay.buffer_len}" + (f", T={cfg.replay.drafts}" if cfg.replay.drafts
                                                  else "") + f", seed {cfg.run.seed}")
         labels = {n: s["label"] for n, s in result.schemes.items()}
-        plot_error_vs_length(result.rows, labels, out / res.PLOT_FILE, title)
+        plot_error_vs_length(result.rows, labels, out / res.PLOT_FILE, title,
+                             budget=(cfg.metrics.budget_metric, cfg.metrics.budget))
     res.write_json(out / res.SUMMARY_FILE, summary)
     return summary
 
