@@ -11,6 +11,7 @@ from pathlib import Path
 from . import results as res
 from .config import Config, to_config
 from .engines import run
+from .errors import PrecsimError
 from .result import Result, summary_figures
 
 
@@ -28,10 +29,54 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
         64
     """
     cfg = to_config(cfg)
+    if out_dir is not None:
+        stored = reusable(cfg, Path(out_dir))
+        if stored is not None:
+            return load_result(Path(out_dir), stored)
     result = run(cfg, progress=progress)
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir))
     return result
+
+
+def reusable(cfg: Config, out: Path) -> dict | None:
+    """The summary of a complete result in ``out`` made by the same config (result-neutral keys
+    such as ``run.progress`` or the budget aside); ``None`` when ``out`` holds no complete result.
+    A complete result of a *different* config is a one-line :class:`PrecsimError`: a finished
+    result is never overwritten."""
+    stored = res.read_summary(out)
+    if stored is None:
+        return None
+    diff = res.config_diff(stored.get("config", {}), asdict(cfg))
+    if diff:
+        key, old, new = diff[0]
+        more = f" and {len(diff) - 1} more" if len(diff) > 1 else ""
+        raise PrecsimError(f"{out} already holds a complete result of another config ({key}="
+                           f"{old!r} there, {new!r} now{more}); allowed: the same config, or "
+                           "another directory (run.out_dir / hydra.run.dir); delete it to redo")
+    return stored
+
+
+def load_result(out: Path, summary: dict) -> Result:
+    """A :class:`Result` read back from a complete run directory."""
+    import numpy as np
+
+    with np.load(out / res.PER_STEP_FILE) as z:
+        per_step = {k: z[k].astype(np.float64) for k in z.files}
+    return Result(rows=res.read_rows(out / res.METRICS_FILE), per_step_rel_err=per_step,
+                  schemes=summary.get("schemes", {}), engine=summary.get("engine", ""),
+                  device=summary.get("device", ""), wall_s=float(summary.get("wall_s") or 0.0),
+                  steps=int(summary["steps"]), info={**summary.get("info", {}), "reused": True})
+
+
+def reported_lengths(cfg: Config, steps: int) -> tuple[list[int], list[int]]:
+    """``metrics.lengths`` split into (reported, skipped): a length is reported when a window
+    ends there (a multiple of ``metrics.window``) and the run reaches it, so a figure is never
+    labelled with a length its window does not end at."""
+    w = cfg.metrics.window
+    ok = [L for L in cfg.metrics.lengths if L <= steps and L % w == 0]
+    skipped = [L for L in cfg.metrics.lengths if L <= steps and L % w != 0]
+    return ok, skipped
 
 
 def build_summary(cfg: Config, result: Result) -> dict:
@@ -46,7 +91,9 @@ def build_summary(cfg: Config, result: Result) -> dict:
         "steps": result.steps,
         "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
-        "figures": summary_figures(result.rows, list(cfg.metrics.lengths), result.steps),
+        "figures": summary_figures(result.rows, reported_lengths(cfg, result.steps)[0],
+                                   result.steps),
+        "lengths_skipped": reported_lengths(cfg, result.steps)[1],
         "schemes": result.schemes,
         "cost": scheme_costs(cfg),
         "info": result.info,
@@ -69,7 +116,8 @@ def write_outputs(cfg: Config, result: Result, out: Path) -> dict:
                  f"L={cfg.replay.buffer_len}" + (f", T={cfg.replay.drafts}" if cfg.replay.drafts
                                                  else "") + f", seed {cfg.run.seed}")
         labels = {n: s["label"] for n, s in result.schemes.items()}
-        plot_error_vs_length(result.rows, labels, out / res.PLOT_FILE, title)
+        plot_error_vs_length(result.rows, labels, out / res.PLOT_FILE, title,
+                             budget=(cfg.metrics.budget_metric, cfg.metrics.budget))
     res.write_json(out / res.SUMMARY_FILE, summary)
     return summary
 
@@ -79,7 +127,7 @@ def format_table(summary: dict) -> str:
     figs = summary["figures"]
     lengths = sorted({int(k) for f in figs.values() for k in f if k.isdigit()})
     head = f"{'scheme':<26}" + "".join(f"{'err@' + _k(L):>11}" for L in lengths) + \
-        f"{'KL(final)':>11}{'drift':>10}{'B/step/hd':>11}"
+        f"{'err(final)':>11}{'KL(final)':>11}{'drift':>10}{'B/step/hd':>11}"
     lines = [head, "-" * len(head)]
     cost = summary.get("cost", {})
     for name, f in figs.items():
@@ -88,7 +136,7 @@ def format_table(summary: dict) -> str:
         b = cost.get(name, {}).get("bytes_per_step")
         dead = summary["schemes"].get(name, {}).get("dead_at")
         tail = f"  (non-finite from step {dead})" if dead else ""
-        lines.append(f"{name:<26}{cells}{_fmt(fin.get('kl')):>11}"
+        lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}{_fmt(fin.get('kl')):>11}"
                      f"{_fmt(fin.get('state_drift')):>10}"
                      f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")
     return "\n".join(lines)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import sys
 import tempfile
 import time
@@ -35,34 +34,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .cli import _gpu_count, register_resolvers
+
 log = logging.getLogger("precsim")
 
 ERROR_FILE = "error.txt"
 BROKEN_SUFFIX = ".broken"
-
-
-def _uid() -> str:
-    """A short suffix unique among sweeps started in the same second (pid + random)."""
-    return f"{os.getpid():x}{secrets.token_hex(2)}"
-
-
-def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - no torch/CUDA means no GPU to spread over
-        return 0
-
-
-def register_resolvers() -> None:
-    """``${precsim_uid:}`` (cached per config, so every job of a sweep agrees on it) and
-    ``${precsim_gpus:}`` (visible CUDA devices, at least 1). Call before Hydra resolves dirs."""
-    if not OmegaConf.has_resolver("precsim_uid"):
-        OmegaConf.register_new_resolver("precsim_uid", _uid, use_cache=True)
-    if not OmegaConf.has_resolver("precsim_gpus"):
-        OmegaConf.register_new_resolver("precsim_gpus", lambda: max(1, _gpu_count()),
-                                        use_cache=True)
 
 
 # Unpickling a callback in a launcher's worker process imports this module: the resolvers must
@@ -155,6 +132,7 @@ class SweepCallback(Callback):
             print(f"precsim: error: aggregating {sweep_dir} failed: {e}", file=sys.stderr)
             sys.exit(1)
         print(f"precsim: {agg.n_complete}/{len(agg.jobs)} jobs complete -> {agg.csv_path}")
+        _print_sweep_recommendation(config, agg, sweep_dir)
         bad = [j for j in agg.jobs if j.status != "complete"]
         if bad:
             for j in bad:
@@ -164,6 +142,26 @@ class SweepCallback(Callback):
                   f"{ERROR_FILE} and the log in each); re-run the same command to redo only "
                   "those", file=sys.stderr)
             sys.exit(1)
+
+
+def _print_sweep_recommendation(config: DictConfig, agg: Any, sweep_dir: Path) -> None:
+    """The sweep-level recommendation under the sweep's budget: the same text as
+    ``python -m precsim.report SWEEP_DIR --metric M --budget B``."""
+    import shlex
+
+    from . import report
+
+    metric = str(OmegaConf.select(config, "metrics.budget_metric", default="rel_err"))
+    budget = float(OmegaConf.select(config, "metrics.budget", default=0.0625))
+    try:
+        cands = report.candidates(agg.jobs, metric)
+    except report.ReportError:
+        return
+    if not cands:
+        return
+    print(report.format_recommendation(report.recommend(cands, budget), metric, None))
+    print(f"(the same, with other budgets or a horizon: python -m precsim.report "
+          f"{shlex.quote(str(sweep_dir))} --metric {metric} --budget {budget:g})")
 
 
 def _wants_gpu_spread(config: DictConfig) -> bool:

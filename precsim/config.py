@@ -7,6 +7,7 @@ raises :class:`~precsim.errors.PrecsimError` with one line naming the key.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ class ModelConfig:
 
 @dataclass
 class SchemeConfig:
-    """One precision scheme (DESIGN.md §4).
+    """One precision scheme (docs/design.md, "Schemes").
 
     conventional(fmt, rounding) | shared(fmt, rounding) | split(fmt=update format,
     rounding=update rounding, read_fmt=read-copy format, always RNE).
@@ -105,8 +106,12 @@ class MetricsConfig:
     kl: bool = True
     lengths: list[int] = field(default_factory=lambda: [256, 1024, 4096, 32768, 131072])
     plot: bool = True
-    budget_metric: str = "kl"  # the run ends with the cheapest scheme within this budget
-    budget: float = 0.01
+    # The run ends with the cheapest scheme within this budget at its last step. Default: the
+    # layer output's relative RMS error vs the float64 truth <= 1/16 (an output SNR of >= 24 dB).
+    # rel_err is scale-free; the KL's size depends on logit_scale and vocab (KL ~ logit_scale^2 *
+    # rel_err^2 / 2), so a KL budget only means something for a readout you have calibrated.
+    budget_metric: str = "rel_err"
+    budget: float = 0.0625
 
 
 @dataclass
@@ -123,14 +128,66 @@ class Config:
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (called by the CLI and by tests)."""
-    from hydra.core.config_store import ConfigStore
+    """Register the schema with Hydra's ConfigStore; lives in :mod:`precsim.cli`."""
+    from .cli import register_configs as _register
 
-    from .callbacks import register_resolvers
+    _register()
 
-    register_resolvers()  # ${precsim_uid:} in hydra.run.dir / hydra.sweep.dir
-    cs = ConfigStore.instance()
-    cs.store(name="precsim_schema", node=Config)
+
+GROUPS = ("model", "workload", "schemes", "experiment")  # conf/<group>/*.yaml
+
+
+def schema_keys() -> list[str]:
+    """Every settable dotted key of the schema (``schemes.NAME.*`` written with ``NAME``)."""
+    import dataclasses
+
+    def walk(cls, prefix: str) -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            key = prefix + f.name
+            if dataclasses.is_dataclass(f.default_factory if f.default_factory is not
+                                        dataclasses.MISSING else None):
+                out += walk(f.default_factory, key + ".")
+            else:
+                out.append(key)
+        return out
+
+    keys = [k for k in walk(Config, "") if k != "schemes"]
+    return keys + [f"schemes.NAME.{f.name}" for f in dataclasses.fields(SchemeConfig)]
+
+
+def check_key(key: str) -> None:
+    """Raise a one-line PrecsimError unless ``key`` (an override's dotted key) is in the schema:
+    "unknown key run.stepz; did you mean run.steps?". A scheme name is not checked here (the
+    schemes come from a preset); its fields are."""
+    import difflib
+
+    parts = key.split(".")
+    if parts[0] == "schemes":
+        if len(parts) == 2:
+            return
+        if len(parts) == 3:
+            fields = [k.rsplit(".", 1)[1] for k in schema_keys() if k.startswith("schemes.")]
+            if parts[2] in fields:
+                return
+            near = difflib.get_close_matches(parts[2], fields, n=1, cutoff=0.5)
+            hint = (f"did you mean schemes.{parts[1]}.{near[0]}?" if near else
+                    f"a scheme has: {', '.join(fields)}")
+            raise PrecsimError(f"unknown key {key}; {hint}")
+    keys = schema_keys()
+    if key in keys or key in GROUPS or (len(parts) == 1 and key in ("name",)):
+        return
+    if any(k.startswith(key + ".") for k in keys):  # a whole section, e.g. run={...}
+        return
+    plain = [k for k in keys if not k.startswith("schemes.")]
+    near = difflib.get_close_matches(key, plain, n=1, cutoff=0.6)
+    if not near:
+        section = [k for k in plain if k.startswith(parts[0] + ".")]
+        tops = ", ".join(sorted({k.split(".")[0] for k in keys}))
+        hint = (f"{parts[0]} has: {', '.join(k.split('.', 1)[1] for k in section)}" if section
+                else f"the top-level keys are: {tops}")
+        raise PrecsimError(f"unknown key {key}; {hint}")
+    raise PrecsimError(f"unknown key {key}; did you mean {near[0]}?")
 
 
 def to_config(cfg) -> Config:
@@ -139,10 +196,16 @@ def to_config(cfg) -> Config:
         out = cfg
     else:
         from omegaconf import OmegaConf
+        from omegaconf.errors import ConfigKeyError
 
-        if not OmegaConf.is_config(cfg):
-            cfg = OmegaConf.create(cfg)
-        merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        try:
+            if not OmegaConf.is_config(cfg):
+                cfg = OmegaConf.create(cfg)
+            merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        except ConfigKeyError as e:  # an unknown key: name it, suggest the nearest
+            key = getattr(e, "full_key", None) or str(e).splitlines()[0]
+            check_key(key)
+            raise PrecsimError(str(e).splitlines()[0]) from None
         out = OmegaConf.to_object(merged)
     validate(out)
     return out
@@ -196,10 +259,22 @@ def validate(cfg: Config) -> None:
     mc = cfg.metrics
     check(isinstance(mc.window, int) and mc.window > 0, "metrics.window", mc.window,
           "an integer >= 1")
+    check(mc.window <= run.steps, "metrics.window", mc.window,
+          f"an integer 1..run.steps={run.steps} (a window longer than the run never ends: no "
+          "drift sample, no figures)")
     check(isinstance(mc.vocab, int) and mc.vocab >= 2, "metrics.vocab", mc.vocab,
           "an integer >= 2")
+    check(mc.logit_scale > 0 and math.isfinite(mc.logit_scale), "metrics.logit_scale",
+          mc.logit_scale, "a positive number")
+    lengths = list(mc.lengths)
+    check(len(lengths) > 0 and all(isinstance(v, int) and v > 0 for v in lengths),
+          "metrics.lengths", lengths, "a non-empty list of positive integers (decode steps)")
     check_choice("metrics.budget_metric", mc.budget_metric, ("kl", "rel_err", "state_drift"))
-    check(mc.budget > 0, "metrics.budget", mc.budget, "a positive number")
+    if mc.budget_metric == "kl":
+        check(mc.kl, "metrics.kl", mc.kl, "true while metrics.budget_metric=kl (the budget "
+              "needs the KL)")
+    check(mc.budget > 0 and math.isfinite(mc.budget), "metrics.budget", mc.budget,
+          "a positive number")
     check_choice("formats.scale_floor", cfg.formats.scale_floor, pf.SCALE_FLOORS)
     check_choice("formats.tensor_scope", cfg.formats.tensor_scope, pf.TENSOR_SCOPES)
     if not cfg.schemes:

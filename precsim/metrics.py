@@ -1,4 +1,4 @@
-"""Metrics (DESIGN.md §6): per-step layer-wide ``rel_err``, ``kl`` through a readout head, and
+"""Metrics (docs/design.md): per-step layer-wide ``rel_err``, ``kl`` through a readout head, and
 ``state_drift``; window means and percentile bands across sequences.
 
 * ``rel_err_t = ||y_t - y_t^ref||_2 / ||y_t^ref||_2`` over the whole layer output (all heads).

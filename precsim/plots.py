@@ -10,8 +10,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PANELS = (("rel_err", "relative output error"), ("kl", "KL(p_ref || p_sim)"),
-          ("state_drift", "state drift (held state)"))
+PANELS = (("rel_err", "relative output error", "‖y − y_ref‖ / ‖y_ref‖ (window mean)"),
+          ("kl", "KL(p_ref ‖ p_sim)", "KL per token, nats (window mean)"),
+          ("state_drift", "state drift (held state)", "‖S − S_ref‖_F / ‖S_ref‖_F"))
+DECADES = 3  # the y range shown per panel; a scheme far below it is marked at the bottom edge
 
 
 def _series(rows, scheme, key):
@@ -20,41 +22,69 @@ def _series(rows, scheme, key):
 
 
 def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
-                         title: str = "") -> Path:
-    """Write a PNG with one panel per metric present in ``rows``."""
+                         title: str = "", budget: tuple[str, float] | None = None) -> Path:
+    """Write a PNG with one panel per metric present in ``rows``: the mean across sequences with
+    its p10–p90 band, markers where a curve has few points, the budget line ``(metric, value)``
+    on its panel. A panel spans at most ``DECADES`` decades below its top; a scheme entirely
+    below (e.g. FP32 at 1e-7 beside NVFP4 at 1e-1) is marked at the bottom edge with its value."""
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    panels = [(k, t) for k, t in PANELS
-              if any(_finite_pos(r.get(k)) for r in rows)]
-    if not panels:
-        panels = [PANELS[0]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    panels = [p for p in PANELS if any(_finite_pos(r.get(p[0])) for r in rows)] or [PANELS[0]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, ttl) in zip(axes[0], panels, strict=True):
+    for ax, (key, ttl, ylabel) in zip(axes[0], panels, strict=True):
+        tops = [v for r in rows for k in (key, key + "_p90") if _finite_pos(v := r.get(k))]
+        if budget and budget[0] == key:
+            tops.append(budget[1])
+        top = max(tops) if tops else 1.0
+        floor = top * 10.0 ** -DECADES
+        below = []
         for i, s in enumerate(schemes):
             c = colors[i % len(colors)]
             x, y = _series(rows, s, key)
             yp = [v if _finite_pos(v) else math.nan for v in y]
             if not any(_finite_pos(v) for v in yp):
                 continue
+            lab = labels.get(s, s)
+            if max(v for v in yp if _finite_pos(v)) < floor:
+                below.append((c, lab, yp[-1]))
+                continue
+            few = sum(_finite_pos(v) for v in yp) <= 12
             # dashes tell apart schemes whose curves coincide (e.g. FP32 vs FP16-SR split)
-            ax.plot(x, yp, color=c, lw=1.6, ls=("-", "--", "-.", ":")[i % 4],
-                    label=labels.get(s, s))
+            ax.plot(x, yp, color=c, lw=1.8, ls=("-", "--", "-.", ":")[i % 4], label=lab,
+                    marker="o" if few else None, ms=4)
             xl, lo = _series(rows, s, key + "_p10")
             _, hi = _series(rows, s, key + "_p90")
             if any(_finite_pos(v) for v in lo) and lo != hi:
-                ax.fill_between(xl, [v if _finite_pos(v) else math.nan for v in lo],
-                                [v if _finite_pos(v) else math.nan for v in hi],
-                                color=c, alpha=0.18, lw=0)
+                lo = [v if _finite_pos(v) else math.nan for v in lo]
+                hi = [v if _finite_pos(v) else math.nan for v in hi]
+                ax.fill_between(xl, lo, hi, color=c, alpha=0.3, lw=0)
+                ax.plot(xl, lo, color=c, lw=0.6, alpha=0.7)
+                ax.plot(xl, hi, color=c, lw=0.6, alpha=0.7)
+        if budget and budget[0] == key:
+            ax.axhline(budget[1], color="k", ls=(0, (4, 3)), lw=1.2,
+                       label=f"budget {key} ≤ {budget[1]:g}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        if below:
+            ax.set_ylim(bottom=floor)
+            for j, (c, lab, v) in enumerate(below):
+                ax.annotate(f"▼ {lab}: {v:.2g} (below the axis)", xy=(0.02, 0.02 + 0.06 * j),
+                            xycoords="axes fraction", color=c, fontsize=7.5)
         ax.set_xlabel("decode steps (tokens)")
+        ax.set_ylabel(ylabel)
         ax.set_title(ttl, fontsize=10)
         ax.grid(True, which="major", alpha=0.35)
         ax.grid(True, which="minor", alpha=0.12)
-    axes[0][0].legend(fontsize=7.5, loc="best")
+    h, lab = [], []
+    for ax in axes[0]:
+        for hh, ll in zip(*ax.get_legend_handles_labels(), strict=True):
+            if ll not in lab:
+                h.append(hh)
+                lab.append(ll)
+    fig.legend(h, lab, loc="lower center", ncol=min(4, len(lab)), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=130)

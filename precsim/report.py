@@ -1,11 +1,11 @@
-"""Sweep reports: ``python -m precsim.report DIR [--metric kl --budget 1e-3 --horizon 131072]``.
+"""Sweep reports: ``python -m precsim.report DIR [--metric rel_err --budget 0.0625 --horizon N]``.
 
 Reads every job directory under ``DIR`` (a sweep directory, a single run directory, or a folder
 of sweeps) and writes into ``DIR``:
 
 * ``sweep_summary.csv`` — one row per job and scheme: the job's overrides as columns, rel_err /
   kl / state_drift at each reported length and at the final step, the cost model's bytes per step
-  (DESIGN.md §8); jobs that failed or never finished get one row with their status.
+  (docs/design.md, "Cost model"); jobs that failed or never finished get one row each.
 * ``sweep_error_vs_length.png`` — error (and KL) vs length of every job and scheme.
 * ``sweep_pareto.png`` — error / KL at the horizon vs bytes per step, with the Pareto front.
 
@@ -319,6 +319,103 @@ def _g(v: float) -> str:
     return f"{v:.3g}"
 
 
+# -- one run's verdict -----------------------------------------------------------------------
+BUDGET_MEANING = {
+    "rel_err": lambda b: (f"the layer output's RMS error <= {100 * b:.3g}% of its RMS vs the "
+                          f"float64 truth, i.e. an output SNR >= {-20 * math.log10(b):.1f} dB"
+                          if b < 1 else "the layer output's relative RMS error vs float64"),
+    "kl": lambda b: (f"KL(p_ref || p_sim) <= {b:g} nats/token through the random readout "
+                     "(its size scales with metrics.logit_scale^2)"),
+    "state_drift": lambda b: f"the held state's relative Frobenius error <= {b:g}",
+}
+
+
+def margin_text(value: float, budget: float) -> str:
+    """'fits, 29% under' / 'fits, 2.5e+05x under' / 'misses by 42%' / 'misses by 3.1x'."""
+    if not math.isfinite(value):
+        return "misses (non-finite)"
+    if value <= budget:
+        if value <= 0:
+            return "fits (exact)"
+        r = budget / value
+        return f"fits, {100 * (1 - 1 / r):.0f}% under" if r < 10 else f"fits, {r:.2g}x under"
+    r = value / budget
+    return f"misses by {100 * (r - 1):.0f}%" if r < 2 else f"misses, {r:.2g}x over"
+
+
+def knob(scheme: str, info: dict, config: dict) -> str:
+    """The setting most likely to bring a scheme that misses the budget within it."""
+    kind, fmt, rd = info.get("kind"), info.get("fmt"), info.get("read_fmt")
+    key = f"schemes.{scheme}"
+    four = ("nvfp4", "mxfp4", "fp4_e2m1")
+    if kind == "split":
+        if rd in four:
+            return f"an FP8 read copy ({key}.read_fmt=fp8_e4m3): its error is the read copy's"
+        if info.get("rounding") == "rne" and fmt not in ("fp32", "fp64"):
+            return f"stochastic rounding of the master ({key}.rounding=sr)"
+        return f"a wider read copy ({key}.read_fmt=bf16)"
+    if kind == "shared":
+        L = int((config.get("replay") or {}).get("buffer_len") or 16)
+        alt = f" or a wider checkpoint ({key}.fmt=fp8_e4m3)" if fmt in four else ""
+        return (f"a longer buffer (replay.buffer_len={2 * L}: half the roundings of the "
+                f"checkpoint){alt}")
+    if info.get("rounding") == "rne" and fmt not in ("fp32", "fp64"):
+        return f"stochastic rounding ({key}.rounding=sr)"
+    return (f"a ReplaySSM split scheme with {fmt} as the read copy (kind=split, fmt=fp32, "
+            f"read_fmt={fmt})")
+
+
+def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) -> str:
+    """What the CLI prints at the end of a run: every scheme's status against the budget at the
+    run's last step (cheapest first), the recommendation with its margin, the knob that would
+    change the answer on a near miss, and the report command for this directory and budget."""
+    steps = int(summary.get("steps") or 0)
+    cost = _costs(summary)
+    rows = []
+    for name, figs in summary.get("figures", {}).items():
+        info = summary.get("schemes", {}).get(name, {})
+        v = (figs.get("final") or {}).get(metric)
+        dead = info.get("dead_at")
+        v = math.inf if v is None or not math.isfinite(v) or dead is not None else float(v)
+        rows.append((float(cost.get(name, {}).get("bytes_per_step") or math.inf), v, name, info))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    lines = [f"budget: {metric} <= {budget:g} at step {steps:,} "
+             f"({BUDGET_MEANING[metric](budget)}; metrics.budget_metric, metrics.budget)"]
+    w = max([len(r[2]) for r in rows] + [6])
+    lines.append(f"  {'scheme':<{w}}  {'B/step/head':>11}  {metric:>9}  status")
+    for b, v, name, _ in rows:
+        lines.append(f"  {name:<{w}}  {b:>11,.0f}  {_g(v):>9}  {margin_text(v, budget)}")
+    fits = [r for r in rows if r[1] <= budget]
+    if not fits:
+        b, v, name, info = min(rows, key=lambda r: (r[1], r[0]))
+        hint = knob(name, info, summary.get("config", {}))
+        lines.append(f"NO scheme is within the budget; the most accurate is {name} "
+                     f"({metric}={_g(v)}, {margin_text(v, budget)}); try {hint}")
+    else:
+        b, v, name, info = fits[0]
+        top = max(r[0] for r in rows)
+        save = f", {top / b:.2g}x fewer bytes than the costliest" if top > b * 1.01 else ""
+        lines.append(f"recommended: {info.get('label', name)} [{name}]: {b:,.0f} B/step/head"
+                     f"{save}; {metric}={_g(v)}, {margin_text(v, budget)} the budget")
+        if v > 0 and budget / v < 1.1:
+            lines.append("  note: within 10% of the budget; check with more sequences "
+                         "(run.seqs) or seeds before relying on it")
+        for cb, cv, cname, cinfo in rows:
+            if cb < b and cv <= 2 * budget:
+                lines.append(f"  near miss: {cname} ({cb:,.0f} B) {margin_text(cv, budget)}; "
+                             f"what would change the answer: "
+                             f"{knob(cname, cinfo, summary.get('config', {}))}")
+    lines.append(f"over a sweep: python -m precsim.report {_shell(str(run_dir))} "
+                 f"--metric {metric} --budget {budget:g}")
+    return "\n".join(lines)
+
+
+def _shell(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
 # -- plots -----------------------------------------------------------------------------------
 def _short_tags(jobs: list[Job]) -> dict[str, str]:
     """Per job: the overrides that differ between jobs, with short keys."""
@@ -361,65 +458,130 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
               for k, lab, rs, t in series]
     panels = [m for m in ("rel_err", "kl") if any(_pos(r.get(m)) for *_, rs in series for r in rs)]
     panels = panels or ["rel_err"]
-    ncol = 1 if len(series) <= 8 else 2
-    extra = 0.19 * math.ceil(len(series) / ncol)
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2 + extra),
+    # the configurations on the Pareto front (bytes vs final rel_err) are drawn in colour; the
+    # others are faded, without a legend entry, so 25 configurations stay readable
+    front_labels = {(c.tag + ": " if c.tag and n_label[c.label] > 1 else "") + c.label
+                    for c in pareto_front([c for c in candidates(done, panels[0])
+                                           if math.isfinite(c.value) and c.value > 0])}
+    hi = [x for x in series if x[1] in front_labels] or series[:10]
+    ncol = 1 if len(hi) <= 6 else 2
+    extra = 0.22 * math.ceil((len(hi) + 1) / ncol)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.4 + extra),
                              squeeze=False)
-    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    cmap = plt.get_cmap("tab10")
     styles = {"conventional": ":", "shared": "--", "split": "-"}
     for ax, m in zip(axes[0], panels, strict=True):
-        for i, (kind, lab, rs) in enumerate(series):
+        for _kind, lab, rs in series:
+            if any(lab == x[1] for x in hi):
+                continue
             y = [r.get(m) if _pos(r.get(m)) else math.nan for r in rs]
-            ax.plot([r["step"] for r in rs], y, lw=1.3, label=lab, color=cmap(i % cmap.N),
-                    ls=styles.get(kind, "-."), marker="o" if len(rs) < 4 else None, ms=3)
+            ax.plot([r["step"] for r in rs], y, lw=0.8, color="0.75", zorder=1,
+                    marker="o" if len(rs) < 4 else None, ms=2)
+        for i, (kind, lab, rs) in enumerate(hi):
+            y = [r.get(m) if _pos(r.get(m)) else math.nan for r in rs]
+            ax.plot([r["step"] for r in rs], y, lw=1.8, label=lab, color=cmap(i % 10), zorder=3,
+                    ls=styles.get(kind, "-."), marker="o" if len(rs) <= 12 else None, ms=3.5)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        _clip_low(ax, [r.get(m) for *_, rs in series for r in rs],
+                  [(lab, rs[-1].get(m), "C0") for _k, lab, rs in series if rs])
         ax.set_xlabel("decode steps (tokens)")
+        ax.set_ylabel({"rel_err": "‖y − y_ref‖ / ‖y_ref‖", "kl": "KL per token (nats)"}[m])
         ax.set_title({"rel_err": "relative output error", "kl": "KL(p_ref || p_sim)"}[m])
         ax.grid(True, alpha=0.3)
-    fig.tight_layout(rect=(0, extra / (4.2 + extra), 1, 1))
+    fig.tight_layout(rect=(0, extra / (4.4 + extra), 1, 1))
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    if len(hi) < len(series):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="0.75", lw=0.8))
+        labels.append(f"{len(series) - len(hi)} other configurations (not on the Pareto front)")
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False,
+               title="Pareto front (bytes/step vs final " + panels[0] + ")", title_fontsize=8)
     return _save(fig, path)
 
 
 def plot_pareto(jobs: list[Job], path: Path) -> Path:
-    """rel_err and KL at the last reported length vs bytes per step; the front is numbered and
-    listed under each panel."""
+    """rel_err and KL at the last reported length vs bytes per step. The front is drawn as a
+    staircase, numbered and listed under each panel; points off the front get a short grey
+    label; x ticks cover the whole range."""
     plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     fronts = {m: pareto_front([c for c in candidates(jobs, m)
                                if math.isfinite(c.value) and c.value > 0])
               for m in ("rel_err", "kl")}
-    extra = 0.17 * max(len(f) for f in fronts.values()) + 0.3
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2 + extra), squeeze=False)
+    extra = 0.17 * max(len(f) for f in fronts.values()) + 0.5
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.2 + extra), squeeze=False)
     for ax, m in zip(axes[0], fronts, strict=True):
         cs = [c for c in candidates(jobs, m) if math.isfinite(c.value) and c.value > 0]
-        ax.scatter([c.bytes_per_step for c in cs], [c.value for c in cs], s=16, alpha=0.5,
-                   color="C0", label="configurations")
         front = fronts[m]
-        ax.plot([c.bytes_per_step for c in front], [c.value for c in front], "-o", ms=4,
-                color="C3", drawstyle="steps-post", label="Pareto front")
-        lines, n_label = [], Counter(c.label for c in cs)
+        off = [c for c in cs if c not in front]
+        ax.scatter([c.bytes_per_step for c in off], [c.value for c in off], s=18, alpha=0.6,
+                   color="0.55", label="off the front", zorder=2)
+        ax.plot([c.bytes_per_step for c in front], [c.value for c in front], "-o", ms=5,
+                color="C3", drawstyle="steps-post", label="Pareto front", zorder=3)
+        n_label = Counter(c.label for c in cs)
+        lines = []
         for i, c in enumerate(front, 1):
-            ax.annotate(str(i), (c.bytes_per_step, c.value), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points", color="C3")
+            ax.annotate(str(i), (c.bytes_per_step, c.value), fontsize=8, xytext=(4, 4),
+                        textcoords="offset points", color="C3", weight="bold")
             lines.append(f"{i:>2}. {c.bytes_per_step:>9,.0f} B  {m}={_g(c.value):<8} "
                          f"{c.label}" + (f" [{c.tag}]" if c.tag and n_label[c.label] > 1 else ""))
-        ax.annotate("\n".join(lines), xy=(0, 0), xycoords="axes fraction", xytext=(0, -34),
-                    textcoords="offset points", va="top", fontsize=6.5, family="monospace")
+        placed = [(math.log(c.bytes_per_step), math.log10(c.value)) for c in front]
+        for c in sorted(off, key=lambda c: c.value):  # a label only where it has room
+            pt = (math.log(c.bytes_per_step), math.log10(c.value))
+            if all(abs(pt[0] - q[0]) > 0.12 or abs(pt[1] - q[1]) > 0.12 for q in placed):
+                ax.annotate(_short_label(c), (c.bytes_per_step, c.value), fontsize=6,
+                            xytext=(3, -7), textcoords="offset points", color="0.4")
+                placed.append(pt)
+        _clip_low(ax, [c.value for c in cs], [(c.label, c.value, "C3") for c in cs])
+        ax.annotate("Pareto front:\n" + "\n".join(lines), xy=(0, 0), xycoords="axes fraction",
+                    xytext=(0, -40), textcoords="offset points", va="top", fontsize=6.5,
+                    family="monospace")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.xaxis.set_major_locator(LogLocator(base=2))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}K"))
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
-        ax.set_xlabel("bytes per decode step per head")
+        xs = [c.bytes_per_step for c in cs]
+        if xs:
+            lo, hi = min(xs) / 1.25, max(xs) * 1.25
+            ax.set_xlim(lo, hi)
+            ticks = [k * 2.0 ** e for e in range(-2, 40) for k in (1, 1.5)
+                     if lo <= k * 2.0 ** e <= hi]
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(FuncFormatter(
+                lambda x, _: f"{x / 1024:g}K" if x >= 1024 else f"{x:g}"))
+        ax.set_xlabel("bytes per decode step per head (cost model)")
         ax.set_ylabel(f"{m} at the last reported length")
+        ax.set_title(f"{m} vs cost: {len(cs)} configurations, {len(front)} on the front",
+                     fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout(rect=(0, extra / (4.2 + extra), 1, 1))
+        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=2,
+                  frameon=False)
+    fig.tight_layout(rect=(0, extra / (5.2 + extra), 1, 1))
     return _save(fig, path)
+
+
+def _clip_low(ax, values, named, decades: float = 3.0) -> None:
+    """Show at most ``decades`` decades below the largest value; name what lies below (an FP32
+    baseline at 1e-7 would otherwise take most of the height)."""
+    vals = [v for v in values if _pos(v)]
+    if not vals:
+        return
+    floor = max(vals) * 10.0 ** -decades
+    if min(vals) >= floor:
+        return
+    ax.set_ylim(bottom=floor, top=max(vals) * 1.6)
+    below = {lab: v for lab, v, _ in named if _pos(v) and v < floor}
+    text = "; ".join(f"{lab}: {_g(v)}" for lab, v in list(below.items())[:3])
+    ax.annotate(f"▼ below the axis: {text}", xy=(0.01, 0.015), xycoords="axes fraction",
+                fontsize=7, color="0.2")
+
+
+def _short_label(c: Candidate) -> str:
+    """A compact label for a point off the front: 'split fp16/sr+nvfp4'."""
+    lab = c.label.replace(" update + ", "+").replace(" read", "").replace("(", " ")
+    return lab.replace(")", "").replace("conventional", "conv")
 
 
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:
@@ -469,11 +631,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+REPORT_HELP = """\
+Compares every run under DIR (a sweep directory, one run directory, or a folder of sweeps) and
+writes into DIR: sweep_summary.csv (one row per job and scheme: the job's overrides, rel_err /
+kl / state_drift at each reported length and at the end, bytes per step), sweep_error_vs_length.png
+(the Pareto-front configurations highlighted) and sweep_pareto.png (metric vs bytes per step).
+With --budget it recommends the cheapest configuration within the budget and lists runners-up.
+
+example: python -m precsim.report multirun/precision_sweep/2026-01-01_12-00-00_ab12 \\
+             --metric rel_err --budget 0.0625
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="precsim-report", description=__doc__.splitlines()[0])
+    p = _Parser(prog="precsim-report", description=REPORT_HELP,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=Path, help="a sweep or run directory")
-    p.add_argument("--metric", choices=METRICS, default="kl")
-    p.add_argument("--budget", type=float, help="largest acceptable metric at the horizon")
+    p.add_argument("--metric", choices=METRICS, default="rel_err",
+                   help="the figure compared against the budget (default: rel_err, the layer "
+                        "output's relative RMS error; kl depends on the readout's scale)")
+    p.add_argument("--budget", type=float,
+                   help="largest acceptable metric at the horizon, e.g. 0.0625 (rel_err)")
     p.add_argument("--horizon", type=int, help="generated tokens (default: the longest run)")
     p.add_argument("--top", type=int, default=3, help="runners-up to list")
     p.add_argument("--no-plots", action="store_true", help="write only sweep_summary.csv")

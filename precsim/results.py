@@ -113,3 +113,41 @@ def is_complete(run_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(data.get("complete"))
+
+
+# keys that do not change a result's numbers: a rerun that differs only here reuses the result
+RESULT_NEUTRAL_KEYS = ("run.progress", "run.out_dir", "run.threads", "metrics.plot",
+                       "metrics.budget", "metrics.budget_metric")
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]:
+    """``(key, stored value, current value)`` for every result-changing key that differs
+    between two configs (as written in ``summary.json``). With ``workload.kind=trace`` the trace
+    fixes ``model.*``, so those keys are not compared."""
+    a = _flat(json.loads(json.dumps(_clean(stored))))
+    b = _flat(json.loads(json.dumps(_clean(current))))
+    trace = b.get("workload.kind") == "trace"
+    out = []
+    for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k)):
+        if k in RESULT_NEUTRAL_KEYS or (trace and k.startswith("model.")):
+            continue
+        if a.get(k) != b.get(k):
+            out.append((k, a.get(k), b.get(k)))
+    return out
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """The parsed ``summary.json`` of a complete run directory, else None."""
+    if not is_complete(run_dir):
+        return None
+    return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())

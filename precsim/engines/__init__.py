@@ -63,6 +63,10 @@ def run(cfg: Config, progress: bool = True) -> Result:
     import torch
 
     device = resolve_device(cfg.run.device)
+    if getattr(cfg.model, "path", None):  # whole-model mode: a transformers checkpoint
+        from precsim.models import run_model_kl
+
+        return run_model_kl(cfg, device, progress=progress)
     engine = resolve_engine(cfg.run.engine, device, cfg)
     if cfg.run.threads > 0 and torch.get_num_threads() != cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)

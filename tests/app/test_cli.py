@@ -12,7 +12,8 @@ import pytest
 from conftest import make_trace
 from hydra import compose, initialize_config_module
 
-from precsim.config import register_configs, to_config
+from precsim.cli import register_configs
+from precsim.config import to_config
 
 FAST = ["run.steps=64", "model.heads=2", "model.head_dim=8", "model.state_dim=32",
         "run.seqs=2", "metrics.window=32", "metrics.vocab=64", "run.progress=false"]
@@ -48,7 +49,7 @@ def test_real_layer_presets():
     assert (cfg.model.family, cfg.model.head_dim, cfg.model.state_dim) == ("gdn", 128, 128)
 
 
-def test_run_writes_files_and_skips_when_complete(tmp_path):
+def test_run_writes_files_and_reuses_when_complete(tmp_path):
     out = tmp_path / "run"
     r = _cli(["experiment=split_nvfp4", *FAST, f"hydra.run.dir={out}"], tmp_path)
     assert r.returncode == 0, r.stderr
@@ -63,7 +64,7 @@ def test_run_writes_files_and_skips_when_complete(tmp_path):
     assert "recommended:" in r.stdout or "NO configuration" in r.stdout
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     r2 = _cli(["experiment=split_nvfp4", *FAST, f"hydra.run.dir={out}"], tmp_path)
-    assert r2.returncode == 0 and "skipped" in r2.stdout
+    assert r2.returncode == 0 and "reused" in r2.stdout
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name in before} == before
 
 

@@ -80,7 +80,12 @@ def sweep(tmp_path) -> Path:
 
 
 def _run(capsys, *args) -> tuple[int, str]:
-    code = report.main([str(a) for a in args])
+    """The report's CLI; these fixtures are built around the KL, so --metric kl unless given
+    (the report's default metric is rel_err)."""
+    args = [str(a) for a in args]
+    if "--metric" not in args and "--help" not in args:
+        args += ["--metric", "kl"]
+    code = report.main(args)
     return code, capsys.readouterr().out
 
 
@@ -206,3 +211,30 @@ def test_empty_dir_is_an_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         report.main([str(tmp_path)])
     assert e.value.code == 2 and "no run results" in capsys.readouterr().err
+
+
+def test_report_default_metric_is_rel_err(sweep, capsys):
+    code = report.main([str(sweep), "--budget", "1e-2", "--no-plots"])
+    out = capsys.readouterr().out
+    assert code == 0 and "metric rel_err <= 0.01" in out
+
+
+def test_pareto_plot_with_many_configurations(tmp_path):
+    """25+ configurations: the plot is written, and the FP32 baseline far below the others does
+    not set the y range (it is named below the axis instead)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cands = [report.Candidate(f"j{i}", "s", f"split(fp{i} update + nvfp4 read)", 12000 + 300 * i,
+                              0.12 / (1 + i / 10), 4096, f"fmt={i}") for i in range(26)]
+    cands.append(report.Candidate("j0", "c", "conventional(fp32)", 65536, 2.5e-7, 4096))
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.scatter([c.bytes_per_step for c in cands], [c.value for c in cands])
+    report._clip_low(ax, [c.value for c in cands], [(c.label, c.value, "k") for c in cands])
+    lo, hi = ax.get_ylim()
+    assert lo > 1e-5 and hi >= 0.12
+    assert any("conventional(fp32): 2.5e-07" in t.get_text() for t in ax.texts)
+    plt.close(fig)

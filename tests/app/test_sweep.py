@@ -120,7 +120,7 @@ def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path):
     assert report.check_run_dir(jobs["0"]) is None
     err = (jobs["1"] / "error.txt").read_text()
     assert err.startswith("PrecsimError: schemes.split_fp32_nvfp4.read_fmt='bogus'")
-    assert "Traceback" in err and "read_fmt='bogus'" in (jobs["1"] / "__main__.log").read_text()
+    assert "Traceback" in err and "read_fmt='bogus'" in (jobs["1"] / "precsim.log").read_text()
     with open(sweep / report.CSV_FILE) as f:
         status = {r["job"].split("_")[0]: r["status"] for r in csv.DictReader(f)}
     assert status == {"0": "complete", "1": "failed"}
@@ -276,3 +276,21 @@ def test_callback_spreads_joblib_jobs_over_gpus(tmp_path, monkeypatch):
     for cb in cbs:  # on_job_end releases the GPU
         cb.on_job_end(cfg(0), JobReturn(status=JobStatus.COMPLETED))
         assert cb._gpu_lock is None
+
+
+def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
+    """Per-job tables go to each job's log; the terminal gets a line per job and, at the end,
+    the sweep-level recommendation with the report command for this sweep."""
+    sweep = tmp_path / "sweep"
+    r = _cli(["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", "run.steps=64",
+              "model.heads=1", "metrics.window=32", "metrics.vocab=32", "metrics.plot=false",
+              "run.progress=false", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "B/step/hd" not in r.stdout and "budget: rel_err" not in r.stdout  # no job tables
+    assert r.stderr.count("precsim: job ") == 2
+    assert r.stdout.count("metric rel_err <= 0.0625") == 1
+    assert ("recommended:" in r.stdout or "NO configuration" in r.stdout)
+    assert f"python -m precsim.report {sweep} --metric rel_err --budget 0.0625" in r.stdout
+    for job in _jobs(sweep).values():
+        log = (job / "precsim.log").read_text()
+        assert "B/step/hd" in log and "budget: rel_err <= 0.0625" in log

@@ -1,0 +1,414 @@
+"""The command line: ``python -m precsim experiment=NAME [overrides]`` (a Hydra application).
+
+This module holds the Hydra app, the registration of the config schema and of the resolvers the
+configs use (``${precsim_uid:}``, ``${precsim_gpus:}``), and the rule that user errors (bad names,
+ranges, trace files) end with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+
+
+def _fail(msg: str) -> None:
+    print(f"precsim: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# -- registration ------------------------------------------------------------------------------
+def _uid() -> str:
+    """A short suffix unique among runs started in the same second (pid + random)."""
+    return f"{os.getpid():x}{secrets.token_hex(2)}"
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch/CUDA means no GPU to spread over
+        return 0
+
+
+def register_resolvers() -> None:
+    """``${precsim_uid:}`` (cached per config, so every job of a sweep agrees on it) and
+    ``${precsim_gpus:}`` (visible CUDA devices, at least 1). Call before Hydra resolves dirs."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("precsim_uid"):
+        OmegaConf.register_new_resolver("precsim_uid", _uid, use_cache=True)
+    if not OmegaConf.has_resolver("precsim_gpus"):
+        OmegaConf.register_new_resolver("precsim_gpus", lambda: max(1, _gpu_count()),
+                                        use_cache=True)
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (called by the CLI and by tests)."""
+    from hydra.core.config_store import ConfigStore
+
+    from precsim.config import Config
+
+    register_resolvers()  # ${precsim_uid:} in hydra.run.dir / hydra.sweep.dir
+    ConfigStore.instance().store(name="precsim_schema", node=Config)
+
+
+# -- the app -----------------------------------------------------------------------------------
+HELP = """\
+precsim: how far does an SSM layer's output drift after N tokens when its recurrent state is
+stored in FP16 / FP8 / NVFP4 (conventionally, as a shared ReplaySSM checkpoint, or split into a
+master and a read copy), and which scheme is the cheapest within your error budget?
+
+usage: python -m precsim [-m] [GROUP=OPTION | KEY=VALUE ...]      (also: precsim ...)
+
+the three main commands:
+  python -m precsim experiment=split_nvfp4
+      one run: split FP32+NVFP4 beside conventional FP32 and shared NVFP4-SR; prints a table,
+      each scheme's status against the budget and the recommendation
+  python -m precsim -m experiment=precision_sweep hydra/launcher=joblib
+      a sweep (-m: one job per combination); prints progress and one recommendation at the end
+  python -m precsim.report DIR --metric rel_err --budget 0.0625      (also: precsim-report)
+      compares every run under DIR and recommends the cheapest configuration within the budget
+
+groups: {groups}
+keys (see README): run.steps run.seqs run.seed run.out_dir model.heads replay.buffer_len
+  schemes.NAME.fmt|rounding|read_fmt metrics.window metrics.budget_metric metrics.budget ...
+budget (default): metrics.budget_metric=rel_err metrics.budget=0.0625, i.e. the layer output's
+  RMS error at the last step <= 1/16 of its RMS (output SNR >= 24 dB)
+
+output files (in outputs/NAME/DATE_ID/, or hydra.run.dir=DIR, or run.out_dir=DIR):
+  metrics.csv          per scheme and window: rel_err, kl (mean, p10/p50/p90), drift
+  summary.json         headline figures, bytes per step, config; written last (= complete)
+  error_vs_length.png  error, KL and drift vs length, with the budget line
+  per_step.npz         per-step rel_err of every scheme
+  precsim.log          the log (a sweep job's table and verdict go here)
+  a sweep directory (multirun/NAME/DATE_ID/) adds sweep_summary.csv, sweep_error_vs_length.png,
+  sweep_pareto.png
+
+A finished result is never overwritten: rerunning the same config into its directory reuses it,
+another config there is an error. Hydra's own options: --hydra-help; the composed config: --cfg job
+"""
+
+_MULTIRUN_FLAGS = ("-m", "--multirun")
+_HELP_FLAGS = ("-h", "--help")
+
+
+def _group_options() -> dict[str, list[str]]:
+    """The presets of each config group (``conf/<group>/*.yaml``)."""
+    from importlib.resources import files
+
+    conf = files("precsim.conf")
+    return {g: sorted(p.name[:-5] for p in conf.joinpath(g).iterdir() if p.name.endswith(".yaml"))
+            for g in ("experiment", "model", "schemes", "workload")}
+
+
+def _groups() -> str:
+    return "  ".join(f"{g}={'|'.join(names)}" for g, names in _group_options().items())
+
+
+def _check_group(group: str, value) -> None:
+    from precsim.errors import PrecsimError
+
+    names = _group_options()[group]
+    if isinstance(value, str) and value in names:
+        return
+    if group == "schemes" and isinstance(value, dict):
+        return  # schemes={...}: a whole dict of schemes
+    if group == "experiment" and value is None:
+        return
+    raise PrecsimError(f"{group}={value!r} is unknown; allowed: {', '.join(names)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (user
+    errors raise ``SystemExit(2)`` after one line on stderr)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if any(a in _HELP_FLAGS for a in args):
+            sys.stdout.write(HELP.format(groups=_groups()))
+            sys.stdout.flush()
+            return 0
+        return _main(args)
+    except BrokenPipeError:  # e.g. `precsim --help | head -1`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(args: list[str]) -> int:
+    try:
+        import hydra
+        from omegaconf import DictConfig
+    except ImportError as e:  # pragma: no cover
+        _fail(f"hydra-core is required for the CLI ({e}); pip install hydra-core")
+    register_configs()
+    # let exceptions reach us unprinted, so user errors become one line (bugs still show a trace)
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    fresh_dir: list[bool] = [True]  # whether the run directory is one this process creates
+    try:
+        if _precheck(args, fresh_dir):
+            return 0
+    except Exception as e:  # noqa: BLE001 - user errors become one line, bugs a traceback
+        if is_user_error(e):
+            _fail(one_line(e))
+        raise
+
+    @hydra.main(version_base="1.3", config_path="pkg://precsim.conf", config_name="config")
+    def _app(cfg: DictConfig) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        try:
+            _run_app(cfg)
+        except Exception as e:
+            # a single run ends here with one line; in a sweep the callback records the job's
+            # error and the other jobs go on
+            if is_user_error(e) and HydraConfig.get().mode == RunMode.RUN:
+                if fresh_dir[0]:
+                    _remove_stub(HydraConfig.get())
+                _fail(one_line(e))
+            raise
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "precsim", *args]
+    try:
+        _app()
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+    except Exception as e:  # noqa: BLE001 - the last line of defence for one-line errors
+        if is_user_error(e):
+            _fail(one_line(e))
+        raise
+    finally:
+        sys.argv = saved
+        GlobalHydra.instance().clear()
+    return 0
+
+
+def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
+    """Everything that can be checked before Hydra creates a run directory: the override keys
+    (against the schema), and for a single run the whole config, the device, the engine, a trace
+    file and a complete result already in an explicit output directory. Returns True when that
+    result is reused (nothing left to do)."""
+    from pathlib import Path
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from precsim.config import check_key
+
+    flags = [a for a in args if a.startswith("-")]
+    if any(f not in _MULTIRUN_FLAGS for f in flags):
+        return False  # Hydra's own options (--cfg, -cn, ...): Hydra handles them
+    overrides = [a for a in args if not a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    run_dir = None
+    for o in parsed:
+        key = o.key_or_group
+        if key == "hydra.run.dir":
+            run_dir = o.value()
+        if key.startswith("hydra") or "/" in key or o.package:
+            continue
+        check_key(key)
+        if key in _group_options() and not o.is_delete():
+            _check_group(key, o.value())
+    if flags:  # a sweep: each job is checked as it runs; a failed job leaves error.txt
+        return False
+    user = [a for a, o in zip(overrides, parsed, strict=True)
+            if not (o.key_or_group.startswith("hydra") or o.package)]
+    c = _compose_config(user)
+    _preflight(c)
+    out = c.run.out_dir or (run_dir if isinstance(run_dir, str) and "${" not in run_dir
+                            else None)
+    if out is None:
+        return False  # Hydra's default directory: a new, unique one
+    out = Path(out)
+    fresh_dir[0] = run_dir is not None and not Path(run_dir).exists()
+    from precsim.api import reusable
+
+    stored = reusable(c, out)
+    if stored is None:
+        return False
+    print(f"precsim: {out} already holds a complete result of this config; reused (nothing "
+          "was run or written; delete the directory to redo it)")
+    _print_end(c, stored, out, reused=True)
+    return True
+
+
+def _compose_config(overrides: list[str]):
+    """The validated Config the app would get for ``overrides`` (Hydra's compose API)."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import ConfigCompositionException
+
+    from precsim.config import to_config
+
+    try:
+        with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except ConfigCompositionException as e:
+        _explain_missing_scheme(e, overrides)
+        raise
+    return _to_config(cfg, to_config)
+
+
+def _to_config(cfg, to_config):
+    from omegaconf.errors import OmegaConfBaseException
+
+    from precsim.errors import PrecsimError
+
+    try:
+        return to_config(cfg)
+    except OmegaConfBaseException as e:
+        raise PrecsimError(str(e).splitlines()[0]) from None
+
+
+def _explain_missing_scheme(e: Exception, overrides: list[str]) -> None:
+    """``schemes.candidate.fmt=...`` where the chosen schemes preset has no ``candidate``: say
+    which schemes there are and which preset defines it (instead of Hydra's ``+`` hint)."""
+    import re
+    from importlib.resources import files
+
+    from hydra import compose, initialize_config_module
+
+    from precsim.errors import PrecsimError
+
+    m = re.search(r"Could not override '(schemes\.([^.']+)[^']*)'", str(e))
+    if not m:
+        return
+    name = m.group(2)
+    rest = [o for o in overrides if not o.lstrip("+~").startswith(f"schemes.{name}.")]
+    try:
+        with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+            have = list(compose(config_name="config", overrides=rest).schemes)
+    except Exception:  # noqa: BLE001 - the plain message below still names the key
+        have = []
+    import yaml
+
+    presets = sorted(p.name[:-5] for p in files("precsim.conf").joinpath("schemes").iterdir()
+                     if p.name.endswith(".yaml")
+                     and name in (yaml.safe_load(p.read_text()) or {}))
+    where = (f"; schemes={presets[0]} defines it (add schemes={presets[0]} before "
+             f"{m.group(1)})" if presets else
+             f"; to add a scheme give all of it: 'schemes.{name}={{kind: split, fmt: fp32, "
+             "read_fmt: nvfp4}'")
+    raise PrecsimError(f"unknown scheme schemes.{name} in {m.group(1)}; this config's schemes "
+                       f"are: {', '.join(have) or '?'}{where}") from None
+
+
+def _preflight(c) -> None:
+    """Checks that need more than the config: the device, the engine, a trace file."""
+    import copy
+
+    from precsim.engines import resolve_device, resolve_engine
+
+    resolve_engine(c.run.engine, resolve_device(c.run.device))
+    if c.workload.kind == "trace":
+        from precsim.workload import make_workload
+
+        make_workload(copy.deepcopy(c))  # reads and checks the file (and run.steps against it)
+
+
+def _remove_stub(hc) -> None:
+    """Remove the directory Hydra made for a run that then failed validation, but only when it
+    holds nothing except Hydra's ``.hydra/`` and the job's log (never a result)."""
+    import shutil
+    from pathlib import Path
+
+    out = Path(hc.runtime.output_dir)
+    allowed = {".hydra", f"{hc.job.name}.log"}
+    if out.is_dir() and all(p.name in allowed for p in out.iterdir()):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def is_user_error(e: BaseException) -> bool:
+    """Config and input errors (ours, Hydra's, OmegaConf's), as opposed to bugs."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from precsim.errors import PrecsimError
+
+    return isinstance(e, (PrecsimError, OmegaConfBaseException, HydraException))
+
+
+def one_line(e: BaseException) -> str:
+    """Collapse a multi-line Hydra/OmegaConf message into one line that keeps the key."""
+    text = str(e)
+    if e.__cause__ is not None:  # e.g. "Error merging override" hides the reason in its cause
+        text += "\n" + str(e.__cause__)
+    text = text.split("Config search path")[0]
+    parts = [p.strip() for p in text.splitlines() if p.strip()]
+    if not parts:
+        return type(e).__name__
+    head, rest = parts[0], parts[1:]
+    keep = [p for p in rest if p.startswith(("full_key", "Available options"))
+            or not p.startswith(("object_type", "reference_type", "provider", "Set the env"))]
+    if any(p.startswith("Available options") for p in keep):
+        i = next(i for i, p in enumerate(keep) if p.startswith("Available options"))
+        keep = keep[:i] + [keep[i].rstrip(":") + ": " + ", ".join(keep[i + 1:])]
+    return "; ".join([head, *keep])
+
+
+def _run_app(cfg) -> None:
+    import time
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from precsim.api import format_table, reusable, write_outputs
+    from precsim.config import to_config
+    from precsim.engines import run
+
+    t0 = time.perf_counter()
+    c = _to_config(cfg, to_config)
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    say = _job_log if multirun else print
+    out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
+    stored = reusable(c, out)
+    if stored is not None:
+        say(f"precsim: {out} already holds a complete result of this config; reused")
+        summary = stored
+    else:
+        result = run(c, progress=not multirun)
+        summary = write_outputs(c, result, out)
+        say(format_table(summary))
+        say(f"\nengine={result.engine} device={result.device} steps={result.steps} "
+            f"wall={result.wall_s:.2f}s -> {out}")
+        if summary.get("lengths_skipped"):
+            say(f"note: metrics.lengths {summary['lengths_skipped']} not reported: no window of "
+                f"metrics.window={c.metrics.window} ends there")
+    if multirun:
+        _job_log(_end_text(c, summary, out))
+        print(f"precsim: job {hc.job.num} {'reused' if stored else 'done'} "
+              f"({time.perf_counter() - t0:.1f} s) -> {out}", file=sys.stderr, flush=True)
+    else:
+        _print_end(c, summary, out, reused=stored is not None)
+
+
+def _end_text(c, summary: dict, out) -> str:
+    from precsim import report
+
+    return report.run_verdict(summary, c.metrics.budget_metric, c.metrics.budget, out)
+
+
+def _print_end(c, summary: dict, out, reused: bool = False) -> None:
+    if reused:
+        from precsim.api import format_table
+
+        print(format_table(summary))
+    print("\n" + _end_text(c, summary, out))
+
+
+def _job_log(text: str) -> None:
+    """Write to the job's log file only (a sweep keeps the terminal for progress)."""
+    import logging
+
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.emit(logging.makeLogRecord({"msg": text, "levelno": logging.INFO,
+                                          "levelname": "INFO", "name": "precsim"}))

@@ -1,0 +1,204 @@
+"""The command line as a user meets it (issue 11): the budget's verdict, unknown keys, validation
+before any directory exists, reruns, help. The app runs in process through ``main(argv)``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from precsim import report
+from precsim.cli import main
+
+TINY = ["model.heads=1", "model.head_dim=8", "model.state_dim=32", "run.steps=64",
+        "run.seqs=1", "metrics.window=32", "metrics.vocab=32", "run.progress=false",
+        "metrics.plot=false"]
+
+
+def _run(args, capsys):
+    """(exit status, stdout, stderr lines) of one in-process call."""
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code
+    cap = capsys.readouterr()
+    return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
+
+
+def _one_line(rc, err, *needles):
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("precsim: error:") and "Traceback" not in err[0]
+    for n in needles:
+        assert n in err[0], err[0]
+
+
+@pytest.mark.parametrize("arg,needle", [
+    ("run.stepz=100", "unknown key run.stepz; did you mean run.steps?"),
+    ("+run.stepz=100", "unknown key run.stepz; did you mean run.steps?"),
+    ("metrics.windw=8", "did you mean metrics.window?"),
+    ("schemes.split_fp32_nvfp4.read_fm=fp8_e4m3", "did you mean schemes.split_fp32_nvfp4.read_fmt"),
+    ("schemes.candidate.fmt=fp16", "schemes=single defines it"),
+    ("metrics.window=1024", "metrics.window=1024"),  # run.steps=64 in TINY
+    ("metrics.budget=-1", "metrics.budget"),
+    ("metrics.lengths=[0]", "metrics.lengths"),
+])
+def test_bad_override_is_one_line_and_leaves_no_directory(arg, needle, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc, _, err = _run([*TINY, arg, f"hydra.run.dir={out}"], capsys)
+    _one_line(rc, err, needle)
+    assert "+run" not in err[0] and "To append" not in err[0]
+    assert not out.exists()  # validated before Hydra made a directory
+
+
+def test_kl_budget_needs_the_kl(tmp_path, capsys):
+    rc, _, err = _run([*TINY, "metrics.kl=false", "metrics.budget_metric=kl",
+                       f"hydra.run.dir={tmp_path / 'r'}"], capsys)
+    _one_line(rc, err, "metrics.kl")
+
+
+def test_default_budget_is_scale_free_and_stated():
+    from precsim.config import MetricsConfig
+
+    m = MetricsConfig()
+    assert (m.budget_metric, m.budget) == ("rel_err", 0.0625)
+    text = report.BUDGET_MEANING["rel_err"](m.budget)
+    assert "6.25%" in text and "24.1 dB" in text
+
+
+def _summary(values: dict, costs: dict, metric="rel_err", steps=4096):
+    kinds = {"conv": ("conventional", "fp32", None), "shared": ("shared", "nvfp4", None),
+             "split": ("split", "fp32", "nvfp4")}
+    return {"steps": steps, "config": {"replay": {"buffer_len": 16}},
+            "figures": {n: {"final": {"step": steps, metric: v}} for n, v in values.items()},
+            "schemes": {n: {"kind": kinds[n][0], "fmt": kinds[n][1], "read_fmt": kinds[n][2],
+                            "rounding": "rne", "label": n, "dead_at": None} for n in values},
+            "cost": {n: {"bytes_per_step": b} for n, b in costs.items()}}
+
+
+def test_verdict_statuses_margin_knob_and_report_command():
+    s = _summary({"conv": 2.5e-7, "shared": 0.0888, "split": 0.0442},
+                 {"conv": 65536, "shared": 12234, "split": 16042})
+    text = report.run_verdict(s, "rel_err", 0.0625, "/x/my run")
+    lines = text.splitlines()
+    status = {ln.split()[0]: ln for ln in lines if ln.startswith("  ") and ln.split()[0] in
+              ("conv", "shared", "split")}
+    assert "misses by 42%" in status["shared"]  # 0.0888 / 0.0625 = 1.42
+    assert "fits, 29% under" in status["split"]  # 1 - 0.0442 / 0.0625 = 0.29
+    assert "fits" in status["conv"]
+    rec = next(ln for ln in lines if ln.startswith("recommended:"))
+    assert "[split]" in rec and "16,042" in rec
+    near = next(ln for ln in lines if "near miss" in ln)
+    assert "shared" in near and "replay.buffer_len=32" in near
+    assert lines[-1] == ("over a sweep: python -m precsim.report '/x/my run' --metric rel_err "
+                         "--budget 0.0625")
+
+
+def test_verdict_when_nothing_fits_names_the_knob():
+    s = _summary({"shared": 0.3, "split": 0.08}, {"shared": 1, "split": 2})
+    text = report.run_verdict(s, "rel_err", 0.0625, "d")
+    assert "NO scheme is within the budget" in text and "read_fmt=fp8_e4m3" in text
+    assert "recommended:" not in text
+
+
+def test_card_job_recommends_split_whatever_the_sequence_count(tmp_path, capsys):
+    """The card's preset at a smaller size: split fits the default budget, shared misses it,
+    and the answer does not depend on run.seqs."""
+    for seqs in (1, 2):
+        out = tmp_path / f"s{seqs}"
+        rc, stdout, err = _run(["experiment=split_nvfp4", "model.heads=2", "run.steps=1024",
+                                f"run.seqs={seqs}", "run.progress=false", "metrics.plot=false",
+                                f"hydra.run.dir={out}"], capsys)
+        assert rc == 0, err
+        assert "recommended: split(fp32 update + nvfp4 read) [split_fp32_nvfp4]" in stdout
+        assert f"python -m precsim.report {out} --metric rel_err --budget 0.0625" in stdout
+        line = next(ln for ln in stdout.splitlines() if ln.startswith("  shared_nvfp4_sr"))
+        assert "misses" in line
+
+
+def test_rerun_reuses_only_a_matching_config(tmp_path, capsys):
+    out = tmp_path / "r"
+    rc, _, err = _run([*TINY, f"hydra.run.dir={out}"], capsys)
+    assert rc == 0, err
+    files = {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    # same config, another budget: reused, the verdict uses the new budget, nothing is touched
+    rc, stdout, err = _run([*TINY, "metrics.budget=0.5", f"hydra.run.dir={out}"], capsys)
+    assert rc == 0 and "reused" in stdout and "--budget 0.5" in stdout, err
+    # another config: one line, nothing is touched
+    rc, _, err = _run([*TINY, "run.steps=96", f"hydra.run.dir={out}"], capsys)
+    _one_line(rc, err, "run.steps=64 there, 96 now", str(out))
+    assert {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*")
+            if p.is_file()} == files
+
+
+def test_api_follows_the_same_rule(tmp_path):
+    from precsim import simulate
+    from precsim.errors import PrecsimError
+
+    cfg = {"schemes": {"c": {"kind": "conventional", "fmt": "fp16"}},
+           "model": {"heads": 1, "head_dim": 4, "state_dim": 16},
+           "run": {"steps": 64, "progress": False}, "metrics": {"window": 32, "vocab": 32,
+                                                                "plot": False}}
+    first = simulate(cfg, out_dir=tmp_path)
+    before = (tmp_path / "summary.json").read_bytes()
+    again = simulate(cfg, out_dir=tmp_path)
+    assert again.info.get("reused") and [r["step"] for r in again.rows] == [32, 64]
+    assert again.rows[-1]["rel_err"] == pytest.approx(first.rows[-1]["rel_err"], rel=1e-6)
+    with pytest.raises(PrecsimError, match="another config .*run.steps=64 there, 128 now"):
+        simulate({**cfg, "run": {"steps": 128, "progress": False}}, out_dir=tmp_path)
+    assert (tmp_path / "summary.json").read_bytes() == before
+    with pytest.raises(PrecsimError, match="unknown key run.stepz; did you mean run.steps"):
+        simulate({**cfg, "run": {"stepz": 128}})
+
+
+def test_lengths_that_no_window_ends_at_are_not_reported(tmp_path, capsys):
+    out = tmp_path / "r"
+    rc, stdout, _ = _run([*TINY, "run.steps=128", "metrics.window=64",
+                          "metrics.lengths=[32,64,128]", f"hydra.run.dir={out}"], capsys)
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    figs = s["figures"]["split_fp32_nvfp4"]
+    assert "32" not in figs and {"64", "128"} <= set(figs)
+    assert s["lengths_skipped"] == [32] and "metrics.lengths [32] not reported" in stdout
+
+
+def test_remove_stub_keeps_a_directory_with_results(tmp_path):
+    from types import SimpleNamespace
+
+    from precsim.cli import _remove_stub
+
+    def hc(d):
+        return SimpleNamespace(runtime=SimpleNamespace(output_dir=str(d)),
+                               job=SimpleNamespace(name="precsim"))
+
+    stub = tmp_path / "stub"
+    (stub / ".hydra").mkdir(parents=True)
+    (stub / "precsim.log").write_text("")
+    _remove_stub(hc(stub))
+    assert not stub.exists()
+    kept = tmp_path / "kept"
+    (kept / ".hydra").mkdir(parents=True)
+    (kept / "summary.json").write_text("{}")
+    _remove_stub(hc(kept))
+    assert (kept / "summary.json").is_file()
+
+
+def test_help_describes_and_survives_a_closed_pipe(tmp_path):
+    r = subprocess.run(f"{sys.executable} -m precsim --help | head -1", shell=True, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.startswith("precsim: how far") and r.stderr == ""
+    full = subprocess.run([sys.executable, "-m", "precsim", "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60).stdout
+    for needle in ("python -m precsim experiment=split_nvfp4", "-m experiment=precision_sweep",
+                   "python -m precsim.report DIR", "metrics.csv", "summary.json",
+                   "error_vs_length.png", "run.out_dir", "experiment=precision_sweep|"):
+        assert needle in full, needle
+    assert "powered by Hydra" not in full and not list(tmp_path.iterdir())
+
+
+def test_report_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        report.main(["--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and "--metric" in text and "relative RMS error" in text
