@@ -39,7 +39,8 @@ def in_process(engine: str, heads: int, steps: int, only: str | None = None
     from hydra import compose, initialize_config_module
     from precsim.engine import run
 
-    from precsim.config import register_configs, to_config
+    from precsim.cli import register_configs
+    from precsim.config import to_config
 
     register_configs()
     with initialize_config_module(config_module="precsim.conf", version_base="1.3"):

@@ -127,13 +127,6 @@ class Config:
     name: str = "run"
 
 
-def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore; lives in :mod:`precsim.cli`."""
-    from .cli import register_configs as _register
-
-    _register()
-
-
 GROUPS = ("model", "workload", "schemes", "experiment")  # conf/<group>/*.yaml
 
 

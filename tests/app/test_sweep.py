@@ -198,7 +198,7 @@ def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_module
     from hydra.core.utils import setup_globals
 
-    from precsim.config import register_configs
+    from precsim.cli import register_configs
 
     register_configs()
     setup_globals()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_module
 
-from precsim.config import register_configs, to_config
+from precsim.cli import register_configs
+from precsim.config import to_config
 from precsim.engines.torch import run as run_torch
 
 
