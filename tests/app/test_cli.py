@@ -76,7 +76,7 @@ BAD = {
     "negative_steps": (["run.steps=-3"], "run.steps"),
     "unknown_key": (["run.stepz=3"], "run.stepz"),
     "wrong_type": (["run.steps=abc"], "run.steps"),
-    "unknown_model": (["model=foo"], "model/foo"),
+    "unknown_model": (["model=foo"], "model='foo' is unknown; allowed: gdn, mamba2"),
     "trace_without_path": (["workload=trace"], "workload.path"),
     "trace_missing_file": (["workload=trace", "workload.path=/nonexistent.npz"],
                            "workload.path"),
