@@ -257,9 +257,7 @@ def test_dispatch_order_changes_nothing_but_the_order():
 def test_kl_rows_fused_matches_torch_ops():
     """The fused KL (one Triton pass after the two matmuls) against the torch ops of
     Readout.kl, on differences large enough that float64 noise does not matter."""
-    from precsim.kernels.metrics import kl_rows
-
-    from precsim.metrics import Readout
+    from precsim.metrics import Readout, kl_rows
 
     g = torch.Generator().manual_seed(3)
     ro = Readout(64, 48, 2.0, DEV)  # vocab not a power of two: masked lanes
