@@ -1,4 +1,4 @@
-"""precsim.formats — number formats and rounding (NVFP4, MX, FP8, FP16, BF16, ...).
+"""precsim.formats — number formats and rounding (NVFP4, MX, FP8, FP16, BF16, INT8, ...).
 
 ``quantize(x, fmt, rounding="rne", *, seed=None, **options)`` fake-quantizes a NumPy array or a
 torch tensor; ``get(name)`` returns a format object; ``names()`` lists the registry.
@@ -10,11 +10,14 @@ from .core import (
     REGISTRY,
     ROUNDINGS,
     SCALE_FLOORS,
+    SCALE_MODES,
     TENSOR_SCOPES,
     BlockFormat,
     FloatFormat,
     FormatError,
     IdentityFormat,
+    IntFormat,
+    ScaledFormat,
     get,
     names,
     quantize,
@@ -30,8 +33,9 @@ from .rng import (
 )
 
 __all__ = [
-    "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "TENSOR_SCOPES",
-    "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "get", "names", "quantize",
+    "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "SCALE_MODES",
+    "TENSOR_SCOPES", "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "IntFormat",
+    "ScaledFormat", "get", "names", "quantize",
     "lane_layout", "random_bits_numpy", "random_bits_torch", "random_uint_numpy",
     "random_uint_torch", "stream_id", "stream_keys",
 ]

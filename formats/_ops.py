@@ -39,6 +39,11 @@ class NumpyOps:
         return a / a.dtype.type(c)
 
     @staticmethod
+    def recip(a):
+        """1 / a, correctly rounded in a's dtype."""
+        return a.dtype.type(1) / a
+
+    @staticmethod
     def exponent(ax):
         """Biased-exponent field minus the bias, for |x| (subnormals give emin-1; callers clamp)."""
         if ax.dtype == np.float64:
@@ -146,6 +151,13 @@ class TorchOps:
         if a.device.type == "cpu":
             return a / c
         return a / torch.tensor(c, dtype=a.dtype, device=a.device)
+
+    @staticmethod
+    def recip(a):
+        """1 / a, correctly rounded: a tensor division (not torch.reciprocal's fast paths)."""
+        import torch
+
+        return torch.ones_like(a) / a
 
     @staticmethod
     def exponent(ax):

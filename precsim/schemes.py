@@ -126,7 +126,8 @@ def format_options(cfg: Config) -> dict:
     """quantize() options of block formats; ``tensor`` scope = a (S, H*P, N) view's matrix."""
     scope = cfg.formats.tensor_scope
     return {"scale_floor": cfg.formats.scale_floor,
-            "tensor_scope": "matrix" if scope == "tensor" else scope}
+            "tensor_scope": "matrix" if scope == "tensor" else scope,
+            "scale_mode": cfg.formats.nvfp4_scale}
 
 
 def quantize_state(x, fmt: str, rounding: str, *, name: str, event: int, purpose: int,
