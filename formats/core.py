@@ -641,7 +641,8 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
     written to match the MSLK Triton kernel, and TensorRT-LLM's FP4 conversion multiply by a
     reciprocal), so the simulated state is the one a serving engine would store; ``"divide"``
     computes ``x / (s_tensor · bs)``. The two differ by one E2M1 step where ``x/total`` lies
-    within an ulp of a rounding midpoint (e.g. 5.0000005 → 6 by division, 4 by the product).
+    within an ulp of a rounding midpoint (s_t = 1, bs = 3.5, x = 12.249999: x / 3.5 = 3.4999998
+    rounds to 3, x · float32(1/3.5) = 3.5 ties to 4).
     """
     shape = tuple(x.shape)
     if len(shape) == 0 or shape[-1] % fmt.block:

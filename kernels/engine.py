@@ -35,7 +35,8 @@ from precsim.ssm import get_family
 from precsim.workload import make_workload
 
 from .metrics import DeviceAccumulator, drift_from_partials, drift_partials, kl_rows, row_stats
-from .quant import IEEE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id, sr_bits_of
+from .quant import (IEEE, SCALED_BASE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id,
+                    scale_flags, sr_bits_of)
 from .rng import event_keys
 
 log = logging.getLogger("precsim.kernels")
@@ -101,6 +102,10 @@ def unsupported_reason(cfg: Config) -> str | None:
                     for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt) if f)
     if two_level and cfg.formats.tensor_scope == "tensor":
         return "formats.tensor_scope=tensor (an NVFP4 scale over the whole layer couples heads)"
+    rowscaled = [f for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt)
+                 if f and fmt_id(f) >= SCALED_BASE]
+    if rowscaled:  # the scheme code holds 4 bits per format
+        return f"row-scaled format {rowscaled[0]} (not in the kernels' scheme code)"
     P, N = m.head_dim, m.state_dim
     if not (_pow2(P) and _pow2(N) and P >= 16 and N >= 16):
         return f"head_dim={P}, state_dim={N} (kernels need powers of two >= 16)"
@@ -465,7 +470,7 @@ def _launch(fam, inp, params, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, 
     grid = (SH, int(truth) + len(idx))
     common = dict(P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth), NSCH=len(idx),
                   BUF=BUF_IDS[cfg.replay.buffer_dtype],
-                  SFLOOR=int(cfg.formats.scale_floor == "normal"),
+                  SFLOOR=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
                   SCOPE=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
                   ORDER=dispatch_order(truth, list(codes), lpt),
                   **{f"C{k}": c for k, c in enumerate(cs)}, num_warps=nw,
