@@ -537,7 +537,8 @@ def round_int(x, fmt: IntFormat, rounding: str, ops, *, seed, stream=0, offset=0
     :func:`round_float`. Beyond ±qmax: saturate, or NaN with ``overflow="ieee"``.
     """
     ax = ops.abs(x)
-    y = ops.minimum(ax, fmt.max_value)  # NaN stays NaN
+    # satfinite clamps first (NaN stays NaN); "ieee" rounds |x| as is and flags results > qmax
+    y = ops.minimum(ax, fmt.max_value) if overflow != "ieee" else ax
     if rounding == "rne":
         r = ops.rint(y)
     else:
@@ -547,7 +548,7 @@ def round_int(x, fmt: IntFormat, rounding: str, ops, *, seed, stream=0, offset=0
         u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x)
         r = lo + (u < thr)
     if overflow == "ieee":
-        r = ops.where(ax > fmt.max_value, ops.full_like(r, math.nan), r)
+        r = ops.where(r > fmt.max_value, ops.full_like(r, math.nan), r)
     return ops.copysign(r, x)
 
 

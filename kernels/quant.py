@@ -158,7 +158,10 @@ def round_int(x, QMAX: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: 
               k0, k1, base_lo, base_hi, off):
     """formats.core.round_int: the integers -QMAX..QMAX, saturating (NaN beyond with OVF=1)."""
     ax = tl.abs(x)
-    y = tl.minimum(ax, QMAX, propagate_nan=tl.PropagateNan.ALL)
+    if OVF == 1:
+        y = ax
+    else:
+        y = tl.minimum(ax, QMAX, propagate_nan=tl.PropagateNan.ALL)
     if RND == 0:
         r = rint_pos(y)
     else:
@@ -166,7 +169,7 @@ def round_int(x, QMAX: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: 
         thr = tl.floor((y - lo) * (2.0 ** SRB))
         r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
     if OVF == 1:
-        r = tl.where(ax > QMAX, float("nan"), r)
+        r = tl.where(r > QMAX, float("nan"), r)
     return copysign_f32(r, x)
 
 

@@ -1,0 +1,59 @@
+"""Triton twins (``kernels/quant.py``) of the new formats and options, bit for bit against
+``precsim.formats`` on small tiles (CPU tensors run in Triton's interpreter)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+if "precsim.kernels.quant" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1" and \
+        not torch.cuda.is_available():  # pragma: no cover
+    pytest.skip("precsim.kernels imported before TRITON_INTERPRET was set", allow_module_level=True)
+pytest.importorskip("triton")
+
+from precsim import formats as pf  # noqa: E402
+from precsim.kernels.quant import quantize_tiles  # noqa: E402
+
+CASES = [("nvfp4", {"scale_mode": "reciprocal"}), ("nvfp4", {"scale_mode": "divide"}),
+         ("nvfp4", {"scale_mode": "reciprocal", "tensor_scope": "none"}),
+         ("nvfp4", {"scale_mode": "reciprocal", "scale_floor": "normal"}),
+         ("int8", {}), ("int16", {}), ("int8", {"overflow": "ieee"}),
+         ("int8_b16", {}), ("int8_b64", {}), ("int16_b32", {}), ("fp8_e4m3_b16", {}),
+         ("fp8_e5m2_b32", {}), ("fp16_b64", {}), ("fp4_e2m1_b16", {})]
+
+
+def tile_input(name, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 4, 64)) * np.exp2(rng.integers(-20, 20, (2, 4, 1)))
+    if pf.get(name).kind == "int":
+        x = rng.uniform(-140, 140, (2, 4, 64))
+        x[0, 0, :8] = [0.5, 1.5, 2.5, -2.5, 127.5, -127.5, 126.5, np.nan]
+    x[1, 2, :] = 0.0  # an all-zero row
+    x[1, 3, 5] = 1e4 * np.abs(x[1, 3]).max()  # an outlier
+    if name == "nvfp4":  # matrix 0: s_t = 1, blocks with bs = 3.5 and x/bs an ulp below 3.5
+        x[0] = 0.0
+        x[0, 0, 0] = 2688.0
+        x[0, 1:] = np.tile([21.0] + [np.nextafter(np.float32(12.25), 0)] * 15, 4)
+    return torch.from_numpy(x.astype(np.float32))
+
+
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+@pytest.mark.parametrize("name,opts", CASES, ids=["-".join([n, *o.values()]) for n, o in CASES])
+def test_twin_bit_exact(name, opts, rounding):
+    x = tile_input(name)
+    want = pf.quantize(x, name, rounding, seed=9, stream=77, **opts)
+    got = quantize_tiles(x, name, rounding, seed=9, stream=77, **opts)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (name, opts, rounding)
+
+
+def test_scale_modes_differ_in_the_kernel_too():
+    x = tile_input("nvfp4")
+    a = quantize_tiles(x, "nvfp4", scale_mode="reciprocal")
+    b = quantize_tiles(x, "nvfp4", scale_mode="divide")
+    assert (a != b).any()
