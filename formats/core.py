@@ -367,7 +367,7 @@ _SCALED: dict[str, ScaledFormat] = {}
 
 
 def _scaled(name: str, key: str):
-    """``<element>_b<B>`` → a cached :class:`ScaledFormat`, or None if ``key`` is not of that form."""
+    """``<element>_b<B>`` → a cached :class:`ScaledFormat`; None if ``key`` is not of that form."""
     head, sep, tail = key.rpartition("_b")
     if not sep or not tail.isdigit():
         return None

@@ -35,8 +35,18 @@ from precsim.ssm import get_family
 from precsim.workload import make_workload
 
 from .metrics import DeviceAccumulator, drift_from_partials, drift_partials, kl_rows, row_stats
-from .quant import (IEEE, SCALED_BASE, SCOPE_MATRIX, SCOPE_NONE, SR, _i32, block_of, fmt_id,
-                    scale_flags, sr_bits_of)
+from .quant import (
+    IEEE,
+    SCALED_BASE,
+    SCOPE_MATRIX,
+    SCOPE_NONE,
+    SR,
+    _i32,
+    block_of,
+    fmt_id,
+    scale_flags,
+    sr_bits_of,
+)
 from .rng import event_keys
 
 log = logging.getLogger("precsim.kernels")

@@ -17,8 +17,9 @@ if "precsim.kernels.quant" in sys.modules and os.environ.get("TRITON_INTERPRET")
     pytest.skip("precsim.kernels imported before TRITON_INTERPRET was set", allow_module_level=True)
 pytest.importorskip("triton")
 
-from precsim import formats as pf  # noqa: E402
 from precsim.kernels.quant import quantize_tiles  # noqa: E402
+
+from precsim import formats as pf  # noqa: E402
 
 CASES = [("nvfp4", {"scale_mode": "reciprocal"}), ("nvfp4", {"scale_mode": "divide"}),
          ("nvfp4", {"scale_mode": "reciprocal", "tensor_scope": "none"}),
@@ -64,10 +65,11 @@ def test_engine_runs_int8_and_leaves_row_scaled_to_torch():
     engine window by window; a row-scaled format is reported unsupported (torch runs it)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from conftest import tiny_cfg
-    from precsim.config import to_config
-    from precsim.engine import run_torch
     from precsim.kernels import run_triton
     from precsim.kernels.engine import unsupported_reason
+
+    from precsim.config import to_config
+    from precsim.engine import run_torch
 
     schemes = {"conv_int8": {"kind": "conventional", "fmt": "int8", "rounding": "sr"},
                "split_int16": {"kind": "split", "fmt": "int16", "read_fmt": "int8"}}
