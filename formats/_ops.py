@@ -70,9 +70,10 @@ class NumpyOps:
         return cls.amax(np.abs(xb), -1)
 
     @staticmethod
-    def random_u(shape, bits, seed, stream, offset, like):
+    def random_u(shape, bits, seed, stream, offset, like, source="hash"):
         n = int(np.prod(shape))
-        return random_uint_numpy(n, bits, seed, stream, offset).reshape(shape).astype(like.dtype)
+        r = random_uint_numpy(n, bits, seed, stream, offset, source=source)
+        return r.reshape(shape).astype(like.dtype)
 
     @staticmethod
     def as_dtype(x, dtype_name):
@@ -205,17 +206,17 @@ class TorchOps:
         return xb.abs().amax(dim=-1, keepdim=True)
 
     @staticmethod
-    def random_u(shape, bits, seed, stream, offset, like):
+    def random_u(shape, bits, seed, stream, offset, like, source="hash"):
         n = 1
         for s in shape:
             n *= int(s)
         if like.device.type == "cpu":  # NumPy's uint32 hash is ~3x faster than torch int64 here
             import torch
 
-            r = random_uint_numpy(n, bits, seed, stream, offset)
+            r = random_uint_numpy(n, bits, seed, stream, offset, source=source)
             return torch.from_numpy(r.astype(np.float32 if like.dtype == torch.float32
                                              else np.float64)).reshape(shape)
-        r = random_uint_torch(n, bits, seed, stream, offset, device=like.device)
+        r = random_uint_torch(n, bits, seed, stream, offset, device=like.device, source=source)
         return r.reshape(shape).to(like.dtype)
 
 

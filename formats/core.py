@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._ops import TORCH, ops_for
-from .rng import random_uint_numpy
+from .rng import SR_SOURCES, random_uint_numpy
 
 ROUNDINGS = ("rne", "sr")
 OVERFLOWS = ("satfinite", "ieee")
@@ -412,7 +412,7 @@ def get(name):
 # ----------------------------------------------------------------------------------------------
 # rounding
 
-_COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow")
+_COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow", "sr_source")
 
 
 def _check_options(fmt, rounding, options):
@@ -434,12 +434,20 @@ def _check_options(fmt, rounding, options):
     if ts not in TENSOR_SCOPES:
         raise FormatError(
             f"tensor_scope={ts!r} is unknown; allowed: {', '.join(TENSOR_SCOPES)}")
+    src = options.get("sr_source", "hash")
+    if src not in SR_SOURCES:
+        raise FormatError(f"sr_source={src!r} is unknown; allowed: {', '.join(SR_SOURCES)}")
     sm = options.get("scale_mode", "reciprocal")
     if sm not in SCALE_MODES:
         raise FormatError(f"scale_mode={sm!r} is unknown; allowed: {', '.join(SCALE_MODES)}")
     sb = options.get("sr_bits")
     if sb is not None and not (isinstance(sb, (int, np.integer)) and 1 <= sb <= 32):
         raise FormatError(f"sr_bits={sb!r} is out of range; allowed: an integer 1..32")
+
+
+def accepted_options(fmt) -> set:
+    """Names of the options ``quantize`` accepts for ``fmt`` (common ones and the format's)."""
+    return set(_COMMON_OPTIONS) | set(getattr(get(fmt), "options", ()))
 
 
 def _dtype_bits(x) -> int:
@@ -453,7 +461,7 @@ def _dtype_bits(x) -> int:
 
 
 def round_float(x, fmt: FloatFormat, rounding: str, ops, *, seed, stream=0, offset=0,
-                sr_bits=None, overflow="satfinite"):
+                sr_bits=None, overflow="satfinite", sr_source="hash"):
     """Round every element of ``x`` to ``fmt`` (result in x's dtype). SR keyed by counters."""
     ax = ops.abs(x)
     e = ops.maximum(ops.exponent(ax), fmt.emin)  # below the normal range the quantum is fixed
@@ -466,7 +474,7 @@ def round_float(x, fmt: FloatFormat, rounding: str, ops, *, seed, stream=0, offs
         bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
         # round up with probability floor(frac * 2^bits) / 2^bits: hardware SR with `bits` bits
         thr = ops.floor((y - lo) * float(2**bits))
-        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x)
+        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
         r = lo + (u < thr)
     out = r * q
     if not fmt.has_zero:  # e8m0: no zero; below 2^-127 clamps up, 0 and negatives are NaN
@@ -500,7 +508,7 @@ def _fast_ok(x, fmt, rounding, ops, overflow) -> bool:
 
 
 def _round_float_t32(x, fmt: FloatFormat, rounding: str, *, seed, stream=0, offset=0,
-                     sr_bits=None, overflow="satfinite"):
+                     sr_bits=None, overflow="satfinite", sr_source="hash"):
     """:func:`round_float` for float32 torch tensors in fewer ops (exponent arithmetic on bits).
 
     Every step is exact, so results are bit-identical to the generic path (tests check).
@@ -519,7 +527,7 @@ def _round_float_t32(x, fmt: FloatFormat, rounding: str, *, seed, stream=0, offs
         y = y.clamp_(max=float(2 ** (fmt.mbits + 2)))  # Inf -> a finite overflow (NaN stays)
         lo = y.floor()
         thr = ((y - lo) * float(2**bits)).floor_()
-        u = TORCH.random_u(tuple(x.shape), bits, seed, stream, offset, x)
+        u = TORCH.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
         r = lo.add_((thr - u).clamp_(0.0, 1.0))  # +1 iff u < thr (integers: exact, no bools)
     out = r.mul_(q)
     if overflow == "ieee":
@@ -530,7 +538,7 @@ def _round_float_t32(x, fmt: FloatFormat, rounding: str, *, seed, stream=0, offs
 
 
 def round_int(x, fmt: IntFormat, rounding: str, ops, *, seed, stream=0, offset=0, sr_bits=None,
-              overflow="satfinite"):
+              overflow="satfinite", sr_source="hash"):
     """Round every element of ``x`` to the integers ``-qmax..qmax`` (result in x's dtype).
 
     RNE: ties to even; SR with ``r`` bits: up iff ``u < floor(frac · 2^r)`` as in
@@ -545,7 +553,7 @@ def round_int(x, fmt: IntFormat, rounding: str, ops, *, seed, stream=0, offset=0
         lo = ops.floor(y)
         bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
         thr = ops.floor((y - lo) * float(2**bits))
-        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x)
+        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
         r = lo + (u < thr)
     if overflow == "ieee":
         r = ops.where(r > fmt.max_value, ops.full_like(r, math.nan), r)
@@ -605,12 +613,12 @@ def _e2m1_table_ok(xb, el, rounding, ops, sr_bits) -> bool:
             and str(xb.dtype) == "torch.float32" and xb.device.type == "cpu")
 
 
-def _e2m1_sr_table(y, *, seed, stream, offset):
+def _e2m1_sr_table(y, *, seed, stream, offset, sr_source="hash"):
     """SR of float32 ``y`` (any sign, unclipped) to E2M1 with 8 random bits, by table."""
     import torch
 
     t_tab, v_tab = _e2m1_tables()
-    u = random_uint_numpy(y.numel(), 8, seed, stream, offset)
+    u = random_uint_numpy(y.numel(), 8, seed, stream, offset, source=sr_source)
     ubar = torch.from_numpy(np.subtract(255, u, dtype=np.int32))
     idx = (y.contiguous().view(torch.int32) >> 14).bitwise_and_(0x3FFFF).view(-1)
     code = t_tab.index_select(0, idx).add_(ubar)
@@ -633,7 +641,7 @@ def _like(ops, a, x):
 
 def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset=0,
                    sr_bits=None, overflow="satfinite", scale_floor="subnormal",
-                   tensor_scope="matrix", scale_mode="reciprocal"):
+                   tensor_scope="matrix", scale_mode="reciprocal", sr_source="hash"):
     """Fake-quantize along the last axis in blocks of ``fmt.block``. Scales are deterministic.
 
     NVFP4 applies its scales to the elements by ``scale_mode``: ``"reciprocal"`` (default)
@@ -695,11 +703,11 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
     safe = ops.where(total > 0, total, ops.full_like(total, 1.0))
     xs = xb / safe if inv is None else xb * inv
     if _e2m1_table_ok(xb, el, rounding, ops, sr_bits):
-        qe = _e2m1_sr_table(xs, seed=seed, stream=stream, offset=offset)
+        qe = _e2m1_sr_table(xs, seed=seed, stream=stream, offset=offset, sr_source=sr_source)
     else:
         scaled = ops.clip(xs, el.max_value)
         qe = round_elements(scaled, el, rounding, ops, seed=seed, stream=stream, offset=offset,
-                            sr_bits=sr_bits, overflow="satfinite")
+                            sr_bits=sr_bits, overflow="satfinite", sr_source=sr_source)
     # a zero scale flushes its block to (signed) zero; a NaN scale (NaN/Inf anywhere in the
     # scale's scope) makes the block NaN: both fall out of the product
     out = qe * total
@@ -717,7 +725,9 @@ def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, *
         seed: SR key (64-bit). ``None`` draws a fresh one (not reproducible).
         **options: ``stream`` (SR stream id), ``offset`` (element index of x's first element, so
             chunked calls reproduce an unchunked one), ``sr_bits`` (1..32), ``overflow``
-            (``"satfinite"`` or ``"ieee"``); NVFP4 also ``scale_floor`` (``"subnormal"`` or
+            (``"satfinite"`` or ``"ieee"``), ``sr_source`` (SR random bits: ``"hash"``, the
+            default, or ``"philox5"`` / ``"philox7"`` / ``"philox10"``, see ``formats.rng``);
+            NVFP4 also ``scale_floor`` (``"subnormal"`` or
             ``"normal"``), ``tensor_scope`` (``"matrix"``: last two axes, ``"tensor"``: all,
             ``"none"``: block scales only) and ``scale_mode`` (``"reciprocal"``, the default:
             multiply by ``(1/s_tensor)/bs`` as production quantizers do; ``"divide"``).

@@ -116,6 +116,8 @@ def unsupported_reason(cfg: Config) -> str | None:
                  if f and fmt_id(f) >= SCALED_BASE]
     if rowscaled:  # the scheme code holds 4 bits per format
         return f"row-scaled format {rowscaled[0]} (not in the kernels' scheme code)"
+    if cfg.formats.sr_source != "hash":
+        return f"formats.sr_source={cfg.formats.sr_source} (the kernels' SR uses the hash)"
     P, N = m.head_dim, m.state_dim
     if not (_pow2(P) and _pow2(N) and P >= 16 and N >= 16):
         return f"head_dim={P}, state_dim={N} (kernels need powers of two >= 16)"

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from precsim import formats as pf
 
-from .rng import sr_increment
+from .rng import SRC_IDS, sr_increment
 
 # element formats first; ids are kernel constexprs
 FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
@@ -114,7 +114,7 @@ def round_float(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
         r = rint_pos(y)
     else:
         lo = tl.floor(y)
-        thr = tl.floor((y - lo) * (2.0 ** SRB))
+        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))  # SRB: bits + 64 * source
         r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
     out = r * q
     over = out > MAXV
@@ -166,7 +166,7 @@ def round_int(x, QMAX: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: 
         r = rint_pos(y)
     else:
         lo = tl.floor(y)
-        thr = tl.floor((y - lo) * (2.0 ** SRB))
+        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))  # SRB: bits + 64 * source
         r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
     if OVF == 1:
         r = tl.where(r > QMAX, float("nan"), r)
@@ -282,7 +282,7 @@ def _quantize_kernel(x_ptr, out_ptr, k0, k1, R: tl.constexpr, NB: tl.constexpr,
 def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: int = 0,
                    stream: int = 0, sr_bits: int | None = None, overflow: str = "satfinite",
                    scale_floor: str = "subnormal", tensor_scope: str = "matrix",
-                   scale_mode: str = "reciprocal") -> torch.Tensor:
+                   scale_mode: str = "reciprocal", sr_source: str = "hash") -> torch.Tensor:
     """Quantise a float32 tensor ``(M, R, C)`` with the in-kernel code, one matrix a program.
 
     The result equals ``precsim.formats.quantize(x, fmt, rounding, seed=seed, stream=stream,
@@ -295,7 +295,8 @@ def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: in
     x = x.contiguous()
     _quantize_kernel[(M,)](x, out, _i32(k0), _i32(k1), R=R, NB=C // blk, BLK=blk,
                            F=fmt_id(fmt), RND=SR if rounding == "sr" else RNE,
-                           SRB=sr_bits_of(fmt, sr_bits), OVF=IEEE if overflow == "ieee" else 0,
+                           SRB=sr_bits_of(fmt, sr_bits) + 64 * SRC_IDS[sr_source],
+                           OVF=IEEE if overflow == "ieee" else 0,
                            SFLOOR=scale_flags(scale_floor, scale_mode),
                            SCOPE=SCOPE_NONE if tensor_scope == "none" else SCOPE_MATRIX)
     return out

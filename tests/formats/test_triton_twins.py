@@ -53,6 +53,16 @@ def test_twin_bit_exact(name, opts, rounding):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (name, opts, rounding)
 
 
+@pytest.mark.parametrize("source", ["philox5", "philox7", "philox10"])
+@pytest.mark.parametrize("name", ["nvfp4", "fp16", "int8", "int8_b16"])
+def test_twin_philox_sr_bit_exact(name, source):
+    """Philox SR in the kernel (tl.umulhi) draws the same words as NumPy/torch."""
+    x = tile_input(name, seed=1)
+    want = pf.quantize(x, name, "sr", seed=4, stream=2**40 + 3, sr_source=source)
+    got = quantize_tiles(x, name, "sr", seed=4, stream=2**40 + 3, sr_source=source)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (name, source)
+
+
 def test_scale_modes_differ_in_the_kernel_too():
     x = tile_input("nvfp4")
     a = quantize_tiles(x, "nvfp4", scale_mode="reciprocal")
