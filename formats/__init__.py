@@ -23,6 +23,7 @@ from .core import (
     names,
     quantize,
 )
+from .hadamard import rotate
 from .rng import (
     SR_SOURCES,
     lane_layout,
@@ -40,7 +41,7 @@ __all__ = [
     "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "SCALE_MODES",
     "TENSOR_SCOPES", "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "IntFormat",
     "ScaledFormat", "get", "names", "quantize",
-    "SR_SOURCES", "accepted_options", "philox4x32_numpy", "philox4x32_torch",
+    "SR_SOURCES", "accepted_options", "rotate", "philox4x32_numpy", "philox4x32_torch",
     "lane_layout", "random_bits_numpy", "random_bits_torch", "random_uint_numpy",
     "random_uint_torch", "stream_id", "stream_keys",
 ]

@@ -412,7 +412,7 @@ def get(name):
 # ----------------------------------------------------------------------------------------------
 # rounding
 
-_COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow", "sr_source")
+_COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow", "sr_source", "rotate")
 
 
 def _check_options(fmt, rounding, options):
@@ -434,6 +434,9 @@ def _check_options(fmt, rounding, options):
     if ts not in TENSOR_SCOPES:
         raise FormatError(
             f"tensor_scope={ts!r} is unknown; allowed: {', '.join(TENSOR_SCOPES)}")
+    rot = options.get("rotate", False)
+    if not isinstance(rot, (bool, np.bool_)):
+        raise FormatError(f"rotate={rot!r} is invalid; allowed: true, false")
     src = options.get("sr_source", "hash")
     if src not in SR_SOURCES:
         raise FormatError(f"sr_source={src!r} is unknown; allowed: {', '.join(SR_SOURCES)}")
@@ -731,6 +734,8 @@ def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, *
             ``"normal"``), ``tensor_scope`` (``"matrix"``: last two axes, ``"tensor"``: all,
             ``"none"``: block scales only) and ``scale_mode`` (``"reciprocal"``, the default:
             multiply by ``(1/s_tensor)/bs`` as production quantizers do; ``"divide"``).
+            ``rotate=True`` (any format): randomized Hadamard rotation of the last axis (a power
+            of two) before quantising, inverted after (``formats.hadamard``).
 
     Example:
         >>> import numpy as np, precsim.formats as pf
@@ -741,6 +746,14 @@ def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, *
     _check_options(fmt, rounding, options)
     ops = ops_for(x)
     _dtype_bits(x)
+    if options.pop("rotate", False):
+        from .hadamard import RotateError, rotate
+
+        try:
+            xr = rotate(x)
+        except RotateError as e:
+            raise FormatError(f"format={fmt.name!r} with rotate=true: {e}") from None
+        return rotate(quantize(xr, fmt, rounding, seed=seed, **options), inverse=True)
     if rounding == "sr" and seed is None:
         seed = secrets.randbits(63)
     seed = 0 if seed is None else int(seed)

@@ -118,6 +118,8 @@ def unsupported_reason(cfg: Config) -> str | None:
         return f"row-scaled format {rowscaled[0]} (not in the kernels' scheme code)"
     if cfg.formats.sr_source != "hash":
         return f"formats.sr_source={cfg.formats.sr_source} (the kernels' SR uses the hash)"
+    if cfg.formats.rotate:
+        return "formats.rotate=true (no Hadamard rotation in the kernels)"
     P, N = m.head_dim, m.state_dim
     if not (_pow2(P) and _pow2(N) and P >= 16 and N >= 16):
         return f"head_dim={P}, state_dim={N} (kernels need powers of two >= 16)"

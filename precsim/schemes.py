@@ -127,7 +127,8 @@ def format_options(cfg: Config) -> dict:
     scope = cfg.formats.tensor_scope
     return {"scale_floor": cfg.formats.scale_floor,
             "tensor_scope": "matrix" if scope == "tensor" else scope,
-            "scale_mode": cfg.formats.nvfp4_scale, "sr_source": cfg.formats.sr_source}
+            "scale_mode": cfg.formats.nvfp4_scale, "sr_source": cfg.formats.sr_source,
+            "rotate": cfg.formats.rotate}
 
 
 def quantize_state(x, fmt: str, rounding: str, *, name: str, event: int, purpose: int,
