@@ -1,4 +1,4 @@
-"""precsim.formats — number formats and rounding (NVFP4, MX, FP8, FP16, BF16, ...).
+"""precsim.formats — number formats and rounding (NVFP4, MX, FP8, FP16, BF16, INT8, ...).
 
 ``quantize(x, fmt, rounding="rne", *, seed=None, **options)`` fake-quantizes a NumPy array or a
 torch tensor; ``get(name)`` returns a format object; ``names()`` lists the registry.
@@ -10,17 +10,25 @@ from .core import (
     REGISTRY,
     ROUNDINGS,
     SCALE_FLOORS,
+    SCALE_MODES,
     TENSOR_SCOPES,
     BlockFormat,
     FloatFormat,
     FormatError,
     IdentityFormat,
+    IntFormat,
+    ScaledFormat,
+    accepted_options,
     get,
     names,
     quantize,
 )
+from .hadamard import rotate
 from .rng import (
+    SR_SOURCES,
     lane_layout,
+    philox4x32_numpy,
+    philox4x32_torch,
     random_bits_numpy,
     random_bits_torch,
     random_uint_numpy,
@@ -30,8 +38,10 @@ from .rng import (
 )
 
 __all__ = [
-    "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "TENSOR_SCOPES",
-    "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "get", "names", "quantize",
+    "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "SCALE_MODES",
+    "TENSOR_SCOPES", "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "IntFormat",
+    "ScaledFormat", "get", "names", "quantize",
+    "SR_SOURCES", "accepted_options", "rotate", "philox4x32_numpy", "philox4x32_torch",
     "lane_layout", "random_bits_numpy", "random_bits_torch", "random_uint_numpy",
     "random_uint_torch", "stream_id", "stream_keys",
 ]

@@ -39,6 +39,11 @@ class NumpyOps:
         return a / a.dtype.type(c)
 
     @staticmethod
+    def recip(a):
+        """1 / a, correctly rounded in a's dtype."""
+        return a.dtype.type(1) / a
+
+    @staticmethod
     def exponent(ax):
         """Biased-exponent field minus the bias, for |x| (subnormals give emin-1; callers clamp)."""
         if ax.dtype == np.float64:
@@ -65,9 +70,10 @@ class NumpyOps:
         return cls.amax(np.abs(xb), -1)
 
     @staticmethod
-    def random_u(shape, bits, seed, stream, offset, like):
+    def random_u(shape, bits, seed, stream, offset, like, source="hash"):
         n = int(np.prod(shape))
-        return random_uint_numpy(n, bits, seed, stream, offset).reshape(shape).astype(like.dtype)
+        r = random_uint_numpy(n, bits, seed, stream, offset, source=source)
+        return r.reshape(shape).astype(like.dtype)
 
     @staticmethod
     def as_dtype(x, dtype_name):
@@ -148,6 +154,13 @@ class TorchOps:
         return a / torch.tensor(c, dtype=a.dtype, device=a.device)
 
     @staticmethod
+    def recip(a):
+        """1 / a, correctly rounded: a tensor division (not torch.reciprocal's fast paths)."""
+        import torch
+
+        return torch.ones_like(a) / a
+
+    @staticmethod
     def exponent(ax):
         import torch
 
@@ -193,17 +206,17 @@ class TorchOps:
         return xb.abs().amax(dim=-1, keepdim=True)
 
     @staticmethod
-    def random_u(shape, bits, seed, stream, offset, like):
+    def random_u(shape, bits, seed, stream, offset, like, source="hash"):
         n = 1
         for s in shape:
             n *= int(s)
         if like.device.type == "cpu":  # NumPy's uint32 hash is ~3x faster than torch int64 here
             import torch
 
-            r = random_uint_numpy(n, bits, seed, stream, offset)
+            r = random_uint_numpy(n, bits, seed, stream, offset, source=source)
             return torch.from_numpy(r.astype(np.float32 if like.dtype == torch.float32
                                              else np.float64)).reshape(shape)
-        r = random_uint_torch(n, bits, seed, stream, offset, device=like.device)
+        r = random_uint_torch(n, bits, seed, stream, offset, device=like.device, source=source)
         return r.reshape(shape).to(like.dtype)
 
 

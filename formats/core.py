@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._ops import TORCH, ops_for
-from .rng import random_uint_numpy
+from .rng import SR_SOURCES, random_uint_numpy
 
 ROUNDINGS = ("rne", "sr")
 OVERFLOWS = ("satfinite", "ieee")
 SCALE_FLOORS = ("subnormal", "normal")
 TENSOR_SCOPES = ("matrix", "tensor", "none")
+# NVFP4 scale application: multiply by (1/s_tensor)/bs (production quantizers) or divide by
+# s_tensor*bs (the textbook formula); see quantize_block
+SCALE_MODES = ("reciprocal", "divide")
 
 
 class FormatError(ValueError):
@@ -147,7 +150,7 @@ class BlockFormat:
     block: int
     two_level: bool
     description: str = ""
-    options: tuple = field(default=("scale_floor", "tensor_scope"))
+    options: tuple = field(default=("scale_floor", "tensor_scope", "scale_mode"))
 
     @property
     def kind(self) -> str:
@@ -176,6 +179,120 @@ class BlockFormat:
     @property
     def has_nan(self) -> bool:
         return self.element.has_nan
+
+    @property
+    def default_sr_bits(self) -> int:
+        return self.element.default_sr_bits
+
+    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
+        return quantize(x, self, rounding, seed=seed, **options)
+
+
+@dataclass(frozen=True)
+class IntFormat:
+    """A symmetric saturating integer element format: the integers ``-qmax .. qmax`` (step 1).
+
+    Without a scale the grid is the plain integers (``int8`` holds -127..127, no -128: symmetric
+    as the KV-cache quantizers of serving engines use it); values beyond ±qmax saturate (or become
+    NaN with ``overflow="ieee"``: an integer has no Inf). With a scale (``int8_b<B>``) the element
+    max is ``qmax``. SR draws ``min(32, carrier significand bits)`` random bits by default (24 for
+    float32, 32 for float64) unless ``sr_bits`` says otherwise.
+    """
+
+    name: str
+    qmax: int
+    bits: int
+    description: str = ""
+    default_sr_bits: int = 0
+    has_inf = False
+    has_nan = False
+    signed = True
+    has_zero = True
+
+    @property
+    def kind(self) -> str:
+        return "int"
+
+    @property
+    def max_value(self) -> float:
+        return float(self.qmax)
+
+    @property
+    def bits_per_element(self) -> float:
+        return float(self.bits)
+
+    @property
+    def tensor_overhead_bits(self) -> int:
+        return 0
+
+    @property
+    def min_subnormal(self) -> float:
+        return 1.0
+
+    def sr_bits_for(self, x_dtype_bits: int) -> int:
+        if self.default_sr_bits:
+            return self.default_sr_bits
+        return min(32, x_dtype_bits)
+
+    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
+        return quantize(x, self, rounding, seed=seed, **options)
+
+
+@dataclass(frozen=True)
+class ScaledFormat:
+    """``<element>_b<B>``: one FP32 scale per ``block`` contiguous elements of the last axis.
+
+    Scale arithmetic (float32, deterministic, in this order): ``bmax = float32(max |x| over the
+    block)``; ``scale = bmax / element.max_value`` (one correctly rounded float32 division, not
+    rounded further: the scale is stored as FP32); elements ``q = round(clamp(x / scale,
+    ±element.max_value))`` (the division in x's dtype, the scale widened exactly); output
+    ``q · scale``. The block's largest value lands on ±element max after the clamp and rounding
+    (x/scale is within an ulp of it), so it comes back as ``element_max · scale``, which can
+    differ from the input by an ulp of float32. An all-zero block (scale 0, also a scale that
+    underflows to 0 in float32) comes out as signed zeros; a block holding NaN or Inf is NaN.
+    ``B`` equal to the whole last axis gives one scale per row (per (head, dim) row of a state,
+    as the per-row INT8/FP8 KV-cache quantizers of serving engines do); the last axis must be a
+    multiple of ``B``. Bits per element include the scale: ``element bits + 32 / B``.
+    """
+
+    name: str
+    element: object
+    block: int
+    description: str = ""
+    two_level = False
+    options = ()
+
+    @property
+    def kind(self) -> str:
+        return "block"
+
+    @property
+    def scale(self) -> FloatFormat:
+        return FP32
+
+    @property
+    def bits(self) -> int:
+        return self.element.bits
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.element.bits + 32.0 / self.block
+
+    @property
+    def tensor_overhead_bits(self) -> int:
+        return 0
+
+    @property
+    def max_value(self) -> float:
+        return self.element.max_value * float(np.finfo(np.float32).max)
+
+    @property
+    def has_inf(self) -> bool:
+        return False
+
+    @property
+    def has_nan(self) -> bool:
+        return True
 
     @property
     def default_sr_bits(self) -> int:
@@ -230,10 +347,13 @@ MXFP4 = BlockFormat("mxfp4", FP4_E2M1, E8M0, 32, False, options=(),
 MXFP8 = BlockFormat("mxfp8", FP8_E4M3, E8M0, 32, False, options=(),
                     description="OCP MX: E4M3 elements, E8M0 scale per 32")
 
+INT8 = IntFormat("int8", 127, 8, description="symmetric int8: integers -127..127")
+INT16 = IntFormat("int16", 32767, 16, description="symmetric int16: integers -32767..32767")
+
 REGISTRY: dict[str, object] = {
     f.name: f
     for f in (IdentityFormat(), FP32, BF16, FP16, FP8_E4M3, FP8_E5M2, FP4_E2M1, E8M0,
-              NVFP4, MXFP4, MXFP8)
+              NVFP4, MXFP4, MXFP8, INT8, INT16)
 }
 ALIASES = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "e2m1": "fp4_e2m1", "fp8": "fp8_e4m3",
            "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
@@ -243,22 +363,56 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
+_SCALED: dict[str, ScaledFormat] = {}
+
+
+def _scaled(name: str, key: str):
+    """``<element>_b<B>`` → a cached :class:`ScaledFormat`; None if ``key`` is not of that form."""
+    head, sep, tail = key.rpartition("_b")
+    if not sep or not tail.isdigit():
+        return None
+    el_key = ALIASES.get(head, head)
+    el = REGISTRY.get(el_key)
+    if el is None or el.kind not in ("float", "int") or el.name == "e8m0":
+        allowed = [n for n, f in REGISTRY.items() if f.kind in ("float", "int") and n != "e8m0"]
+        raise FormatError(f"format={name!r}: element format {head!r} cannot carry a row scale; "
+                          f"allowed: {', '.join(allowed)} (then _b<block size>)")
+    block = int(tail)
+    if block < 1 or tail != str(block):
+        raise FormatError(f"format={name!r}: block size {tail!r} is invalid; allowed: an "
+                          f"integer >= 1 without leading zeros (e.g. int8_b128)")
+    key = f"{el.name}_b{block}"
+    if key not in _SCALED:
+        _SCALED[key] = ScaledFormat(key, el, block, description=(
+            f"{el.name} elements, one FP32 scale (amax/{el.max_value:g}) per {block}"))
+    return _SCALED[key]
+
+
 def get(name):
-    """The format object registered under ``name`` (a format object passes through)."""
+    """The format object registered under ``name`` (a format object passes through).
+
+    Besides the registry, ``<element>_b<B>`` names a row-scaled format (:class:`ScaledFormat`):
+    any element format of the registry (``int8``, ``int16``, ``fp8_e4m3``, ``fp16``, ...) with
+    one FP32 scale per ``B`` contiguous elements of the last axis.
+    """
     if not isinstance(name, str):
-        if isinstance(name, (FloatFormat, BlockFormat, IdentityFormat)):
+        if isinstance(name, (FloatFormat, BlockFormat, IdentityFormat, IntFormat, ScaledFormat)):
             return name
         raise FormatError(f"format: expected a name, got {name!r}; known: {', '.join(REGISTRY)}")
     key = ALIASES.get(name.lower(), name.lower())
-    if key not in REGISTRY:
-        raise FormatError(f"format={name!r} is unknown; known formats: {', '.join(REGISTRY)}")
-    return REGISTRY[key]
+    if key in REGISTRY:
+        return REGISTRY[key]
+    fmt = _scaled(name, key)
+    if fmt is None:
+        raise FormatError(f"format={name!r} is unknown; known formats: {', '.join(REGISTRY)}, "
+                          f"or <element>_b<block> (e.g. int8_b128)")
+    return fmt
 
 
 # ----------------------------------------------------------------------------------------------
 # rounding
 
-_COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow")
+_COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow", "sr_source", "rotate")
 
 
 def _check_options(fmt, rounding, options):
@@ -280,9 +434,23 @@ def _check_options(fmt, rounding, options):
     if ts not in TENSOR_SCOPES:
         raise FormatError(
             f"tensor_scope={ts!r} is unknown; allowed: {', '.join(TENSOR_SCOPES)}")
+    rot = options.get("rotate", False)
+    if not isinstance(rot, (bool, np.bool_)):
+        raise FormatError(f"rotate={rot!r} is invalid; allowed: true, false")
+    src = options.get("sr_source", "hash")
+    if src not in SR_SOURCES:
+        raise FormatError(f"sr_source={src!r} is unknown; allowed: {', '.join(SR_SOURCES)}")
+    sm = options.get("scale_mode", "reciprocal")
+    if sm not in SCALE_MODES:
+        raise FormatError(f"scale_mode={sm!r} is unknown; allowed: {', '.join(SCALE_MODES)}")
     sb = options.get("sr_bits")
     if sb is not None and not (isinstance(sb, (int, np.integer)) and 1 <= sb <= 32):
         raise FormatError(f"sr_bits={sb!r} is out of range; allowed: an integer 1..32")
+
+
+def accepted_options(fmt) -> set:
+    """Names of the options ``quantize`` accepts for ``fmt`` (common ones and the format's)."""
+    return set(_COMMON_OPTIONS) | set(getattr(get(fmt), "options", ()))
 
 
 def _dtype_bits(x) -> int:
@@ -296,7 +464,7 @@ def _dtype_bits(x) -> int:
 
 
 def round_float(x, fmt: FloatFormat, rounding: str, ops, *, seed, stream=0, offset=0,
-                sr_bits=None, overflow="satfinite"):
+                sr_bits=None, overflow="satfinite", sr_source="hash"):
     """Round every element of ``x`` to ``fmt`` (result in x's dtype). SR keyed by counters."""
     ax = ops.abs(x)
     e = ops.maximum(ops.exponent(ax), fmt.emin)  # below the normal range the quantum is fixed
@@ -309,7 +477,7 @@ def round_float(x, fmt: FloatFormat, rounding: str, ops, *, seed, stream=0, offs
         bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
         # round up with probability floor(frac * 2^bits) / 2^bits: hardware SR with `bits` bits
         thr = ops.floor((y - lo) * float(2**bits))
-        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x)
+        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
         r = lo + (u < thr)
     out = r * q
     if not fmt.has_zero:  # e8m0: no zero; below 2^-127 clamps up, 0 and negatives are NaN
@@ -343,7 +511,7 @@ def _fast_ok(x, fmt, rounding, ops, overflow) -> bool:
 
 
 def _round_float_t32(x, fmt: FloatFormat, rounding: str, *, seed, stream=0, offset=0,
-                     sr_bits=None, overflow="satfinite"):
+                     sr_bits=None, overflow="satfinite", sr_source="hash"):
     """:func:`round_float` for float32 torch tensors in fewer ops (exponent arithmetic on bits).
 
     Every step is exact, so results are bit-identical to the generic path (tests check).
@@ -362,7 +530,7 @@ def _round_float_t32(x, fmt: FloatFormat, rounding: str, *, seed, stream=0, offs
         y = y.clamp_(max=float(2 ** (fmt.mbits + 2)))  # Inf -> a finite overflow (NaN stays)
         lo = y.floor()
         thr = ((y - lo) * float(2**bits)).floor_()
-        u = TORCH.random_u(tuple(x.shape), bits, seed, stream, offset, x)
+        u = TORCH.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
         r = lo.add_((thr - u).clamp_(0.0, 1.0))  # +1 iff u < thr (integers: exact, no bools)
     out = r.mul_(q)
     if overflow == "ieee":
@@ -372,7 +540,32 @@ def _round_float_t32(x, fmt: FloatFormat, rounding: str, *, seed, stream=0, offs
     return torch.copysign(out, x)
 
 
+def round_int(x, fmt: IntFormat, rounding: str, ops, *, seed, stream=0, offset=0, sr_bits=None,
+              overflow="satfinite", sr_source="hash"):
+    """Round every element of ``x`` to the integers ``-qmax..qmax`` (result in x's dtype).
+
+    RNE: ties to even; SR with ``r`` bits: up iff ``u < floor(frac · 2^r)`` as in
+    :func:`round_float`. Beyond ±qmax: saturate, or NaN with ``overflow="ieee"``.
+    """
+    ax = ops.abs(x)
+    # satfinite clamps first (NaN stays NaN); "ieee" rounds |x| as is and flags results > qmax
+    y = ops.minimum(ax, fmt.max_value) if overflow != "ieee" else ax
+    if rounding == "rne":
+        r = ops.rint(y)
+    else:
+        lo = ops.floor(y)
+        bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
+        thr = ops.floor((y - lo) * float(2**bits))
+        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
+        r = lo + (u < thr)
+    if overflow == "ieee":
+        r = ops.where(r > fmt.max_value, ops.full_like(r, math.nan), r)
+    return ops.copysign(r, x)
+
+
 def round_elements(x, fmt, rounding, ops, **kw):
+    if fmt.kind == "int":
+        return round_int(x, fmt, rounding, ops, **kw)
     if _fast_ok(x, fmt, rounding, ops, kw.get("overflow", "satfinite")):
         return _torch_fast_rne(x, fmt)
     if (ops is TORCH and str(x.dtype) == "torch.float32" and fmt.has_zero and fmt.signed
@@ -423,12 +616,12 @@ def _e2m1_table_ok(xb, el, rounding, ops, sr_bits) -> bool:
             and str(xb.dtype) == "torch.float32" and xb.device.type == "cpu")
 
 
-def _e2m1_sr_table(y, *, seed, stream, offset):
+def _e2m1_sr_table(y, *, seed, stream, offset, sr_source="hash"):
     """SR of float32 ``y`` (any sign, unclipped) to E2M1 with 8 random bits, by table."""
     import torch
 
     t_tab, v_tab = _e2m1_tables()
-    u = random_uint_numpy(y.numel(), 8, seed, stream, offset)
+    u = random_uint_numpy(y.numel(), 8, seed, stream, offset, source=sr_source)
     ubar = torch.from_numpy(np.subtract(255, u, dtype=np.int32))
     idx = (y.contiguous().view(torch.int32) >> 14).bitwise_and_(0x3FFFF).view(-1)
     code = t_tab.index_select(0, idx).add_(ubar)
@@ -451,8 +644,18 @@ def _like(ops, a, x):
 
 def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset=0,
                    sr_bits=None, overflow="satfinite", scale_floor="subnormal",
-                   tensor_scope="matrix"):
-    """Fake-quantize along the last axis in blocks of ``fmt.block``. Scales are deterministic."""
+                   tensor_scope="matrix", scale_mode="reciprocal", sr_source="hash"):
+    """Fake-quantize along the last axis in blocks of ``fmt.block``. Scales are deterministic.
+
+    NVFP4 applies its scales to the elements by ``scale_mode``: ``"reciprocal"`` (default)
+    multiplies by ``r = (1/s_tensor) / bs`` (float32, each step correctly rounded; ``1/bs``
+    without a tensor scale), as production quantizers do (torchao >= 0.18 ``nvfp4_quantize``,
+    written to match the MSLK Triton kernel, and TensorRT-LLM's FP4 conversion multiply by a
+    reciprocal), so the simulated state is the one a serving engine would store; ``"divide"``
+    computes ``x / (s_tensor · bs)``. The two differ by one E2M1 step where ``x/total`` lies
+    within an ulp of a rounding midpoint (s_t = 1, bs = 3.5, x = 12.249999: x / 3.5 = 3.4999998
+    rounds to 3, x · float32(1/3.5) = 3.5 ties to 4).
+    """
     shape = tuple(x.shape)
     if len(shape) == 0 or shape[-1] % fmt.block:
         raise FormatError(
@@ -463,7 +666,10 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
     bmax = _f32(ops, amax)  # float32: NVFP4's scale arithmetic
     el, sc = fmt.element, fmt.scale
     rne = dict(seed=0, overflow="satfinite")
-    if fmt.two_level:
+    inv = None  # NVFP4 reciprocal mode: the factor the elements are multiplied by
+    if isinstance(fmt, ScaledFormat):  # one FP32 scale per block, not rounded further
+        total = ops.div_const(bmax, el.max_value)
+    elif fmt.two_level:
         if tensor_scope == "none":
             s_t = None
         else:
@@ -483,6 +689,10 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
             bs = ops.maximum(bs, sc.min_normal)
         bs = round_elements(bs, sc, "rne", ops, **rne)
         total = bs if s_t is None else s_t * bs
+        if scale_mode == "reciprocal":
+            bs_safe = ops.where(bs > 0, bs, ops.full_like(bs, 1.0))
+            inv = ops.recip(bs_safe) if s_t is None else ops.recip(s_t) / bs_safe
+            inv = _like(ops, inv, x)
     else:
         # OCP MX: shared exponent floor(log2 amax) - emax(element); E8M0 keeps it exactly.
         # From x's own amax: a float32 copy of a float64 amax can round up to the next power
@@ -494,12 +704,13 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
     total = ops.where((bmax - bmax) == 0, total, ops.full_like(total, math.nan))
     total = _like(ops, total, x)
     safe = ops.where(total > 0, total, ops.full_like(total, 1.0))
+    xs = xb / safe if inv is None else xb * inv
     if _e2m1_table_ok(xb, el, rounding, ops, sr_bits):
-        qe = _e2m1_sr_table(xb / safe, seed=seed, stream=stream, offset=offset)
+        qe = _e2m1_sr_table(xs, seed=seed, stream=stream, offset=offset, sr_source=sr_source)
     else:
-        scaled = ops.clip(xb / safe, el.max_value)
+        scaled = ops.clip(xs, el.max_value)
         qe = round_elements(scaled, el, rounding, ops, seed=seed, stream=stream, offset=offset,
-                            sr_bits=sr_bits, overflow="satfinite")
+                            sr_bits=sr_bits, overflow="satfinite", sr_source=sr_source)
     # a zero scale flushes its block to (signed) zero; a NaN scale (NaN/Inf anywhere in the
     # scale's scope) makes the block NaN: both fall out of the product
     out = qe * total
@@ -517,9 +728,14 @@ def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, *
         seed: SR key (64-bit). ``None`` draws a fresh one (not reproducible).
         **options: ``stream`` (SR stream id), ``offset`` (element index of x's first element, so
             chunked calls reproduce an unchunked one), ``sr_bits`` (1..32), ``overflow``
-            (``"satfinite"`` or ``"ieee"``); NVFP4 also ``scale_floor`` (``"subnormal"`` or
-            ``"normal"``) and ``tensor_scope`` (``"matrix"``: last two axes, ``"tensor"``: all,
-            ``"none"``: block scales only).
+            (``"satfinite"`` or ``"ieee"``), ``sr_source`` (SR random bits: ``"hash"``, the
+            default, or ``"philox5"`` / ``"philox7"`` / ``"philox10"``, see ``formats.rng``);
+            NVFP4 also ``scale_floor`` (``"subnormal"`` or
+            ``"normal"``), ``tensor_scope`` (``"matrix"``: last two axes, ``"tensor"``: all,
+            ``"none"``: block scales only) and ``scale_mode`` (``"reciprocal"``, the default:
+            multiply by ``(1/s_tensor)/bs`` as production quantizers do; ``"divide"``).
+            ``rotate=True`` (any format): randomized Hadamard rotation of the last axis (a power
+            of two) before quantising, inverted after (``formats.hadamard``).
 
     Example:
         >>> import numpy as np, precsim.formats as pf
@@ -530,6 +746,14 @@ def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, *
     _check_options(fmt, rounding, options)
     ops = ops_for(x)
     _dtype_bits(x)
+    if options.pop("rotate", False):
+        from .hadamard import RotateError, rotate
+
+        try:
+            xr = rotate(x)
+        except RotateError as e:
+            raise FormatError(f"format={fmt.name!r} with rotate=true: {e}") from None
+        return rotate(quantize(xr, fmt, rounding, seed=seed, **options), inverse=True)
     if rounding == "sr" and seed is None:
         seed = secrets.randbits(63)
     seed = 0 if seed is None else int(seed)
@@ -538,6 +762,6 @@ def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, *
     if fmt.kind == "float" and fmt.name == "fp32" and "float32" in str(x.dtype):
         return x.copy() if ops is not TORCH else x.clone()
     with np.errstate(all="ignore"):  # NaN/Inf are handled explicitly, never warned about
-        if fmt.kind == "float":
+        if fmt.kind in ("float", "int"):
             return round_elements(x, fmt, rounding, ops, seed=seed, **options)
         return quantize_block(x, fmt, rounding, ops, seed=seed, **options)

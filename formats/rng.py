@@ -12,6 +12,13 @@ much cheaper than Philox-4x32-10 (about 14 integer ops per word instead of ~120)
 for the CPU engine that rounds a whole layer state every step; its statistical quality is ample
 for stochastic rounding (the SR tests check unbiasedness and the 2^-r granularity).
 
+Optionally (``sr_source="philox5" | "philox7" | "philox10"``) the words come from Philox-4x32
+(Salmon et al., SC'11) with 5, 7 or 10 rounds, the generator of curand and torch's CUDA RNG:
+key = ``(k0, k1)`` of the ``(seed, stream)`` pair (as above), counter = ``(j lo, j hi, 0, 0)``
+for word index ``w = 4j + i``, and the word is output ``i`` of that block. Written with uint64
+NumPy arithmetic (exact 32x32 -> 64 products), int64 torch (16-bit halves) and ``tl.umulhi`` in
+Triton; 10 rounds reproduce the Random123 known-answer vectors (tests).
+
 SR with ``r`` random bits takes them from *lanes* of one 32-bit word, as hardware does (Blackwell's
 ``cvt.rs...e2m1x4`` feeds four E2M1 conversions from one 32-bit register): ``slot = 8`` bits if
 ``r <= 8``, 16 if ``r <= 16``, else 32; element ``i`` uses word ``i // lanes`` (``lanes = 32 //
@@ -27,6 +34,72 @@ import numpy as np
 M32 = 0xFFFFFFFF
 _C1 = 0x7FEB352D
 _C2 = 0x846CA68B
+
+SR_SOURCES = ("hash", "philox5", "philox7", "philox10")
+PHILOX_ROUNDS = {"philox5": 5, "philox7": 7, "philox10": 10}
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85  # key schedule (Weyl) increments
+
+
+def philox4x32_numpy(c0, c1, c2, c3, k0, k1, rounds: int):
+    """Philox-4x32-``rounds`` of uint32 counters (arrays) under key (k0, k1) (ints): 4 arrays."""
+    m32 = np.uint64(M32)
+    c = [np.asarray(v, dtype=np.uint64) & m32 for v in (c0, c1, c2, c3)]
+    k0, k1 = np.uint64(k0 & M32), np.uint64(k1 & M32)
+    with np.errstate(over="ignore"):
+        for r in range(rounds):
+            if r:
+                k0 = (k0 + np.uint64(PHILOX_W0)) & m32
+                k1 = (k1 + np.uint64(PHILOX_W1)) & m32
+            p0 = c[0] * np.uint64(PHILOX_M0)  # < 2^64: exact in uint64
+            p1 = c[2] * np.uint64(PHILOX_M1)
+            c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & m32,
+                 (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & m32]
+    return [v.astype(np.uint32) for v in c]
+
+
+def _philox_words_numpy(n: int, k0: int, k1: int, offset: int, rounds: int) -> np.ndarray:
+    j0, i0 = divmod(offset, 4)
+    nb = (i0 + n + 3) // 4
+    j = np.arange(j0, j0 + nb, dtype=np.uint64)
+    zero = np.zeros(nb, np.uint64)
+    out = philox4x32_numpy(j & np.uint64(M32), j >> np.uint64(32), zero, zero, k0, k1, rounds)
+    return np.stack(out, axis=1).reshape(-1)[i0:i0 + n]
+
+
+def _mulhilo_torch(a: int, b):
+    """(hi, lo) 32-bit halves of the constant ``a`` times uint32 values ``b`` (int64 tensors)."""
+    a_lo, a_hi = a & 0xFFFF, a >> 16
+    b_lo, b_hi = b & 0xFFFF, b >> 16
+    p0, p1, p2, p3 = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+    mid = (p0 >> 16) + (p1 & 0xFFFF) + (p2 & 0xFFFF)
+    hi = p3 + (p1 >> 16) + (p2 >> 16) + (mid >> 16)
+    lo = ((mid & 0xFFFF) << 16) | (p0 & 0xFFFF)
+    return hi, lo
+
+
+def philox4x32_torch(c0, c1, c2, c3, k0: int, k1: int, rounds: int):
+    """Torch twin of :func:`philox4x32_numpy` (int64 tensors holding uint32 values)."""
+    c = [c0 & M32, c1 & M32, c2 & M32, c3 & M32]
+    k0, k1 = k0 & M32, k1 & M32
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + PHILOX_W0) & M32, (k1 + PHILOX_W1) & M32
+        hi0, lo0 = _mulhilo_torch(PHILOX_M0, c[0])
+        hi1, lo1 = _mulhilo_torch(PHILOX_M1, c[2])
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+    return c
+
+
+def _philox_words_torch(n: int, k0: int, k1: int, offset: int, rounds: int, device=None):
+    import torch
+
+    j0, i0 = divmod(offset, 4)
+    nb = (i0 + n + 3) // 4
+    j = torch.arange(j0, j0 + nb, dtype=torch.int64, device=device)
+    zero = torch.zeros_like(j)
+    out = philox4x32_torch(j & M32, j >> 32, zero, zero, k0, k1, rounds)
+    return torch.stack(out, dim=1).reshape(-1)[i0:i0 + n]
 
 
 def mix32_int(x: int) -> int:
@@ -68,9 +141,12 @@ def _mix_np(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint32(16))
 
 
-def random_bits_numpy(n: int, seed: int, stream: int = 0, offset: int = 0) -> np.ndarray:
+def random_bits_numpy(n: int, seed: int, stream: int = 0, offset: int = 0,
+                      source: str = "hash") -> np.ndarray:
     """``n`` uint32 random words for element indices ``offset .. offset+n-1``."""
     k0, k1 = stream_keys(seed, stream)
+    if source != "hash":
+        return _philox_words_numpy(n, k0, k1, offset, PHILOX_ROUNDS[source])
     idx = np.arange(offset, offset + n, dtype=np.uint64)
     lo = (idx & np.uint64(M32)).astype(np.uint32)
     hi = (idx >> np.uint64(32)).astype(np.uint32)
@@ -87,11 +163,14 @@ def _mix_torch(x):
     return x ^ (x >> 16)
 
 
-def random_bits_torch(n: int, seed: int, stream: int = 0, offset: int = 0, device=None):
+def random_bits_torch(n: int, seed: int, stream: int = 0, offset: int = 0, device=None,
+                      source: str = "hash"):
     """Torch twin of :func:`random_bits_numpy` (int64 tensor holding uint32 values)."""
     import torch
 
     k0, k1 = stream_keys(seed, stream)
+    if source != "hash":
+        return _philox_words_torch(n, k0, k1, offset, PHILOX_ROUNDS[source], device)
     idx = torch.arange(offset, offset + n, dtype=torch.int64, device=device)
     lo = idx & M32
     hi = idx >> 32
@@ -105,14 +184,15 @@ def lane_layout(bits: int) -> tuple[int, int]:
     return slot, 32 // slot
 
 
-def random_uint_numpy(n: int, bits: int, seed: int, stream: int = 0, offset: int = 0):
+def random_uint_numpy(n: int, bits: int, seed: int, stream: int = 0, offset: int = 0,
+                      source: str = "hash"):
     """``n`` uniform integers in [0, 2^bits) for elements ``offset ..`` (uint32 array)."""
     slot, lanes = lane_layout(bits)
     if lanes == 1:
-        return random_bits_numpy(n, seed, stream, offset) >> np.uint32(32 - bits)
+        return random_bits_numpy(n, seed, stream, offset, source) >> np.uint32(32 - bits)
     w0, first = divmod(offset, lanes)
     nw = (first + n + lanes - 1) // lanes
-    words = random_bits_numpy(nw, seed, stream, w0)
+    words = random_bits_numpy(nw, seed, stream, w0, source)
     if sys.byteorder == "little":  # lane k = k-th least significant slot = k-th byte/half
         u = words.view(np.uint8 if slot == 8 else np.uint16)
         if bits < slot:
@@ -124,16 +204,16 @@ def random_uint_numpy(n: int, bits: int, seed: int, stream: int = 0, offset: int
 
 
 def random_uint_torch(n: int, bits: int, seed: int, stream: int = 0, offset: int = 0,
-                      device=None):
+                      device=None, source: str = "hash"):
     """Torch twin of :func:`random_uint_numpy` (int64 tensor)."""
     import torch
 
     slot, lanes = lane_layout(bits)
     if lanes == 1:
-        return random_bits_torch(n, seed, stream, offset, device) >> (32 - bits)
+        return random_bits_torch(n, seed, stream, offset, device, source) >> (32 - bits)
     w0, first = divmod(offset, lanes)
     nw = (first + n + lanes - 1) // lanes
-    words = random_bits_torch(nw, seed, stream, w0, device)
+    words = random_bits_torch(nw, seed, stream, w0, device, source)
     shifts = torch.arange(lanes, dtype=torch.int64, device=words.device) * slot + (slot - bits)
     u = (words[:, None] >> shifts[None, :]) & ((1 << bits) - 1)
     return u.reshape(-1)[first:first + n]

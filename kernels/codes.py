@@ -55,7 +55,8 @@ def slot_cost(code: int | None) -> int:
     f = fields(code)
     if f["kind"] != 0:
         return 4
-    return 6 + f["rnd"] if f["fmt"] >= 6 else (3 + f["rnd"] if f["fmt"] > 0 else 1)
+    block = 6 <= f["fmt"] <= 8  # nvfp4, mxfp4, mxfp8 (quant.FMT_IDS)
+    return 6 + f["rnd"] if block else (3 + f["rnd"] if f["fmt"] > 0 else 1)
 
 
 def dispatch_order(truth: bool, codes: list[int], lpt: bool = True) -> int:

@@ -20,18 +20,31 @@ import triton.language as tl
 
 from precsim import formats as pf
 
-from .rng import sr_increment
+from .rng import SRC_IDS, sr_increment
 
 # element formats first; ids are kernel constexprs
 FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
-           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8}
+           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8, "int8": 9, "int16": 10}
+# a row-scaled format <elem>_b<B> is SCALED_BASE + the id of its element (kernels with a scheme
+# code of 4 bits per format, as the Triton engine's, cannot hold these: fmt_id >= SCALED_BASE)
+SCALED_BASE = 16
 RNE, SR = 0, 1
 SATFINITE, IEEE = 0, 1
 SCOPE_MATRIX, SCOPE_NONE = 0, 1
+SFLOOR_NORMAL, SCALE_DIVIDE = 1, 2  # bits of the SFLOOR constexpr (see scale_flags)
 
 
 def fmt_id(name: str) -> int:
-    return FMT_IDS[pf.get(name).name]
+    f = pf.get(name)
+    if isinstance(f, pf.ScaledFormat):
+        return SCALED_BASE + FMT_IDS[f.element.name]
+    return FMT_IDS[f.name]
+
+
+def scale_flags(scale_floor: str = "subnormal", scale_mode: str = "reciprocal") -> int:
+    """The SFLOOR constexpr: bit 0 = NVFP4 scale_floor "normal", bit 1 = scale_mode "divide"."""
+    return (SFLOOR_NORMAL * int(scale_floor == "normal")
+            + SCALE_DIVIDE * int(scale_mode == "divide"))
 
 
 def block_of(name: str) -> int:
@@ -101,7 +114,7 @@ def round_float(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
         r = rint_pos(y)
     else:
         lo = tl.floor(y)
-        thr = tl.floor((y - lo) * (2.0 ** SRB))
+        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))  # SRB: bits + 64 * source
         r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
     out = r * q
     over = out > MAXV
@@ -131,19 +144,56 @@ def round_elem(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl
                           off)
     elif F == 5:
         out = round_float(x, 1, 0, 6.0, False, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
+    elif F == 9:
+        out = round_int(x, 127.0, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
+    elif F == 10:
+        out = round_int(x, 32767.0, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
     else:
         out = x
     return out
 
 
 @triton.jit
+def round_int(x, QMAX: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
+              k0, k1, base_lo, base_hi, off):
+    """formats.core.round_int: the integers -QMAX..QMAX, saturating (NaN beyond with OVF=1)."""
+    ax = tl.abs(x)
+    if OVF == 1:
+        y = ax
+    else:
+        y = tl.minimum(ax, QMAX, propagate_nan=tl.PropagateNan.ALL)
+    if RND == 0:
+        r = rint_pos(y)
+    else:
+        lo = tl.floor(y)
+        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))  # SRB: bits + 64 * source
+        r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
+    if OVF == 1:
+        r = tl.where(r > QMAX, float("nan"), r)
+    return copysign_f32(r, x)
+
+
+_ELEM_MAX = {1: 3.3895313892515355e38, 2: 65504.0, 3: 448.0, 4: 57344.0, 5: 6.0, 9: 127.0,
+             10: 32767.0}
+
+
+@triton.constexpr_function
+def elem_max(el):
+    """Largest finite value of element format id ``el`` (0: fp32), the clamp before rounding."""
+    return _ELEM_MAX.get(int(el), 3.4028234663852886e38)
+
+
+@triton.jit
 def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
                 SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
-    """formats.core.quantize_block on a tile ``[R, NB, BLK]`` (F: 6 nvfp4, 7 mxfp4, 8 mxfp8).
+    """formats.core.quantize_block on a tile ``[R, NB, BLK]`` (F: 6 nvfp4, 7 mxfp4, 8 mxfp8,
+    SCALED_BASE + element id: a row-scaled format).
 
     NVFP4: s_t = amax(tile)/2688 (SCOPE 0, "matrix") or none (SCOPE 1); block scale
-    (bmax/6)/s_t clamped to 448 (and to 2^-6 if SFLOOR), RNE to E4M3. MX: 2^(floor(log2 bmax) -
-    emax(element)) clamped to [-127, 127].
+    (bmax/6)/s_t clamped to 448 (and to 2^-6 if SFLOOR bit 0), RNE to E4M3; the elements are
+    multiplied by (1/s_t)/bs (reciprocal) or divided by s_t*bs (SFLOOR bit 1, "divide"). MX:
+    2^(floor(log2 bmax) - emax(element)) clamped to [-127, 127]. Row-scaled: one float32 scale
+    bmax / element max, elements divided by it.
     """
     # max of |x| as int32 bit patterns: same order for x >= 0, and NaN (> Inf) propagates as in
     # torch's amax (a float max reduction may drop NaN)
@@ -158,14 +208,21 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
             s_t = tl.where(s_t == 0, 1.0, s_t)
             bs = tl.math.div_rn(bs, s_t)
         bs = tl.minimum(bs, 448.0, propagate_nan=tl.PropagateNan.ALL)
-        if SFLOOR == 1:
+        if SFLOOR % 2 == 1:
             bs = tl.maximum(bs, 0.015625, propagate_nan=tl.PropagateNan.ALL)
         bs = round_float(bs, 3, -6, 448.0, False, 0, 0, 0, 0, 0, 0, 0, bmax_i)
+        one = tl.full(bmax.shape, 1.0, tl.float32)
+        bs1 = tl.where(bs > 0, bs, 1.0)
         if SCOPE == 0:
             total = s_t * bs
+            inv = tl.math.div_rn(tl.math.div_rn(one, s_t), bs1)
         else:
             total = bs
+            inv = tl.math.div_rn(one, bs1)
         EL: tl.constexpr = 5
+    elif F >= 16:
+        EL: tl.constexpr = F - 16
+        total = tl.math.div_rn(bmax, tl.full(bmax.shape, elem_max(EL), tl.float32))
     else:
         if F == 7:
             EL: tl.constexpr = 5
@@ -179,11 +236,10 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
     total = tl.where((bmax - bmax) == 0, total, float("nan"))
     t3 = total[:, :, None]
     safe = tl.where(t3 > 0, t3, 1.0)
-    if EL == 5:
-        MAXE: tl.constexpr = 6.0
-    else:
-        MAXE: tl.constexpr = 448.0
-    if F == 6:
+    MAXE: tl.constexpr = elem_max(EL)
+    if F == 6 and SFLOOR // 2 == 0:  # NVFP4, reciprocal: x * ((1/s_t)/bs)
+        xs = x * inv[:, :, None]
+    elif F == 6 or F >= 16:
         xs = tl.math.div_rn(x, tl.broadcast_to(safe, x.shape))
     else:  # MX: x / 2^e == x * 2^-e exactly
         xs = x * inv[:, :, None]
@@ -198,7 +254,7 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
 def quantize(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
              SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
     """Fake-quantise a float32 tile ``[R, NB, BLK]`` to format id F (0: unchanged)."""
-    if F >= 6:
+    if F == 6 or F == 7 or F == 8 or F >= 16:
         out = quant_block(x, F, RND, SRB, SFLOOR, SCOPE, k0, k1, base_lo, base_hi, off)
     else:
         out = round_elem(x, F, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
@@ -225,7 +281,8 @@ def _quantize_kernel(x_ptr, out_ptr, k0, k1, R: tl.constexpr, NB: tl.constexpr,
 
 def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: int = 0,
                    stream: int = 0, sr_bits: int | None = None, overflow: str = "satfinite",
-                   scale_floor: str = "subnormal", tensor_scope: str = "matrix") -> torch.Tensor:
+                   scale_floor: str = "subnormal", tensor_scope: str = "matrix",
+                   scale_mode: str = "reciprocal", sr_source: str = "hash") -> torch.Tensor:
     """Quantise a float32 tensor ``(M, R, C)`` with the in-kernel code, one matrix a program.
 
     The result equals ``precsim.formats.quantize(x, fmt, rounding, seed=seed, stream=stream,
@@ -238,8 +295,9 @@ def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: in
     x = x.contiguous()
     _quantize_kernel[(M,)](x, out, _i32(k0), _i32(k1), R=R, NB=C // blk, BLK=blk,
                            F=fmt_id(fmt), RND=SR if rounding == "sr" else RNE,
-                           SRB=sr_bits_of(fmt, sr_bits), OVF=IEEE if overflow == "ieee" else 0,
-                           SFLOOR=int(scale_floor == "normal"),
+                           SRB=sr_bits_of(fmt, sr_bits) + 64 * SRC_IDS[sr_source],
+                           OVF=IEEE if overflow == "ieee" else 0,
+                           SFLOOR=scale_flags(scale_floor, scale_mode),
                            SCOPE=SCOPE_NONE if tensor_scope == "none" else SCOPE_MATRIX)
     return out
 

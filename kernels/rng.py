@@ -42,6 +42,53 @@ def random_bits(k0, k1, lo, hi):
 
 
 @triton.jit
+def philox_word(k0, k1, lo, hi, ROUNDS: tl.constexpr):
+    """uint32 word ``w = (hi << 32) | lo`` of the Philox-4x32-ROUNDS stream under key (k0, k1):
+    output ``w % 4`` of the block with counter ``(w // 4 lo, w // 4 hi, 0, 0)``."""
+    c0 = (lo >> 2) | (hi << 30)
+    c1 = hi >> 2
+    c2 = tl.zeros_like(lo)
+    c3 = tl.zeros_like(lo)
+    a0 = k0
+    a1 = k1
+    for r in tl.static_range(ROUNDS):
+        if r > 0:
+            a0 = a0 + 0x9E3779B9
+            a1 = a1 + 0xBB67AE85
+        m0 = tl.full(c0.shape, 0xD2511F53, tl.uint32)
+        m1 = tl.full(c0.shape, 0xCD9E8D57, tl.uint32)
+        hi0 = tl.umulhi(m0, c0)
+        lo0 = m0 * c0
+        hi1 = tl.umulhi(m1, c2)
+        lo1 = m1 * c2
+        n0 = hi1 ^ c1 ^ a0
+        n2 = hi0 ^ c3 ^ a1
+        c0 = n0
+        c1 = lo1
+        c2 = n2
+        c3 = lo0
+    i = lo & 3
+    return tl.where(i == 0, c0, tl.where(i == 1, c1, tl.where(i == 2, c2, c3)))
+
+
+@triton.jit
+def word_of(k0, k1, lo, hi, SRC: tl.constexpr):
+    """Random word of index ``(hi << 32) | lo``: SRC 0 = the hash, 1/2/3 = Philox 5/7/10."""
+    if SRC == 0:
+        w = random_bits(k0, k1, lo, hi)
+    elif SRC == 1:
+        w = philox_word(k0, k1, lo, hi, 5)
+    elif SRC == 2:
+        w = philox_word(k0, k1, lo, hi, 7)
+    else:
+        w = philox_word(k0, k1, lo, hi, 10)
+    return w
+
+
+SRC_IDS = {"hash": 0, "philox5": 1, "philox7": 2, "philox10": 3}
+
+
+@triton.jit
 def random_uint(k0, k1, lo, hi, BITS: tl.constexpr):
     """Uniform integers in [0, 2^BITS) (uint32) of elements ``(hi << 32) | lo``."""
     if BITS <= 8:
@@ -63,7 +110,7 @@ def random_uint(k0, k1, lo, hi, BITS: tl.constexpr):
 
 
 @triton.jit
-def sr_increment(thr, k0, k1, base_lo, base_hi, off, BITS: tl.constexpr):
+def sr_increment(thr, k0, k1, base_lo, base_hi, off, SRBITS: tl.constexpr):
     """1.0 where SR rounds up (``u < thr``), else 0.0, for a 3D tile ``[R, C, K]``.
 
     ``thr``: float32 thresholds in [0, 2^BITS], ``off``: int32 element offsets (x's shape);
@@ -73,7 +120,12 @@ def sr_increment(thr, k0, k1, base_lo, base_hi, off, BITS: tl.constexpr):
     the lanes. That needs what every caller's tile has: each run of ``lanes`` along the last axis
     holds consecutive elements and ``base + off`` of its first is a multiple of ``lanes``
     (``base`` a multiple of the tile size; K a multiple of lanes).
+
+    ``SRBITS = bits + 64 * source`` (source: ``SRC_IDS``, 0 = the hash), so one constexpr carries
+    both through the rounding functions.
     """
+    BITS: tl.constexpr = SRBITS % 64
+    SRC: tl.constexpr = SRBITS // 64
     if BITS <= 8:
         SLOT: tl.constexpr = 8
         SH: tl.constexpr = 2
@@ -85,7 +137,7 @@ def sr_increment(thr, k0, k1, base_lo, base_hi, off, BITS: tl.constexpr):
         SH: tl.constexpr = 0
     if SH == 0:
         ilo, ihi = element_index(base_lo, base_hi, off)
-        u = random_bits(k0, k1, ilo, ihi) >> (32 - BITS)
+        u = word_of(k0, k1, ilo, ihi, SRC) >> (32 - BITS)
         inc = tl.where(u.to(tl.float32) < thr, 1.0, 0.0)
     else:
         LANES: tl.constexpr = 1 << SH
@@ -96,7 +148,7 @@ def sr_increment(thr, k0, k1, base_lo, base_hi, off, BITS: tl.constexpr):
         o4 = tl.reshape(off, (R, C, Q, LANES))
         t4 = tl.reshape(thr, (R, C, Q, LANES))
         lo, hi = element_index(base_lo, base_hi, tl.min(o4, axis=3))  # first element of a word
-        w = random_bits(k0, k1, (lo >> SH) | (hi << (32 - SH)), hi >> SH)  # [R, C, Q]
+        w = word_of(k0, k1, (lo >> SH) | (hi << (32 - SH)), hi >> SH, SRC)  # [R, C, Q]
         lane = tl.arange(0, LANES)
         shift = (lane * SLOT + (SLOT - BITS)).to(tl.uint32)
         u = (w[:, :, :, None] >> shift[None, None, None, :]) & ((1 << BITS) - 1)

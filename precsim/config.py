@@ -73,6 +73,9 @@ class FormatOptionsConfig:
 
     scale_floor: str = "subnormal"
     tensor_scope: str = "matrix"
+    nvfp4_scale: str = "reciprocal"  # NVFP4 scale application: reciprocal (production) | divide
+    sr_source: str = "hash"  # SR random bits: hash | philox5 | philox7 | philox10
+    rotate: bool = False  # randomized Hadamard rotation of the last axis around each quantize
 
 
 @dataclass
@@ -270,6 +273,13 @@ def validate(cfg: Config) -> None:
           "a positive number")
     check_choice("formats.scale_floor", cfg.formats.scale_floor, pf.SCALE_FLOORS)
     check_choice("formats.tensor_scope", cfg.formats.tensor_scope, pf.TENSOR_SCOPES)
+    check_choice("formats.nvfp4_scale", cfg.formats.nvfp4_scale, pf.SCALE_MODES)
+    check_choice("formats.sr_source", cfg.formats.sr_source, pf.SR_SOURCES)
+    check(isinstance(cfg.formats.rotate, bool), "formats.rotate", cfg.formats.rotate,
+          "true or false")
+    n = m.state_dim
+    check(not cfg.formats.rotate or n & (n - 1) == 0, "model.state_dim", n,
+          "a power of two (formats.rotate=true rotates the state's last axis)")
     if not cfg.schemes:
         raise PrecsimError("schemes is empty; choose a preset, e.g. experiment=split_nvfp4 "
                            "or schemes=seed_table")

@@ -126,7 +126,9 @@ def format_options(cfg: Config) -> dict:
     """quantize() options of block formats; ``tensor`` scope = a (S, H*P, N) view's matrix."""
     scope = cfg.formats.tensor_scope
     return {"scale_floor": cfg.formats.scale_floor,
-            "tensor_scope": "matrix" if scope == "tensor" else scope}
+            "tensor_scope": "matrix" if scope == "tensor" else scope,
+            "scale_mode": cfg.formats.nvfp4_scale, "sr_source": cfg.formats.sr_source,
+            "rotate": cfg.formats.rotate}
 
 
 def quantize_state(x, fmt: str, rounding: str, *, name: str, event: int, purpose: int,
@@ -138,7 +140,7 @@ def quantize_state(x, fmt: str, rounding: str, *, name: str, event: int, purpose
     f = pf.get(fmt)
     if f.kind == "identity" or (f.name == "fp32" and "float32" in str(x.dtype)):
         return x
-    opts = fmt_options if (f.kind == "block" and "tensor_scope" in f.options) else {}
+    opts = {k: v for k, v in fmt_options.items() if k in pf.accepted_options(f)}
     shape = x.shape
     if layer_scope and f.kind == "block":
         x = x.reshape(shape[0], shape[1] * shape[2], shape[3])  # one layer per sequence

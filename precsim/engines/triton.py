@@ -88,6 +88,16 @@ def unsupported_reason(cfg: Config) -> str | None:
                     for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt) if f)
     if two_level and cfg.formats.tensor_scope == "tensor":
         return "formats.tensor_scope=tensor (an NVFP4 scale over the whole layer couples heads)"
+    from precsim.kernels.quant import SCALED_BASE, fmt_id
+
+    rowscaled = [f for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt)
+                 if f and fmt_id(f) >= SCALED_BASE]
+    if rowscaled:  # the scheme code holds 4 bits per format
+        return f"row-scaled format {rowscaled[0]} (not in the kernels' scheme code)"
+    if cfg.formats.sr_source != "hash":
+        return f"formats.sr_source={cfg.formats.sr_source} (the kernels' SR uses the hash)"
+    if cfg.formats.rotate:
+        return "formats.rotate=true (no Hadamard rotation in the kernels)"
     P, N = m.head_dim, m.state_dim
     if not (_pow2(P) and _pow2(N) and P >= 16 and N >= 16):
         return f"head_dim={P}, state_dim={N} (kernels need powers of two >= 16)"
@@ -192,7 +202,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     from precsim.kernels.codes import dispatch_order
     from precsim.kernels.inputs import exp_f32
     from precsim.kernels.metrics import drift_from_partials, drift_partials, row_stats
-    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32
+    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
     from precsim.kernels.rng import event_keys
 
     dev = torch.device(device)
@@ -378,7 +388,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                                        _i32(k0), [slot[i] for i in idx], [codes[i] for i in idx],
                                        gi == 0, t0, n, steps, L, H, blk, LB, nw, maxnreg,
                                        lpt=lpt, buf=BUF_IDS[cfg.replay.buffer_dtype],
-                                       sfloor=int(cfg.formats.scale_floor == "normal"),
+                                       sfloor=scale_flags(cfg.formats.scale_floor,
+                                                          cfg.formats.nvfp4_scale),
                                        scope=SCOPE_NONE if cfg.formats.tensor_scope == "none"
                                        else SCOPE_MATRIX,
                                        u_master=cfg.replay.gdn_u_source == "master",

@@ -51,8 +51,8 @@ RNE_FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
 RNE_KINDS = ["representable", "midpoints", "midpoint_neighbours", "subnormals", "zeros", "random"]
 
 # every option combination of the block formats that changes bits
-BLOCK_CONFIGS = [("nvfp4", {"scale_floor": f, "tensor_scope": s})
-                 for f in pf.SCALE_FLOORS for s in pf.TENSOR_SCOPES]
+BLOCK_CONFIGS = [("nvfp4", {"scale_floor": f, "tensor_scope": s, "scale_mode": m})
+                 for f in pf.SCALE_FLOORS for s in pf.TENSOR_SCOPES for m in pf.SCALE_MODES]
 BLOCK_CONFIGS += [(n, {}) for n in BLOCKS if n != "nvfp4"]
 BLOCK_IDS = ["-".join([n, *o.values()]) for n, o in BLOCK_CONFIGS]
 
@@ -117,6 +117,8 @@ def all_values(name) -> np.ndarray:
 @functools.cache
 def grid(name) -> np.ndarray:
     """Non-negative finite values in code order (grid[k] has bit pattern k)."""
+    if KIND.get(name) == "int":  # the integers 0..qmax (symmetric formats: code = value)
+        return np.arange(pf.get(name).qmax + 1, dtype=np.float64)
     v = all_values(name)
     v = v[: len(v) // 2] if pf.get(name).signed else v
     v = v[np.isfinite(v)]
@@ -182,6 +184,8 @@ def sample(name, shape, dtype, seed=0) -> np.ndarray:
         x = rng.standard_normal(n) * np.exp2(rng.uniform(-12, 7, n))
     elif name == "fp8_e5m2":
         x = rng.standard_normal(n) * np.exp2(rng.uniform(-18, 14, n))
+    elif KIND[name] == "int":
+        x = rng.uniform(-pf.get(name).qmax, pf.get(name).qmax, n)
     elif KIND[name] == "block":
         x = rng.standard_normal(shape) * np.exp2(rng.integers(-8, 8, shape[:-1] + (1,)))
     else:
@@ -519,12 +523,15 @@ def cast_element(e, name):
     return rne_by_table(name, e)
 
 
-def ref_nvfp4(x, scale_floor="subnormal", tensor_scope="matrix"):
-    """NVFP4 from the definition. Returns (output, total scale per element).
+def ref_nvfp4(x, scale_floor="subnormal", tensor_scope="matrix", scale_mode="reciprocal",
+              scaled=False):
+    """NVFP4 from the definition. Returns (output, total scale per element[, scaled elements]).
 
     s_tensor = float32(amax over scope) / 2688; block scale = ((block_amax / 6) / s_tensor)
     clamped to <= 448 (and >= 2^-6 for scale_floor="normal"), cast RNE to E4M3;
-    total = s_tensor * bs (float32); elements = clamp(x / total, ±6) cast to E2M1; out = q * total.
+    total = s_tensor * bs (float32); scaled elements = x / total ("divide") or
+    x * ((1 / s_tensor) / bs) (float32 factor, "reciprocal"); elements = clamp(scaled, ±6) cast
+    to E2M1; out = q * total.
     """
     dt, shape = x.dtype, x.shape
     f32 = np.float32
@@ -545,12 +552,21 @@ def ref_nvfp4(x, scale_floor="subnormal", tensor_scope="matrix"):
             bs = np.maximum(bs, f32(2.0**-6))
         bs = bs.astype(ml_dtypes.float8_e4m3fn).astype(f32)
         total = (bs if s_t is None else s_t * bs).astype(dt)
-        e = np.clip(xb / total, -6.0, 6.0)
+        if scale_mode == "divide":
+            xs = xb / total
+        else:
+            bs1 = np.where(bs > 0, bs, f32(1.0))
+            inv = f32(1.0) / bs1 if s_t is None else (f32(1.0) / s_t) / bs1
+            xs = xb * inv.astype(dt)
+        e = np.clip(xs, -6.0, 6.0)
         q = cast_element(np.where(total > 0, e, 0.0).astype(dt), "fp4_e2m1")
         # a zero scale (all-zero block, or a block scale that flushes to 0 in E4M3) gives
         # (signed) zeros; an all-zero scope's 0/0 scales are NaN and land here too
         out = np.where(total > 0, q * total, xb * 0)
-    return out.reshape(shape), np.broadcast_to(total, xb.shape).reshape(shape)
+    total = np.broadcast_to(total, xb.shape).reshape(shape)
+    if scaled:
+        return out.reshape(shape), total, xs.reshape(shape)
+    return out.reshape(shape), total
 
 
 def ref_mx(x, name):
@@ -690,7 +706,8 @@ DEFAULT_SR_BITS = {
     ("fp4_e2m1", np.float32): 8, ("fp4_e2m1", np.float64): 8, ("e8m0", np.float32): 24,
     ("e8m0", np.float64): 32, ("nvfp4", np.float32): 8, ("nvfp4", np.float64): 8,
     ("mxfp4", np.float32): 8, ("mxfp4", np.float64): 8, ("mxfp8", np.float32): 21,
-    ("mxfp8", np.float64): 32,
+    ("mxfp8", np.float64): 32, ("int8", np.float32): 24, ("int8", np.float64): 32,
+    ("int16", np.float32): 24, ("int16", np.float64): 32,
 }
 SR_NAMES = [n for n in NAMES if n not in IDENTITY]
 
@@ -715,10 +732,14 @@ def predict_sr(x, name, seed, stream=0, offset=0, sr_bits=None, **opts):
     r = sr_bits or DEFAULT_SR_BITS[(name, dt.type)]
     u = sr_uniforms(x.size, r, seed, stream, offset).reshape(x.shape)
     if KIND[name] == "block":
-        _, total = ref_block(x, name, **opts)
+        if name == "nvfp4":
+            _, total, xs = ref_nvfp4(x, scaled=True, **opts)
+        else:
+            _, total = ref_block(x, name, **opts)
+            xs = x / total
         el = element_of(name)
         elmax = pf.get(el).max_value
-        e = np.clip(x / total, -elmax, elmax).astype(np.float64)
+        e = np.clip(xs, -elmax, elmax).astype(np.float64)
     else:
         total, el, e = None, name, x.astype(np.float64)
     lo, hi = floor_ceil(el, e)
@@ -1105,7 +1126,8 @@ def test_non_array_rejected():
 # (h) storage cost
 
 BITS_PER_ELEMENT = {"fp64": 64, "fp32": 32, "bf16": 16, "fp16": 16, "fp8_e4m3": 8, "fp8_e5m2": 8,
-                    "fp4_e2m1": 4, "e8m0": 8, "nvfp4": 4.5, "mxfp4": 4.25, "mxfp8": 8.25}
+                    "fp4_e2m1": 4, "e8m0": 8, "nvfp4": 4.5, "mxfp4": 4.25, "mxfp8": 8.25,
+                    "int8": 8, "int16": 16}
 
 
 @pytest.mark.parametrize("name", NAMES)
