@@ -209,6 +209,10 @@ def run(cfg: Config, progress: bool = True) -> Result:
     engine = resolve_engine(cfg.run.engine, device)
     if cfg.run.threads > 0 and torch.get_num_threads() != cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    if engine == "numba":
+        from .engine_numba import run_numba_or_torch
+
+        return run_numba_or_torch(cfg, progress=progress)
     if engine == "numpy":
         from .reference import run_numpy
 
