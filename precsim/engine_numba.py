@@ -200,39 +200,46 @@ if numba is not None:
         return _F0
 
     @njit(cache=True, inline="always")
+    def _consts(f, bits, ieee, el):
+        """Per-format constants of :func:`_round_u`: mantissa bits, emin, max, the value an
+        overflow becomes, 2**bits (float32)."""
+        maxv = np.float32(el[f, 2])
+        ovf = maxv if not ieee else (_INF if el[f, 3] > 0 else _NAN)
+        return np.int64(el[f, 0]), np.int64(el[f, 1]), maxv, ovf, np.float32(2.0 ** bits)
+
+    @njit(cache=True, inline="always")
     def _round(x, f, sr, bits, ieee, off, k0, k1, el):
         """formats.core.round_float of float32 ``x`` to element format ``f`` (1..5)."""
-        mb = np.int64(el[f, 0])
-        emin = np.int64(el[f, 1])
-        maxv = np.float32(el[f, 2])
+        u = _rand(off, bits, k0, k1) if sr else 0
+        mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
+        return _round_u(x, mb, emin, maxv, ovf, sr, sc, u)
+
+    @njit(cache=True, inline="always")
+    def _round_u(x, mb, emin, maxv, ovf, sr, sc, u):
+        """:func:`_round` with the format's constants and the element's SR integer given."""
         ix = np.int64(_f2i(x))
         ef = (ix >> 23) & 0xFF
         if ef == 255:  # Inf / NaN
             if x != x:
                 return x
-            if ieee:
-                out = _INF if el[f, 3] > 0 else _NAN
-            else:
-                out = maxv
-            return -out if ix < 0 else out
+            return -ovf if ix < 0 else ovf
         ax = abs(x)
         e = max(ef - 127, emin)
-        q = _pow2(e - mb)
-        y = ax / q
+        if emin - mb >= -126:  # q and 1/q normal: ax * (1/q) == ax / q exactly
+            q = _i2f(np.int32((e - mb + 127) << 23))
+            y = ax * _i2f(np.int32((mb - e + 127) << 23))
+        else:
+            q = _pow2(e - mb)
+            y = ax / q
         if sr:
             lo = np.float32(np.int64(y))
-            thr = (y - lo) * np.float32(2.0 ** bits)
-            thr = np.float32(np.int64(thr))
-            u = np.float32(_rand(off, bits, k0, k1))
-            r = lo + (_F1 if u < thr else _F0)
+            thr = np.float32(np.int64((y - lo) * sc))
+            r = lo + (_F1 if np.float32(u) < thr else _F0)
         else:
             r = (y + _BIG) - _BIG if y < _BIG else y
         out = r * q
         if out > maxv:
-            if ieee:
-                out = _INF if el[f, 3] > 0 else _NAN
-            else:
-                out = maxv
+            out = ovf
         return -out if ix < 0 else out
 
     @njit(cache=True, inline="always")
@@ -249,14 +256,19 @@ if numba is not None:
             out[:, :] = M
             return
         if f <= 5:
+            mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
             for p in range(P):
                 for n in range(N):
-                    out[p, n] = _round(M[p, n], f, sr, bits, ieee, base + p * N + n, k0, k1, el)
+                    u = _rand(base + p * N + n, bits, k0, k1) if sr else 0
+                    out[p, n] = _round_u(M[p, n], mb, emin, maxv, ovf, sr, sc, u)
             return
         blk = 16 if f == 6 else 32
+        slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
+        lanes = 32 // slot
         ef = 5 if f != 8 else 3
         emaxe = 2 if ef == 5 else 8
         maxe = np.float32(el[ef, 2])
+        mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
         s_t = _F1
         if f == 6 and not scope_none:
             tm = np.int64(0)
@@ -288,14 +300,22 @@ if numba is not None:
                 if not (bmax - bmax == 0):
                     total = _NAN
                 safe = total if total > 0 else _F1
+                word = np.int64(0)
                 for n in range(b0, b0 + blk):
                     xs = M[p, n] / safe
                     if xs > maxe:
                         xs = maxe
                     elif xs < -maxe:
                         xs = -maxe
-                    qe = _round(xs, ef, sr, bits, False, base + p * N + n, k0, k1, el)
-                    out[p, n] = qe * total
+                    u = 0
+                    if sr:  # one hash per 32-bit word (blocks start on word boundaries)
+                        off = base + p * N + n
+                        lane = off % lanes
+                        if lane == 0 or n == b0:
+                            w = off // lanes
+                            word = _hash(w & _MASK, w >> 32, k0, k1)
+                        u = (word >> (lane * slot + slot - bits)) & ((1 << bits) - 1)
+                    out[p, n] = _round_u(xs, mb, emin, maxv, ovf, sr, sc, u) * total
 
     @njit(cache=True, parallel=True)
     def quantize_many(X, f, sr, bits, ieee, floor, scope_none, k0, k1, el):
@@ -486,8 +506,6 @@ def run_numba(cfg: Config, progress: bool = True, record_outputs: bool = False):
     reason = supports(cfg)
     if reason is not None:
         raise ValueError(f"the numba engine does not support {reason}")
-    if cfg.run.threads > 0:
-        numba.set_num_threads(min(cfg.run.threads, numba.config.NUMBA_NUM_THREADS))
     m = cfg.model
     Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
     SH = Sq * H
