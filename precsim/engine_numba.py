@@ -243,6 +243,24 @@ if numba is not None:
         return -out if ix < 0 else out
 
     @njit(cache=True, inline="always")
+    def _round_fin(x, mb, emin, maxv, sr, sc, u):
+        """:func:`_round_u` for finite ``x`` within the format's range after saturation, without
+        branches (the block formats' element loop, so LLVM can vectorise it)."""
+        ix = _f2i(x)
+        ef = (ix >> 23) & 0xFF
+        e = max(ef - 127, np.int32(emin))
+        q = _i2f(np.int32((e - mb + 127) << 23))
+        y = abs(x) * _i2f(np.int32((mb - e + 127) << 23))
+        if sr:
+            lo = np.float32(np.int32(y))
+            thr = np.float32(np.int32((y - lo) * sc))
+            r = lo + (_F1 if u < thr else _F0)
+        else:
+            r = (y + _BIG) - _BIG
+        out = min(r * q, maxv)
+        return _i2f(_f2i(out) | (ix & np.int32(-2147483648)))
+
+    @njit(cache=True, inline="always")
     def _absbits(x):
         return np.int64(_f2i(x)) & 0x7FFFFFFF
 
@@ -265,6 +283,9 @@ if numba is not None:
         blk = 16 if f == 6 else 32
         slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
         lanes = 32 // slot
+        words = np.zeros(blk, dtype=np.int64)
+        us = np.zeros(blk, dtype=np.float32)
+        umask = (1 << bits) - 1
         ef = 5 if f != 8 else 3
         emaxe = 2 if ef == 5 else 8
         maxe = np.float32(el[ef, 2])
@@ -299,23 +320,23 @@ if numba is not None:
                     total = _pow2(e)
                 if not (bmax - bmax == 0):
                     total = _NAN
+                if total != total:  # NaN/Inf in the scale's scope: the block is NaN
+                    for n in range(b0, b0 + blk):
+                        out[p, n] = _NAN
+                    continue
                 safe = total if total > 0 else _F1
-                word = np.int64(0)
-                for n in range(b0, b0 + blk):
-                    xs = M[p, n] / safe
-                    if xs > maxe:
-                        xs = maxe
-                    elif xs < -maxe:
-                        xs = -maxe
-                    u = 0
-                    if sr:  # one hash per 32-bit word (blocks start on word boundaries)
-                        off = base + p * N + n
-                        lane = off % lanes
-                        if lane == 0 or n == b0:
-                            w = off // lanes
-                            word = _hash(w & _MASK, w >> 32, k0, k1)
-                        u = (word >> (lane * slot + slot - bits)) & ((1 << bits) - 1)
-                    out[p, n] = _round_u(xs, mb, emin, maxv, ovf, sr, sc, u) * total
+                if sr:  # one hash per 32-bit word (blocks start on word boundaries)
+                    off = base + p * N + b0
+                    for k in range(blk // lanes):
+                        w = off // lanes + k
+                        words[k] = _hash(w & _MASK, w >> 32, k0, k1)
+                    for k in range(blk // lanes):
+                        for j in range(lanes):
+                            us[k * lanes + j] = np.float32(
+                                (words[k] >> (j * slot + slot - bits)) & umask)
+                for n in range(blk):
+                    xs = min(max(M[p, b0 + n] / safe, -maxe), maxe)
+                    out[p, b0 + n] = _round_fin(xs, mb, emin, maxv, sr, sc, us[n]) * total
 
     @njit(cache=True, parallel=True)
     def quantize_many(X, f, sr, bits, ieee, floor, scope_none, k0, k1, el):
@@ -351,12 +372,18 @@ if numba is not None:
             dt = dt64[i, sh]
             for p in range(P):
                 dx = dt * x64[i, sh, p]
-                acc = 0.0
                 for n in range(N):
-                    s = a * S[p, n] + dx * B64[i, sh, n]
-                    S[p, n] = s
-                    acc += s * C64[i, sh, n]
-                y64[i, sh, p] = acc
+                    S[p, n] = a * S[p, n] + dx * B64[i, sh, n]
+                a0 = 0.0
+                a1 = 0.0
+                a2 = 0.0
+                a3 = 0.0
+                for n in range(0, N, 4):
+                    a0 += S[p, n] * C64[i, sh, n]
+                    a1 += S[p, n + 1] * C64[i, sh, n + 1]
+                    a2 += S[p, n + 2] * C64[i, sh, n + 2]
+                    a3 += S[p, n + 3] * C64[i, sh, n + 3]
+                y64[i, sh, p] = (a0 + a1) + (a2 + a3)
 
     @njit(cache=True)
     def _scheme(st, rd, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, t0,
