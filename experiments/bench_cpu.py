@@ -1,4 +1,4 @@
-"""CPU engine vs the plain NumPy per-step loop, measured side by side in one run.
+"""CPU engines vs the plain NumPy per-step loop, measured side by side in one run.
 
 Both sides run the same study — ``experiment=seed_table`` (five schemes + float64 truth,
 seed_article workload, L = 16) — as whole processes (``python -m precsim ...``: interpreter start,
@@ -7,7 +7,12 @@ engines themselves is visible too. The NumPy side is ``run.engine=numpy``
 (``precsim/reference.py``): one token at a time, a buffer list per scheme, output-only evaluation by
 a loop over the buffer, as in the article.
 
-    python experiments/bench_cpu.py [--heads 8] [--steps 4096] [--repeats 1]
+The fused numba engine (``run.engine=numba``, ``precsim/engines/numba.py``) is timed beside them:
+engine only at ``--steps`` against both, and as a whole process at ``--whole-steps`` (32,768)
+against the NumPy loop, its compile cache warm (a warm-up process fills it first); the first
+process's compile time is measured with an empty cache (``NUMBA_CACHE_DIR`` set to a new folder).
+
+    python experiments/bench_cpu.py [--heads 8] [--steps 4096] [--repeats 1] [--numba-only]
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ import tempfile
 import time
 
 
-def whole_process(engine: str, heads: int, steps: int) -> float:
+def whole_process(engine: str, heads: int, steps: int, env: dict | None = None) -> float:
     with tempfile.TemporaryDirectory() as d:
         args = [sys.executable, "-m", "precsim", "experiment=seed_table", f"model.heads={heads}",
                 f"run.steps={steps}", f"run.engine={engine}", "run.progress=false",
                 f"hydra.run.dir={d}/out"]
         t = time.perf_counter()
-        r = subprocess.run(args, capture_output=True, text=True)
+        r = subprocess.run(args, capture_output=True, text=True,
+                           env={**os.environ, **(env or {})})
         wall = time.perf_counter() - t
         if r.returncode != 0:
             raise SystemExit(f"{engine} run failed:\n{r.stderr[-2000:]}")
@@ -57,11 +63,44 @@ def in_process(engine: str, heads: int, steps: int, only: str | None = None
     return wall, last
 
 
+def numba_section(heads: int, steps: int, whole_steps: int, skip_numpy_whole: bool) -> None:
+    """Engine only: numba vs torch vs the NumPy loop; whole process: numba vs the NumPy loop."""
+    with tempfile.TemporaryDirectory() as cache:
+        t_cold = whole_process("numba", heads, 16, {"NUMBA_CACHE_DIR": cache})
+        t_warm = whole_process("numba", heads, 16, {"NUMBA_CACHE_DIR": cache})
+    whole_process("numba", heads, 16)  # fill the default cache for what follows
+    print(f"\nnumba compile: first process (empty cache) {t_cold:.2f} s, cache warm "
+          f"{t_warm:.2f} s (run.steps=16): compile ~{t_cold - t_warm:.1f} s, once per install")
+    in_process("numba", heads, 16)  # this process: load the compiled code once
+    t_nb, e_nb = in_process("numba", heads, steps)
+    t_pt, e_pt = in_process("torch", heads, steps)
+    t_np, e_np = in_process("numpy", heads, steps)
+    hs = heads * steps
+    print(f"\nengine only, run.steps={steps}, model.heads={heads}")
+    print(f"{'engine':<14}{'s':>9}{'us/head-step':>14}{'numba speed-up':>16}")
+    for name, t in (("numpy loop", t_np), ("torch", t_pt), ("numba", t_nb)):
+        print(f"{name:<14}{t:>9.2f}{1e6 * t / hs:>14.1f}{t / t_nb:>15.2f}x")
+    print("final-window rel_err (numba | torch | numpy):")
+    for k in e_nb:
+        print(f"  {k:<24}{e_nb[k]:>12.4g} | {e_pt[k]:.4g} | {e_np[k]:.4g}")
+    w_nb = whole_process("numba", heads, whole_steps)
+    print(f"\nwhole process, run.steps={whole_steps} (numba cache warm)")
+    print(f"  numba       {w_nb:>9.2f} s")
+    if not skip_numpy_whole:
+        w_np = whole_process("numpy", heads, whole_steps)
+        print(f"  numpy loop  {w_np:>9.2f} s   speed-up {w_np / w_nb:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--whole-steps", type=int, default=32768)
+    ap.add_argument("--numba-only", action="store_true",
+                    help="only the numba section (engine only and whole process)")
+    ap.add_argument("--skip-numpy-whole", action="store_true",
+                    help="leave out the NumPy loop's whole process at --whole-steps (minutes)")
     a = ap.parse_args()
     import numpy as np
     import torch
@@ -71,6 +110,9 @@ def main() -> None:
           f" (threads {torch.get_num_threads()})")
     print(f"# study: experiment=seed_table, model.heads={a.heads} (x64x128), "
           f"run.steps={a.steps}, 5 schemes + float64 truth")
+    if a.numba_only:
+        numba_section(a.heads, a.steps, a.whole_steps, a.skip_numpy_whole)
+        return
     rows = []
     for label, fn in (("whole process", whole_process), ("engine only", None)):
         for rep in range(a.repeats):
@@ -104,6 +146,7 @@ def main() -> None:
         t_np, _ = in_process("numpy", a.heads, steps, only=k)
         t_pt, _ = in_process("torch", a.heads, steps, only=k)
         print(f"{k:<26}{t_np:>10.2f}{t_pt:>10.2f}{t_np / t_pt:>9.2f}x")
+    numba_section(a.heads, a.steps, a.whole_steps, a.skip_numpy_whole)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from .errors import PrecsimError, check, check_choice
 
 FAMILIES = ("mamba2", "gdn")
 SCHEME_KINDS = ("conventional", "shared", "split")
-ENGINES = ("auto", "numpy", "torch", "triton")
+ENGINES = ("auto", "numpy", "torch", "triton", "numba")
 DEVICES = ("auto", "cpu", "cuda")
 WORKLOADS = ("synthetic", "seed_article", "trace")
 BUFFER_DTYPES = ("fp32", "bf16", "fp16", "fp64")

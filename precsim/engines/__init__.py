@@ -2,7 +2,8 @@
 
 ``ENGINES`` maps ``run.engine`` to a module (see :mod:`.base` for what a module provides):
 ``numpy`` (the plain step loop, the readable reference), ``torch`` (vectorised, CPU or CUDA),
-``triton`` (fused GPU kernels). ``run.engine=auto`` takes the first engine of ``AUTO[device]``
+``triton`` (fused GPU kernels), ``numba`` (a fused CPU engine, Mamba-2; explicit only until it
+beats the torch engine). ``run.engine=auto`` takes the first engine of ``AUTO[device]``
 that supports the config. A new engine is one module plus one entry here.
 """
 
@@ -16,7 +17,7 @@ from ..result import Result
 from .base import flush_schedule
 
 ENGINES = {"numpy": "precsim.engines.numpy", "torch": "precsim.engines.torch",
-           "triton": "precsim.engines.triton"}
+           "triton": "precsim.engines.triton", "numba": "precsim.engines.numba"}
 AUTO = {"cuda": ("triton", "torch"), "cpu": ("torch",)}
 
 

@@ -1,0 +1,666 @@
+"""The fused CPU engine (``run.engine=numba``): the Triton engine's structure, compiled by numba.
+
+The horizon is cut into *windows* that end at the first flush at or after each metrics window end
+(the ReplaySSM buffers start empty in every window; state drift is sampled where the torch engine
+samples it). Per window the host draws the inputs (``make_workload(cfg).chunk``) and computes, with
+the torch engine's own float32 operations, everything that depends on the inputs only: the decays
+``exp(dt A)``, the ReplaySSM decay matrices of each segment, the buffer's part of every output
+(``sum_j w_j(t) (C_t . B_j) x_j``) and of every fold (``sum_j w_j x_j B_j^T``). One compiled,
+parallel call then runs a task per (head, slot) — slot 0 the float64 truth, then one per scheme —
+that keeps its state copies in cache for the whole window and, per step, applies the update, the
+quantisation (RNE and SR, bit-equal to :func:`precsim.formats.quantize`, same counter-based
+random bits) and the output in one pass. The metrics are the torch engine's
+(:class:`precsim.metrics.Accumulator`), fed once per window.
+
+Covered: Mamba-2; conventional / shared / split schemes; formats fp32, bf16, fp16, fp8_e4m3,
+fp8_e5m2, fp4_e2m1, nvfp4 (tensor_scope matrix or none, both scale floors), mxfp4, mxfp8; any
+buffer dtype; compute in fp32. :func:`supports` names what is not (the caller then runs the torch
+engine). Compiled code is cached on disk (``cache=True``): only the first process compiles.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+
+import numpy as np
+import torch
+
+from precsim import formats as pf
+
+from ..config import Config
+from ..families import decays
+from ..metrics import Accumulator, Readout
+from ..result import make_result
+from ..schemes import build_schemes
+from ..workload import expand_groups, make_workload
+from .base import flush_schedule, progress_bar
+
+NAME = "numba"
+
+try:  # numba is optional (extra ``cpu``)
+    import numba
+    from llvmlite import ir
+    from numba import njit, prange, types
+    from numba.extending import intrinsic
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+
+# format ids (runtime ints: one compiled specialisation covers every scheme)
+FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
+           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8}
+KINDS = {"conventional": 0, "shared": 1, "split": 2}
+# element formats 1..5: mantissa bits, emin, max, has Inf
+_EL = np.array([[0, 0, 0.0, 0], [7, -126, 3.3895313892515355e38, 1], [10, -14, 65504.0, 1],
+                [3, -6, 448.0, 0], [2, -14, 57344.0, 1], [1, 0, 6.0, 0]], dtype=np.float64)
+# scheme code columns
+C_KIND, C_FMT, C_RND, C_BITS, C_IEEE, C_RFMT = range(6)
+NCODE = 6
+
+
+def available() -> bool:
+    """True when numba is importable."""
+    return numba is not None
+
+
+def supports(cfg: Config, device: str = "cpu") -> str | None:
+    """None if the numba engine runs ``cfg``, else a one-line reason (run the torch engine)."""
+    if numba is None:
+        return "numba is not installed (pip install 'precsim[cpu]')"
+    if cfg.model.family != "mamba2":
+        return f"model.family={cfg.model.family} (the numba engine covers mamba2 only)"
+    if cfg.replay.drafts > 0:
+        return "speculative decoding (replay.drafts > 0)"
+    if cfg.run.compute_dtype != "fp32":
+        return f"run.compute_dtype={cfg.run.compute_dtype} (the numba engine computes in fp32)"
+    for name, s in cfg.schemes.items():
+        for f in (s.fmt, s.read_fmt):
+            if f is None:
+                continue
+            key = pf.get(f).name
+            if key not in FMT_IDS:
+                return f"schemes.{name}: format {key} is not covered by the numba engine"
+            fo = pf.get(f)
+            if fo.kind == "block":
+                if fo.two_level and cfg.formats.tensor_scope == "tensor":
+                    return ("formats.tensor_scope=tensor (an NVFP4 scale over the whole layer "
+                            "couples heads)")
+                if cfg.model.state_dim % fo.block:
+                    return f"state_dim={cfg.model.state_dim} is not a multiple of {fo.block}"
+    return None
+
+
+def _sr_bits(fmt: str, sr_bits: int | None) -> int:
+    f = pf.get(fmt)
+    el = f.element if f.kind == "block" else f
+    if f.kind == "identity" or (f.kind == "float" and f.name == "fp32"):
+        return 0
+    return int(sr_bits or el.sr_bits_for(24))
+
+
+def scheme_codes(sc) -> np.ndarray:
+    """A SchemeConfig as the kernel's int row (kind, fmt, rounding, SR bits, ieee, read fmt)."""
+    sr = sc.rounding == "sr"
+    return np.array([KINDS[sc.kind], FMT_IDS[pf.get(sc.fmt).name], int(sr),
+                     _sr_bits(sc.fmt, sc.sr_bits) if sr else 0, int(sc.overflow == "ieee"),
+                     FMT_IDS[pf.get(sc.read_fmt).name] if sc.kind == "split" else 0],
+                    dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# host-side SR keys (formats.rng.stream_id / stream_keys, vectorised over events)
+
+_M = np.uint64(0xFFFFFFFF)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = x & _M
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & _M
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x846CA68B)) & _M
+    return x ^ (x >> np.uint64(16))
+
+
+def event_keys(seed: int, name: str, events: np.ndarray, purpose: int) -> tuple[int, np.ndarray]:
+    """``k0`` and the ``k1`` of every event: ``formats.stream_keys(seed, stream_id(crc32(name),
+    event, purpose))`` for an array of events (uint32 array)."""
+    k0 = pf.stream_keys(seed, 0)[0]
+    ev = np.asarray(events, dtype=np.int64).astype(np.uint64)
+    h = np.full(ev.shape, 0x243F6A88, dtype=np.uint64)
+    for p in (np.uint64(zlib.crc32(name.encode())), ev, np.uint64(purpose)):
+        p = np.broadcast_to(np.asarray(p, dtype=np.uint64), ev.shape)
+        h = _mix(h ^ (p & _M)) ^ ((h << np.uint64(7)) & _M)
+        h = _mix(h ^ ((p >> np.uint64(32)) & _M))
+    k1 = _mix((h & _M) ^ np.uint64(0x85EBCA6B) ^ np.uint64(k0))
+    k1 = _mix(k1 ^ (h >> np.uint64(32)))
+    return int(k0), k1.astype(np.uint32)
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled kernels
+
+if numba is not None:
+
+    @intrinsic
+    def _f2i(typingctx, x):
+        """float32 -> int32 with the same bits."""
+        sig = types.int32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+
+        return sig, codegen
+
+    @intrinsic
+    def _i2f(typingctx, x):
+        """int32 -> float32 with the same bits."""
+        sig = types.float32(types.int32)
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+
+        return sig, codegen
+
+    _F0 = np.float32(0.0)
+    _F1 = np.float32(1.0)
+    _BIG = np.float32(8388608.0)
+    _NAN = np.float32(np.nan)
+    _INF = np.float32(np.inf)
+    _MASK = 0xFFFFFFFF
+
+    @njit(cache=True, inline="always")
+    def _hash(lo, hi, k0, k1):
+        """formats.rng: mix(mix(lo ^ k0) ^ hi ^ k1) on uint32 values held in int64."""
+        x = (lo ^ k0) & _MASK
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & _MASK
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & _MASK
+        x ^= x >> 16
+        x = (x ^ hi ^ k1) & _MASK
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & _MASK
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & _MASK
+        x ^= x >> 16
+        return x
+
+    @njit(cache=True, inline="always")
+    def _rand(off, bits, k0, k1):
+        """The SR integer of element ``off`` (formats.rng.random_uint_numpy's lanes)."""
+        slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
+        lanes = 32 // slot
+        w = off // lanes
+        word = _hash(w & _MASK, w >> 32, k0, k1)
+        return (word >> ((off % lanes) * slot + slot - bits)) & ((1 << bits) - 1)
+
+    @njit(cache=True, inline="always")
+    def _pow2(e):
+        """2**e as float32 (e <= 127; subnormal powers down to 2**-149, 0 below)."""
+        if e >= -126:
+            return _i2f(np.int32((e + 127) << 23))
+        if e >= -149:
+            return _i2f(np.int32(1 << (e + 149)))
+        return _F0
+
+    @njit(cache=True, inline="always")
+    def _consts(f, bits, ieee, el):
+        """Per-format constants of :func:`_round_u`: mantissa bits, emin, max, the value an
+        overflow becomes, 2**bits (float32)."""
+        maxv = np.float32(el[f, 2])
+        ovf = maxv if not ieee else (_INF if el[f, 3] > 0 else _NAN)
+        return np.int64(el[f, 0]), np.int64(el[f, 1]), maxv, ovf, np.float32(2.0 ** bits)
+
+    @njit(cache=True, inline="always")
+    def _round(x, f, sr, bits, ieee, off, k0, k1, el):
+        """formats.core.round_float of float32 ``x`` to element format ``f`` (1..5)."""
+        u = _rand(off, bits, k0, k1) if sr else 0
+        mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
+        return _round_u(x, mb, emin, maxv, ovf, sr, sc, u)
+
+    @njit(cache=True, inline="always")
+    def _round_u(x, mb, emin, maxv, ovf, sr, sc, u):
+        """:func:`_round` with the format's constants and the element's SR integer given."""
+        ix = np.int64(_f2i(x))
+        ef = (ix >> 23) & 0xFF
+        if ef == 255:  # Inf / NaN
+            if x != x:
+                return x
+            return -ovf if ix < 0 else ovf
+        ax = abs(x)
+        e = max(ef - 127, emin)
+        if emin - mb >= -126:  # q and 1/q normal: ax * (1/q) == ax / q exactly
+            q = _i2f(np.int32((e - mb + 127) << 23))
+            y = ax * _i2f(np.int32((mb - e + 127) << 23))
+        else:
+            q = _pow2(e - mb)
+            y = ax / q
+        if sr:
+            lo = np.float32(np.int64(y))
+            thr = np.float32(np.int64((y - lo) * sc))
+            r = lo + (_F1 if np.float32(u) < thr else _F0)
+        else:
+            r = (y + _BIG) - _BIG if y < _BIG else y
+        out = r * q
+        if out > maxv:
+            out = ovf
+        return -out if ix < 0 else out
+
+    @njit(cache=True, inline="always")
+    def _round_fin(x, mb, emin, maxv, sr, sc, u):
+        """:func:`_round_u` for finite ``x`` within the format's range after saturation, without
+        branches (the block formats' element loop, so LLVM can vectorise it)."""
+        ix = _f2i(x)
+        ef = (ix >> 23) & 0xFF
+        e = max(ef - 127, np.int32(emin))
+        q = _i2f(np.int32((e - mb + 127) << 23))
+        y = abs(x) * _i2f(np.int32((mb - e + 127) << 23))
+        if sr:
+            lo = np.float32(np.int32(y))
+            thr = np.float32(np.int32((y - lo) * sc))
+            r = lo + (_F1 if u < thr else _F0)
+        else:
+            r = (y + _BIG) - _BIG
+        out = min(r * q, maxv)
+        return _i2f(_f2i(out) | (ix & np.int32(-2147483648)))
+
+    @njit(cache=True, inline="always")
+    def _absbits(x):
+        return np.int64(_f2i(x)) & 0x7FFFFFFF
+
+    @njit(cache=True)
+    def _quant(M, out, f, sr, bits, ieee, floor, scope_none, base, k0, k1, el):
+        """Fake-quantise one float32 matrix ``M (P, N)`` into ``out`` (may alias M): element
+        formats per element, block formats along the last axis (NVFP4's FP32 scale over the
+        matrix unless ``scope_none``). Elements are numbered ``base + p*N + n`` for SR."""
+        P, N = M.shape
+        if f == 0:
+            out[:, :] = M
+            return
+        if f <= 5:
+            mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
+            for p in range(P):
+                for n in range(N):
+                    u = _rand(base + p * N + n, bits, k0, k1) if sr else 0
+                    out[p, n] = _round_u(M[p, n], mb, emin, maxv, ovf, sr, sc, u)
+            return
+        blk = 16 if f == 6 else 32
+        slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
+        lanes = 32 // slot
+        words = np.zeros(blk, dtype=np.int64)
+        us = np.zeros(blk, dtype=np.float32)
+        umask = (1 << bits) - 1
+        ef = 5 if f != 8 else 3
+        emaxe = 2 if ef == 5 else 8
+        maxe = np.float32(el[ef, 2])
+        mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
+        s_t = _F1
+        if f == 6 and not scope_none:
+            tm = np.int64(0)
+            for p in range(P):
+                for n in range(N):
+                    tm = max(tm, _absbits(M[p, n]))
+            s_t = _i2f(np.int32(tm)) / np.float32(2688.0)
+            if s_t == 0:
+                s_t = _F1
+        for p in range(P):
+            for b0 in range(0, N, blk):
+                bm = np.int64(0)
+                for n in range(b0, b0 + blk):
+                    bm = max(bm, _absbits(M[p, n]))
+                bmax = _i2f(np.int32(bm))
+                if f == 6:
+                    bs = bmax / np.float32(6.0)
+                    if not scope_none:
+                        bs = bs / s_t
+                    if bs > np.float32(448.0):
+                        bs = np.float32(448.0)
+                    if floor and bs < np.float32(0.015625):
+                        bs = np.float32(0.015625)
+                    bs = _round(bs, 3, False, 0, False, 0, 0, 0, el)
+                    total = bs if scope_none else s_t * bs
+                else:
+                    e = min(max(((bm >> 23) & 0xFF) - 127 - emaxe, -127), 127)
+                    total = _pow2(e)
+                if not (bmax - bmax == 0):
+                    total = _NAN
+                if total != total:  # NaN/Inf in the scale's scope: the block is NaN
+                    for n in range(b0, b0 + blk):
+                        out[p, n] = _NAN
+                    continue
+                safe = total if total > 0 else _F1
+                if sr:  # one hash per 32-bit word (blocks start on word boundaries)
+                    off = base + p * N + b0
+                    for k in range(blk // lanes):
+                        w = off // lanes + k
+                        words[k] = _hash(w & _MASK, w >> 32, k0, k1)
+                    for k in range(blk // lanes):
+                        for j in range(lanes):
+                            us[k * lanes + j] = np.float32(
+                                (words[k] >> (j * slot + slot - bits)) & umask)
+                for n in range(blk):
+                    xs = min(max(M[p, b0 + n] / safe, -maxe), maxe)
+                    out[p, b0 + n] = _round_fin(xs, mb, emin, maxv, sr, sc, us[n]) * total
+
+    @njit(cache=True, parallel=True)
+    def quantize_many(X, f, sr, bits, ieee, floor, scope_none, k0, k1, el):
+        """Quantise every matrix of ``X (M, P, N)`` float32 (matrix m's elements start at
+        ``m*P*N``); returns a new array."""
+        out = np.empty_like(X)
+        MP = X.shape[1] * X.shape[2]
+        for m in prange(X.shape[0]):
+            _quant(X[m], out[m], f, sr, bits, ieee, floor, scope_none, m * MP, k0, k1, el)
+        return out
+
+    @njit(cache=True, inline="always")
+    def _dot32(S, p, C):
+        """sum_n S[p, n] C[n] in float32, four partial sums."""
+        N = S.shape[1]
+        a0 = _F0
+        a1 = _F0
+        a2 = _F0
+        a3 = _F0
+        for n in range(0, N, 4):
+            a0 += S[p, n] * C[n]
+            a1 += S[p, n + 1] * C[n + 1]
+            a2 += S[p, n + 2] * C[n + 2]
+            a3 += S[p, n + 3] * C[n + 3]
+        return (a0 + a1) + (a2 + a3)
+
+    @njit(cache=True)
+    def _truth(S, a64, dt64, x64, B64, C64, y64, sh):
+        n_steps = a64.shape[0]
+        P, N = S.shape
+        for i in range(n_steps):
+            a = a64[i, sh]
+            dt = dt64[i, sh]
+            for p in range(P):
+                dx = dt * x64[i, sh, p]
+                for n in range(N):
+                    S[p, n] = a * S[p, n] + dx * B64[i, sh, n]
+                a0 = 0.0
+                a1 = 0.0
+                a2 = 0.0
+                a3 = 0.0
+                for n in range(0, N, 4):
+                    a0 += S[p, n] * C64[i, sh, n]
+                    a1 += S[p, n + 1] * C64[i, sh, n + 1]
+                    a2 += S[p, n + 2] * C64[i, sh, n + 2]
+                    a3 += S[p, n + 3] * C64[i, sh, n + 3]
+                y64[i, sh, p] = (a0 + a1) + (a2 + a3)
+
+    @njit(cache=True)
+    def _scheme(st, rd, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, t0,
+                total, L, floor, scope_none, el):
+        """One scheme on one head over one window (which starts at a flush boundary)."""
+        n_steps = a32.shape[0]
+        P, N = st.shape
+        kind = code[C_KIND]
+        f = code[C_FMT]
+        sr = code[C_RND] != 0
+        bits = code[C_BITS]
+        ieee = code[C_IEEE] != 0
+        rf = code[C_RFMT]
+        base = np.int64(sh) * P * N
+        R = rd if kind == 2 else st
+        for i in range(n_steps):
+            t = t0 + i
+            if kind == 0:
+                a = a32[i, sh]
+                dt = dt32[i, sh]
+                for p in range(P):
+                    dx = dt * x32[i, sh, p]
+                    for n in range(N):
+                        st[p, n] = a * st[p, n] + dx * B32[i, sh, n]
+                    y32[i, sh, p] = _dot32(st, p, C32[i, sh])
+                _quant(st, st, f, sr, bits, ieee, floor, scope_none, base, k0,
+                       np.int64(keys[i]), el)
+                continue
+            j = t % L
+            if j == L - 1 or t == total - 1:  # flush: fold, output from the fold, write
+                g = gam[i, sh]
+                seg = i // L
+                for p in range(P):
+                    for n in range(N):
+                        st[p, n] = g * st[p, n] + Fb[seg, sh, p, n]
+                    y32[i, sh, p] = _dot32(st, p, C32[i, sh])
+                _quant(st, st, f, sr, bits, ieee, floor, scope_none, base, k0,
+                       np.int64(keys[i]), el)
+                if kind == 2:
+                    _quant(st, rd, rf, False, 0, False, floor, scope_none, base, 0, 0, el)
+            else:  # output-only: the checkpoint (read copy) is only read
+                g = gam[i, sh]
+                for p in range(P):
+                    y32[i, sh, p] = Yb[i, sh, p] + g * _dot32(R, p, C32[i, sh])
+
+    @njit(cache=True, parallel=True)
+    def _window(S64, st, rd, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32, x32,
+                B32, C32, Yb, gam, Fb, y32, t0, total, L, floor, scope_none, el):
+        """One window: a task per (head, slot), head-major (two threads split the heads)."""
+        SH = S64.shape[0]
+        ns = st.shape[0]
+        nt = ns + 1
+        for k in prange(SH * nt):
+            sh = k // nt
+            slot = k % nt
+            if slot == 0:
+                _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
+            else:
+                i = slot - 1
+                _scheme(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32, C32,
+                        Yb, gam, Fb, y32[i], sh, t0, total, L, floor, scope_none, el)
+
+
+def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, stream: int = 0,
+             sr_bits: int | None = None, overflow: str = "satfinite",
+             scale_floor: str = "subnormal", tensor_scope: str = "matrix") -> np.ndarray:
+    """The compiled quantiser on a float32 array ``(..., R, C)`` (matrices = last two axes).
+
+    Equals ``precsim.formats.quantize(x, fmt, rounding, seed=seed, stream=stream, ...)`` bit for
+    bit (tests check); tensor_scope ``tensor`` is not covered.
+    """
+    if tensor_scope == "tensor":
+        raise ValueError("tensor_scope='tensor' is not covered by the numba quantiser")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    X = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
+    sr = rounding == "sr"
+    k0, k1 = pf.stream_keys(seed, stream)
+    out = quantize_many(X, FMT_IDS[pf.get(fmt).name], sr, _sr_bits(fmt, sr_bits) if sr else 0,
+                        overflow == "ieee", scale_floor == "normal", tensor_scope == "none",
+                        k0, k1, _EL)
+    return out.reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# host driver
+
+
+def window_ends(steps: int, window: int, L: int) -> list[int]:
+    """Ends of the engine windows: the first flush at or after each metrics window end."""
+    ends: list[int] = []
+    k = 1
+    while not ends or ends[-1] < steps:
+        e = min(steps, L * math.ceil(k * window / L))
+        if not ends or e > ends[-1]:
+            ends.append(e)
+        k += 1
+    return ends
+
+
+def _buffer_terms(dt32, x, B, C, A32, t0: int, L: int, Sq: int, H: int):
+    """Input-only ReplaySSM terms of a window (torch, float32, the torch engine's operations):
+    ``gam (n, SH)`` = exp(Lc_t), ``Yb (n, SH, P)`` = the buffer's part of each output and
+    ``Fb (nseg, SH, P, N)`` = the buffer's part of each fold. Segments of L steps from t0."""
+    n = dt32.shape[0]
+    SH = Sq * H
+    P, N = x.shape[-1], B.shape[-1]
+    gam = torch.empty((n, SH), dtype=torch.float32)
+    Yb = torch.empty((n, SH, P), dtype=torch.float32)
+    nseg = -(-n // L)
+    Fb = torch.empty((nseg, SH, P, N), dtype=torch.float32)
+    full = n // L
+    for s0, s1, m in ((0, full, L), (full, nseg, n - full * L)):
+        if s1 <= s0 or m == 0:
+            continue
+        sl = slice(s0 * L, s0 * L + (s1 - s0) * m)
+        k = s1 - s0
+        d = dt32[sl].reshape(k, m, Sq, H)
+        Lc = torch.cumsum(d * A32, 1)  # (k, m, S, H)
+        Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
+        D = Lh[..., :, None] - Lh[..., None, :]
+        causal = torch.ones(m, m, dtype=torch.bool).tril()
+        W = torch.exp(torch.where(causal, D, torch.tensor(float("-inf")))) \
+            * d.permute(0, 2, 3, 1)[..., None, :]
+        xs = x[sl].reshape(k, m, Sq, H, P)
+        Bs = B[sl].reshape(k, m, Sq, H, N)
+        Cs = C[sl].reshape(k, m, Sq, H, N)
+        G = torch.einsum("ktshn,kjshn->kshtj", Cs, Bs)
+        Y = torch.einsum("kshtj,kjshp->ktshp", W * G, xs)
+        Yb[sl] = Y.reshape(k * m, SH, P)
+        gam[sl] = torch.exp(Lc).reshape(k * m, SH)
+        w_last = W[..., -1, :].permute(0, 3, 1, 2)  # (k, m, S, H)
+        F = torch.einsum("kjshp,kjshn->kshpn", w_last[..., None] * xs, Bs)
+        Fb[s0:s1] = F.reshape(k, SH, P, N)
+    return gam, Yb, Fb
+
+
+def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs: bool = False):
+    """Run ``cfg`` on the fused CPU engine; the same ``Result`` as ``precsim.engine.run_torch``.
+
+    ``record_outputs`` keeps every output in ``info["outputs"]`` (tests, small runs).
+    """
+    t_start = time.perf_counter()
+    wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
+    reason = supports(cfg, device)
+    if reason is not None:  # the torch engine runs it, with a note
+        import logging
+
+        from . import torch as torch_engine
+
+        logging.getLogger("precsim").warning(
+            "precsim: the numba engine does not support %s; running the torch engine", reason)
+        res = torch_engine.run(cfg, device, progress=progress, record_outputs=record_outputs)
+        res.info["numba_fallback"] = reason
+        return res
+    m = cfg.model
+    Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
+    SH = Sq * H
+    steps, L = cfg.run.steps, cfg.replay.buffer_len
+    schemes = build_schemes(cfg)
+    ns = len(schemes)
+    codes = np.stack([scheme_codes(s.cfg) for s in schemes]) if ns else np.zeros((0, NCODE),
+                                                                                   np.int64)
+    S64 = np.zeros((SH, P, N))
+    st = np.zeros((ns, SH, P, N), dtype=np.float32)
+    rd = np.zeros_like(st)
+    k0 = pf.stream_keys(cfg.run.seed, 0)[0]
+    ev = np.arange(steps, dtype=np.int64)
+    keys = np.zeros((ns, steps), dtype=np.uint32)
+    for i, s in enumerate(schemes):
+        if s.cfg.rounding == "sr":
+            keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)[1]
+    A64 = np.asarray(wl.params["A"], dtype=np.float64)
+    A32 = torch.as_tensor(A64).to(torch.float32)
+    D = wl.params.get("D")
+    D64 = torch.as_tensor(D, dtype=torch.float64) if D is not None else None
+    readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
+        if cfg.metrics.kl else None
+    acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
+    bufdt = cfg.replay.buffer_dtype
+    floor, scope_none = cfg.formats.scale_floor == "normal", cfg.formats.tensor_scope == "none"
+    bar = progress_bar(cfg, progress)
+    names = ["truth", *(s.name for s in schemes)]
+    recorded: dict[str, list] = {n: [] for n in names}
+    dead_at: list[int | None] = [None] * ns
+    seg_ends = np.cumsum(list(flush_schedule(cfg)))
+    t_kernel = 0.0
+    t0 = 0
+    for t1 in window_ends(steps, cfg.metrics.window, L):
+        n = t1 - t0
+        raw_t = expand_groups(wl.chunk(t0, t1), H)
+        raw = {k: v.numpy() for k, v in raw_t.items()}
+        dt64 = np.ascontiguousarray(raw["dt"].reshape(n, SH))
+        x64 = np.ascontiguousarray(raw["x"].reshape(n, SH, P))
+        B64 = np.ascontiguousarray(raw["B"].reshape(n, SH, N))
+        C64 = np.ascontiguousarray(raw["C"].reshape(n, SH, N))
+        a64 = np.exp(raw["dt"] * A64).reshape(n, SH)
+        dt_t = torch.from_numpy(raw["dt"]).to(torch.float32)  # (n, S, H)
+        x_t = torch.from_numpy(raw["x"]).to(torch.float32)
+        B_t = torch.from_numpy(raw["B"]).to(torch.float32)
+        C_t = torch.from_numpy(raw["C"]).to(torch.float32)
+        a32 = decays("mamba2", raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
+                     cfg.model.decay_exp)["a"].reshape(n, SH)  # the torch engine's decay
+        xb, Bb = x_t, B_t
+        if bufdt not in ("fp32", "fp64"):
+            xb, Bb = pf.quantize(x_t, bufdt, "rne"), pf.quantize(B_t, bufdt, "rne")
+        gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), xb, Bb, C_t, A32, t0, L, Sq, H)
+        y64 = np.empty((n, SH, P))
+        y32 = np.empty((ns, n, SH, P), dtype=np.float32)
+        tk = time.perf_counter()
+        _window(S64, st, rd, codes, np.ascontiguousarray(keys[:, t0:t1]), k0, a64, dt64, x64,
+                B64, C64, y64, a32.numpy(), dt_t.reshape(n, SH).numpy(),
+                x_t.reshape(n, SH, P).numpy(), B_t.reshape(n, SH, N).numpy(),
+                C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32, t0,
+                steps, L, floor, scope_none, _EL)
+        t_kernel += time.perf_counter() - tk
+        y_ref = torch.from_numpy(y64).view(n, Sq, H, P)
+        if D64 is not None:
+            y_ref = y_ref + D64[:, None] * torch.from_numpy(raw["x"])
+        ys: dict[str, torch.Tensor | None] = {}
+        for i, s in enumerate(schemes):
+            y = torch.from_numpy(y32[i]).view(n, Sq, H, P)
+            if D64 is not None:
+                y = y + D64.to(torch.float32)[:, None] * x_t
+            y = _mask_dead(y, i, dead_at, t0, seg_ends)
+            ys[s.name] = y
+        acc.push(y_ref, ys)
+        if record_outputs:
+            recorded["truth"].append(y_ref.numpy())
+            for nm, y in ys.items():
+                recorded[nm].append(y.numpy())
+        if acc.want_drift(t1):
+            acc.record_drift(t1, torch.from_numpy(S64).view(Sq, H, P, N), {
+                s.name: None if dead_at[i] is not None else (
+                    {"state": torch.from_numpy(st[i]).view(Sq, H, P, N),
+                     "read": torch.from_numpy(rd[i]).view(Sq, H, P, N)} if s.kind == "split"
+                    else {"state": torch.from_numpy(st[i]).view(Sq, H, P, N)})
+                for i, s in enumerate(schemes)})
+        if bar is not None:
+            bar.update(n)
+        t0 = t1
+    acc.finish()
+    if bar is not None:
+        bar.close()
+    for i, s in enumerate(schemes):
+        s.dead_at = dead_at[i]
+    n_flush = len(seg_ends)
+    info = {"flushes": n_flush, "workload": cfg.workload.kind,
+            "mean_segment": steps / max(n_flush, 1), "kernel_s": t_kernel,
+            "threads": numba.get_num_threads()}
+    if record_outputs:
+        info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
+    return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,
+                       device="cpu", t_start=t_start, info=info)
+
+
+def _mask_dead(y: torch.Tensor, i: int, dead_at: list, t0: int, seg_ends: np.ndarray):
+    """The torch engine's dead-scheme rule: a segment with a non-finite output marks the scheme
+    dead at that step; the outputs of the following segments are NaN (it stops running)."""
+    n = y.shape[0]
+    if dead_at[i] is not None:
+        # dead before this window, or in it: NaN from the end of the dying segment on
+        end = int(seg_ends[np.searchsorted(seg_ends, dead_at[i] - 1, side="right")]) \
+            if dead_at[i] - 1 < seg_ends[-1] else seg_ends[-1]
+        cut = max(0, end - t0)
+        if cut < n:
+            y = y.clone()
+            y[cut:] = math.nan
+        return y
+    finite = torch.isfinite(y).reshape(n, -1).all(dim=1)
+    if bool(finite.all()):
+        return y
+    first = int((~finite).nonzero()[0, 0])
+    dead_at[i] = t0 + first + 1
+    return _mask_dead(y, i, dead_at, t0, seg_ends)

@@ -1,0 +1,188 @@
+"""The numba CPU engine: bit-equal quantisers, the same numbers as the torch engine, the truth."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from conftest import make_trace, tiny_cfg  # noqa: E402
+
+from precsim import formats as pf  # noqa: E402
+from precsim import oracle  # noqa: E402
+from precsim.config import to_config  # noqa: E402
+from precsim.engines import run  # noqa: E402
+from precsim.engines.numba import event_keys, quantize, supports  # noqa: E402
+from precsim.engines.numba import run as run_numba  # noqa: E402
+from precsim.engines.torch import run as run_torch  # noqa: E402
+
+SEED_TABLE = {
+    "conventional_fp32": {"kind": "conventional", "fmt": "fp32"},
+    "conventional_nvfp4_sr": {"kind": "conventional", "fmt": "nvfp4", "rounding": "sr"},
+    "shared_nvfp4_sr": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
+    "split_fp32_nvfp4": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"},
+    "split_fp16sr_nvfp4": {"kind": "split", "fmt": "fp16", "rounding": "sr",
+                           "read_fmt": "nvfp4"},
+}
+# every format but nvfp4 on element and MX paths, satfinite and IEEE overflow
+OTHERS = {
+    "conventional_fp8_sr": {"kind": "conventional", "fmt": "fp8_e4m3", "rounding": "sr"},
+    "conventional_bf16": {"kind": "conventional", "fmt": "bf16"},
+    "shared_mxfp8_sr": {"kind": "shared", "fmt": "mxfp8", "rounding": "sr"},
+    "split_e5m2_mxfp4": {"kind": "split", "fmt": "fp8_e5m2", "rounding": "sr",
+                         "read_fmt": "mxfp4"},
+    "split_fp16_e2m1": {"kind": "split", "fmt": "fp16", "read_fmt": "fp4_e2m1"},
+}
+
+
+def _hard_values(shape, seed=0) -> np.ndarray:
+    """Float32 values over the whole range with zeros, subnormals, Inf/NaN, ties, overflow."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * np.exp(rng.uniform(-25, 25, shape))
+    flat = x.reshape(-1)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3e-40, 2e-39, 65520.0, 65519.0,
+               1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 2.5, 0.75, 5.0, -0.25, 500.0, 6e4, 7e4,
+               1.0625, 3.4e38, 0.015625 * 3]
+    flat[:len(special)] = special
+    flat[64:96] = rng.choice([0.25, 0.75, 1.25, 2.5, 3.5, 5.0], 32) * rng.choice([-1, 1], 32)
+    x = x.astype(np.float32)
+    x[1] = 0.0  # an all-zero matrix (NVFP4 tensor scale 0 -> 1)
+    x[2, 0, :32] = np.float32(1e-44)  # subnormal blocks
+    return x
+
+
+CASES = [(f, r, ov, {}) for f in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp4",
+                                  "mxfp8")
+         for r in ("rne", "sr") for ov in ("satfinite", "ieee")]
+CASES += [("nvfp4", r, "satfinite", {"scale_floor": sf, "tensor_scope": ts})
+          for r in ("rne", "sr") for sf in ("subnormal", "normal") for ts in ("matrix", "none")]
+
+
+@pytest.mark.parametrize("fmt,rounding,overflow,opts", [
+    pytest.param(*c, id="-".join([c[0], c[1], c[2], *c[3].values()])) for c in CASES])
+def test_quantize_bit_equal(fmt, rounding, overflow, opts):
+    x = _hard_values((3, 16, 64))
+    for sr_bits in ((None, 5) if rounding == "sr" else (None,)):
+        kw = dict(seed=123, stream=77, overflow=overflow, sr_bits=sr_bits, **opts)
+        got = quantize(x, fmt, rounding, **kw)
+        want = pf.quantize(x, fmt, rounding, **kw)
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        np.testing.assert_array_equal(got.view(np.int32)[~nan], want.view(np.int32)[~nan])
+
+
+def test_event_keys_match_formats_streams():
+    ev = np.array([0, 1, 7, 4095, 2**33 + 5])
+    k0, k1 = event_keys(9, "shared_nvfp4_sr", ev, 1)
+    for e, k in zip(ev, k1, strict=True):
+        stream = pf.stream_id(zlib.crc32(b"shared_nvfp4_sr"), int(e), 1)
+        assert (k0, int(k)) == pf.stream_keys(9, stream)
+
+
+def _cfg(schemes, steps=512, **over):
+    d = tiny_cfg(steps=steps, schemes=schemes, workload__kind="seed_article", **over)
+    d["model"].update(head_dim=16, state_dim=32)
+    d["metrics"]["window"] = 128
+    return to_config(d)
+
+
+def _by_key(rows):
+    return {(r["scheme"], r["step"]): r for r in rows}
+
+
+@pytest.mark.parametrize("schemes,buffer_dtype", [
+    pytest.param(SEED_TABLE, "fp32", id="seed_table"),
+    pytest.param(OTHERS, "bf16", id="other_formats-bf16_buffer")])
+def test_matches_torch_engine(schemes, buffer_dtype):
+    """Window rows agree with the torch engine: 1e-3 relative on every scheme whose output does
+    not end in a float32 reduction of its own (the update, the quantisers, the random bits and
+    the decays are the torch engine's, bit for bit; the output reductions S·C differ in order).
+    Conventional FP32's rel_err *is* that reduction's rounding, so it gets 5 %, and its state
+    drift (no reduction) 1e-6."""
+    cfg = _cfg(schemes, replay__buffer_dtype=buffer_dtype)
+    rn = run_numba(cfg, progress=False, record_outputs=True)
+    rt = run_torch(cfg, "cpu", progress=False, record_outputs=True)
+    assert rn.engine == "numba" and len(rn.rows) == len(rt.rows)
+    a, b = _by_key(rn.rows), _by_key(rt.rows)
+    assert a.keys() == b.keys()
+    for key, r in a.items():
+        tol = 5e-2 if key[0] == "conventional_fp32" else 1e-3
+        for m in ("rel_err", "kl"):
+            assert r[m] == pytest.approx(b[key][m], rel=tol), (key, m)
+        for m in ("state_drift", "read_drift"):
+            if np.isfinite(b[key][m]):
+                assert r[m] == pytest.approx(b[key][m], rel=1e-3), key
+    for name in schemes:  # per step, outputs within a few float32 rounding steps of |y|
+        yn, yt = rn.info["outputs"][name], rt.info["outputs"][name]
+        scale = np.abs(yt).max()
+        assert np.abs(yn - yt).max() <= 1e-4 * scale, name
+    assert rn.schemes == rt.schemes
+
+
+def test_sr_statistics_match_torch_engine():
+    """An SR scheme with a different seed gives a different stream, and the torch engine's
+    spread across seeds covers the numba engine's result (same distribution)."""
+    sch = {"shared_nvfp4_sr": SEED_TABLE["shared_nvfp4_sr"]}
+    vals = {}
+    for eng in ("numba", "torch"):
+        out = []
+        for seed in (1, 2, 3):
+            cfg = _cfg(sch, steps=256, run__seed=seed)
+            r = run_numba(cfg, progress=False) if eng == "numba" else run_torch(
+                cfg, "cpu", progress=False)
+            out.append(r.rows[-1]["rel_err"])
+        vals[eng] = np.array(out)
+    np.testing.assert_allclose(vals["numba"], vals["torch"], rtol=1e-3)
+    assert len(set(vals["numba"].round(9))) == 3  # the seed reaches the random bits
+
+
+def test_truth_equals_oracle_with_D(tmp_path):
+    tr = make_trace("mamba2", T=96, H=2, P=16, N=32, with_D=True)
+    path = tmp_path / "t.npz"
+    np.savez(path, **tr)
+    cfg = to_config(tiny_cfg(steps=96, schemes={"split_fp32_nvfp4": SEED_TABLE[
+        "split_fp32_nvfp4"]}, workload__kind="trace", workload__path=str(path),
+        replay__buffer_len=6))
+    r = run_numba(cfg, progress=False, record_outputs=True)
+    y = oracle.decode(tr)
+    got = r.info["outputs"]["truth"].reshape(y.shape)
+    assert np.abs(got - y).max() <= 1e-12 * np.abs(y).max()
+
+
+def test_nonfinite_scheme_dies_others_run_on(monkeypatch):
+    sch = {"conventional_fp16_ieee": {"kind": "conventional", "fmt": "fp16", "overflow": "ieee"},
+           "split_fp32_nvfp4": SEED_TABLE["split_fp32_nvfp4"]}
+    cfg = _cfg(sch, steps=256)
+    from precsim import workload as wmod
+
+    orig = wmod.RandomWorkload._block
+
+    def big(self, b):  # x large enough that an FP16 state overflows after a few steps
+        out = dict(orig(self, b))
+        out["x"] = out["x"] * 1e5
+        return out
+
+    monkeypatch.setattr(wmod.RandomWorkload, "_block", big)
+    rn = run_numba(cfg, progress=False)
+    rt = run_torch(cfg, "cpu", progress=False)
+    assert rn.schemes["conventional_fp16_ieee"]["dead_at"] is not None
+    assert rn.schemes == rt.schemes
+    last = {r["scheme"]: r for r in rn.rows if r["step"] == rn.rows[-1]["step"]}
+    assert np.isfinite(last["split_fp32_nvfp4"]["rel_err"])
+    assert not np.isfinite(last["conventional_fp16_ieee"]["rel_err"])
+
+
+def test_supports_and_dispatch():
+    assert supports(_cfg(SEED_TABLE)) is None
+    assert "gdn" in supports(to_config(tiny_cfg("gdn")))
+    assert "drafts" in supports(_cfg(SEED_TABLE, replay__drafts=2))
+    assert "tensor" in supports(_cfg(SEED_TABLE, formats__tensor_scope="tensor"))
+    cfg = _cfg({"split_fp32_nvfp4": SEED_TABLE["split_fp32_nvfp4"]}, steps=64)
+    cfg.run.engine = "numba"
+    assert run(cfg, progress=False).engine == "numba"
+    g = to_config(tiny_cfg("gdn", steps=32, run__engine="numba"))
+    res = run(g, progress=False)  # falls back to the torch engine with the reason
+    assert res.engine == "torch" and "gdn" in res.info["numba_fallback"]
