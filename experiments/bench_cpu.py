@@ -4,7 +4,8 @@ Both sides run the same study — ``experiment=seed_table`` (five schemes + floa
 seed_article workload, L = 16) — as whole processes (``python -m precsim ...``: interpreter start,
 imports, Hydra, simulation, files and plot), then in-process (simulation only) so the ratio of the
 engines themselves is visible too. The NumPy side is ``run.engine=numpy``
-(``precsim/reference.py``): one token at a time, a buffer list per scheme, output-only evaluation by
+(``precsim/engines/numpy.py``): one token at a time, a buffer list per scheme, output-only
+evaluation by
 a loop over the buffer, as in the article.
 
 The fused numba engine (``run.engine=numba``, ``precsim/engines/numba.py``) is timed beside them:
@@ -43,10 +44,10 @@ def whole_process(engine: str, heads: int, steps: int, env: dict | None = None) 
 def in_process(engine: str, heads: int, steps: int, only: str | None = None
                ) -> tuple[float, dict]:
     from hydra import compose, initialize_config_module
-    from precsim.engine import run
 
     from precsim.cli import register_configs
     from precsim.config import to_config
+    from precsim.engines import run
 
     register_configs()
     with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
