@@ -173,16 +173,6 @@ def round_int(x, QMAX: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: 
     return copysign_f32(r, x)
 
 
-_ELEM_MAX = {1: 3.3895313892515355e38, 2: 65504.0, 3: 448.0, 4: 57344.0, 5: 6.0, 9: 127.0,
-             10: 32767.0}
-
-
-@triton.constexpr_function
-def elem_max(el):
-    """Largest finite value of element format id ``el`` (0: fp32), the clamp before rounding."""
-    return _ELEM_MAX.get(int(el), 3.4028234663852886e38)
-
-
 @triton.jit
 def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
                 SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
@@ -222,7 +212,6 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
         EL: tl.constexpr = 5
     elif F >= 16:
         EL: tl.constexpr = F - 16
-        total = tl.math.div_rn(bmax, tl.full(bmax.shape, elem_max(EL), tl.float32))
     else:
         if F == 7:
             EL: tl.constexpr = 5
@@ -233,10 +222,16 @@ def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
         e = tl.minimum(tl.maximum(exponent_f32(bmax) - EMAXE, -127), 127)
         total = pow2_f32(e)
         inv = pow2_f32(-e)  # exact reciprocal of a power of two
+    # largest finite value of the element format (the clamp before rounding): a constexpr chain,
+    # as compiled Triton takes no Python helper here
+    MAXE: tl.constexpr = (3.3895313892515355e38 if EL == 1 else 65504.0 if EL == 2 else 448.0
+                          if EL == 3 else 57344.0 if EL == 4 else 6.0 if EL == 5 else 127.0
+                          if EL == 9 else 32767.0 if EL == 10 else 3.4028234663852886e38)
+    if F >= 16:  # row-scaled: one float32 scale bmax / element max
+        total = tl.math.div_rn(bmax, tl.full(bmax.shape, MAXE, tl.float32))
     total = tl.where((bmax - bmax) == 0, total, float("nan"))
     t3 = total[:, :, None]
     safe = tl.where(t3 > 0, t3, 1.0)
-    MAXE: tl.constexpr = elem_max(EL)
     if F == 6 and SFLOOR // 2 == 0:  # NVFP4, reciprocal: x * ((1/s_t)/bs)
         xs = x * inv[:, :, None]
     elif F == 6 or F >= 16:
