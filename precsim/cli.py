@@ -115,8 +115,6 @@ def _check_group(group: str, value) -> None:
         return
     if group == "schemes" and isinstance(value, dict):
         return  # schemes={...}: a whole dict of schemes
-    if group == "experiment" and value is None:
-        return
     raise PrecsimError(f"{group}={value!r} is unknown; allowed: {', '.join(names)}")
 
 
