@@ -107,7 +107,7 @@ def test_card_job_recommends_split_whatever_the_sequence_count(tmp_path, capsys)
     and the answer does not depend on run.seqs."""
     for seqs in (1, 2):
         out = tmp_path / f"s{seqs}"
-        rc, stdout, err = _run(["experiment=split_nvfp4", "model.heads=2", "run.steps=1024",
+        rc, stdout, err = _run(["experiment=split_nvfp4", "run.steps=1024",
                                 f"run.seqs={seqs}", "run.progress=false", "metrics.plot=false",
                                 f"hydra.run.dir={out}"], capsys)
         assert rc == 0, err
@@ -192,7 +192,7 @@ def test_help_describes_and_survives_a_closed_pipe(tmp_path):
                           capture_output=True, text=True, timeout=60).stdout
     for needle in ("python -m precsim experiment=split_nvfp4", "-m experiment=precision_sweep",
                    "python -m precsim.report DIR", "metrics.csv", "summary.json",
-                   "error_vs_length.png", "run.out_dir", "experiment=precision_sweep|"):
+                   "error_vs_length.png", "run.out_dir", "precision_sweep|seed_table"):
         assert needle in full, needle
     assert "powered by Hydra" not in full and not list(tmp_path.iterdir())
 

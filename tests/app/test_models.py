@@ -204,7 +204,7 @@ def _kl_cfg(path, schemes, steps, **run):
 
     return to_config({"model": {"path": str(path)}, "schemes": schemes,
                       "run": {"steps": steps, "progress": False, **run},
-                      "metrics": {"window": 8}})
+                      "metrics": {"window": min(8, steps)}})
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "qwen3_next"])
