@@ -29,16 +29,21 @@ import numpy as np
 import torch
 
 READOUT_SEED = 0x5EED
+READOUT_TAG = 0x5EED  # the readout's input tag in the counter-based generator
 
 
 class Readout:
-    """Fixed readout head for the KL metric."""
+    """Fixed readout head for the KL metric: ``W (vocab, width)``, entries N(0, 1/width) from the
+    counter-based generator (``precsim.workload.normals``) keyed by the shape, drawn on the
+    device that uses it (the same matrix on every device, up to the last ulp of log/cos)."""
 
     def __init__(self, width: int, vocab: int, logit_scale: float, device):
-        g = torch.Generator(device="cpu").manual_seed(READOUT_SEED + width * 7919 + vocab)
-        W = torch.randn(vocab, width, generator=g, dtype=torch.float64) / math.sqrt(width)
-        self.W64 = W.to(device)
-        self.W32 = W.to(torch.float32).to(device)
+        from .workload import normals
+
+        W = normals(READOUT_SEED + width * 7919 + vocab, READOUT_TAG, (width,), 0, vocab,
+                    device) / math.sqrt(width)
+        self.W64 = W
+        self.W32 = W.to(torch.float32)
         self.scale = float(logit_scale)
 
     @staticmethod
