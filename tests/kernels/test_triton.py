@@ -263,7 +263,11 @@ def test_kl_rows_fused_matches_torch_ops():
     ro = Readout(64, 48, 2.0, DEV)  # vocab not a power of two: masked lanes
     yh = torch.randn(6, 64, generator=g, dtype=torch.float64).to(DEV)
     d = (1e-2 * torch.randn(3, 6, 64, generator=g)).to(DEV)
-    a = kl_rows(ro, yh, d, False, fused=True)
-    b = kl_rows(ro, yh, d, False, fused=False)
-    assert (b > 1e-6).all()
+    d[2] *= 100  # large differences: the argmax moves on some rows
+    d[0, 1] = torch.nan  # a dead scheme's row: NaN KL, disagreement
+    a, ta = kl_rows(ro, yh, d, False, fused=True)
+    b, tb = kl_rows(ro, yh, d, False, fused=False)
+    assert (b[~torch.isnan(b)] > 1e-6).all() and torch.isnan(b[0, 1])
     np.testing.assert_allclose(a.cpu().numpy(), b.cpu().numpy(), rtol=1e-9)
+    np.testing.assert_array_equal(ta.cpu().numpy(), tb.cpu().numpy())
+    assert tb[0, 1] == 0 and tb[0, 0] == 1 and 0 < float(tb[2].mean()) < 1  # both outcomes
