@@ -271,3 +271,19 @@ def test_kl_rows_fused_matches_torch_ops():
     np.testing.assert_allclose(a.cpu().numpy(), b.cpu().numpy(), rtol=1e-9)
     np.testing.assert_array_equal(ta.cpu().numpy(), tb.cpu().numpy())
     assert tb[0, 1] == 0 and tb[0, 0] == 1 and 0 < float(tb[2].mean()) < 1  # both outcomes
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "torch-ops"])
+def test_top1_and_first_flip_match_torch_engine(fused):
+    """The Triton engine's divergence columns (the fused KL kernel's argmax, or the torch-ops
+    path) equal the torch engine's, on schemes that flip early, late and never."""
+    cfg = to_config(tiny_cfg(steps=64, run__seqs=2, metrics__window=16, schemes={
+        "conventional_fp32": {"kind": "conventional", "fmt": "fp32"},
+        "conventional_fp4": {"kind": "conventional", "fmt": "fp4_e2m1"},
+        "shared_nvfp4_sr": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"}}))
+    a = run_triton(cfg, DEV, progress=False, fused_metrics=fused, kl_tf32=False)
+    b = run_torch(cfg, DEV, progress=False)
+    keys = ("top1", "top1_p10", "top1_p50", "top1_p90", "first_flip", "flipped")
+    assert [[r[k] for k in keys] for r in a.rows] == [[r[k] for k in keys] for r in b.rows]
+    last = {r["scheme"]: r for r in b.rows if r["step"] == 64}
+    assert last["conventional_fp32"]["flipped"] == 0 and last["conventional_fp4"]["flipped"] == 2
