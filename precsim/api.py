@@ -140,10 +140,15 @@ def format_table(summary: dict) -> str:
         dead = summary["schemes"].get(name, {}).get("dead_at")
         tail = f"  (non-finite from step {dead})" if dead else ""
         lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}{_fmt(fin.get('kl')):>11}"
-                     + (f"{_fmt(fin.get('top1')):>8}{_flip(fin, seqs):>15}" if div else "")
+                     + (f"{_share(fin.get('top1')):>8}{_flip(fin, seqs):>15}" if div else "")
                      + f"{_fmt(fin.get('state_drift')):>10}"
                      f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")
     return "\n".join(lines)
+
+
+def _share(v) -> str:
+    """A share in [0, 1] with 4 decimals (0.9996 must not print as 1)."""
+    return "nan" if v is None or not math.isfinite(v) else f"{v:.4f}"
 
 
 def _flip(fin: dict, seqs) -> str:
