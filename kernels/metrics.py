@@ -180,8 +180,8 @@ def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, agree_ptr, ROWS, V, BV: tl
     kl = tl.sum(tl.where(m, tl.exp(lp) * (lp - ls), 0.0), axis=0)
     tl.store(out_ptr + k * ROWS + r, tl.maximum(kl, 0.0, propagate_nan=tl.PropagateNan.ALL))
     finite = tl.sum(tl.where(m & (b - b != 0), 1, 0), axis=0) == 0  # b - b: NaN for Inf/NaN
-    same = tl.argmax(lp, axis=0, tie_break_left=True) == tl.argmax(
-        tl.where(m, b, float("-inf")), axis=0, tie_break_left=True)
+    same = tl.argmax(lp, axis=0, tie_break_left=True) == tl.argmax(  # NaN lanes out of it
+        tl.where(m & (b == b), b, float("-inf")), axis=0, tie_break_left=True)
     tl.store(agree_ptr + k * ROWS + r, (same & finite).to(tl.float64))
 
 
