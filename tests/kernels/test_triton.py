@@ -207,6 +207,11 @@ def test_trace_with_skip_and_a_dead_scheme(trace_file):
             assert np.isnan(r[key]) == np.isnan(s[key]), (r, s)
             if not np.isnan(s[key]) and s[key] > 1e-5:
                 assert r[key] == pytest.approx(s[key], rel=1e-3)
+        for key in ("top1", "first_flip", "flipped"):  # a dead scheme disagrees (fused path)
+            assert r[key] == s[key], (key, r, s)
+    dead = tri.schemes["conventional_fp16_ieee"]["dead_at"]
+    last = [r for r in tri.rows if r["scheme"] == "conventional_fp16_ieee"][-1]
+    assert last["flipped"] == 1 and last["first_flip"] <= dead and last["top1"] < 1
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
