@@ -2,7 +2,8 @@
 
 :func:`row_stats` reduces a window's outputs of every scheme in one pass (rel_err, non-finite
 flags, the normalised readout inputs), :func:`drift_partials` the state drift, :func:`kl_tail`
-the KL after the readout matmuls. ``precsim.metrics.DeviceAccumulator`` drives them.
+the KL and the top-1 agreement after the readout matmuls. ``precsim.metrics.DeviceAccumulator``
+drives them.
 """
 
 from __future__ import annotations
@@ -155,11 +156,13 @@ def drift_norms(ref, st, rd, k: int, S: int):
 
 
 @triton.jit(do_not_specialize=["ROWS"])
-def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, ROWS, V, BV: tl.constexpr):
+def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, agree_ptr, ROWS, V, BV: tl.constexpr):
     """KL of one row of one scheme slot, ``Readout.kl`` operation for operation in float64:
     reference logits ``scale * ref[row]`` (``ref = yh_ref W64^T``), ``logp_ref = log_softmax``,
     ``logp_sim = log_softmax(logp_ref + scale * prod)`` (prod the float32 difference product),
-    ``sum exp(logp_ref) (logp_ref - logp_sim)`` clamped at 0."""
+    ``sum exp(logp_ref) (logp_ref - logp_sim)`` clamped at 0; and the top-1 agreement as
+    ``precsim.metrics.kl_top1``: argmax of ``logp_ref + scale * prod`` (all finite) equals
+    argmax of ``logp_ref`` (first index on ties)."""
     r = tl.program_id(0)
     k = tl.program_id(1)
     v = tl.arange(0, BV)
@@ -176,14 +179,21 @@ def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, ROWS, V, BV: tl.constexpr)
     ls = sb - tl.log(tl.sum(tl.exp(sb), axis=0))
     kl = tl.sum(tl.where(m, tl.exp(lp) * (lp - ls), 0.0), axis=0)
     tl.store(out_ptr + k * ROWS + r, tl.maximum(kl, 0.0, propagate_nan=tl.PropagateNan.ALL))
+    finite = tl.sum(tl.where(m & (b - b != 0), 1, 0), axis=0) == 0  # b - b: NaN for Inf/NaN
+    same = tl.argmax(lp, axis=0, tie_break_left=True) == tl.argmax(  # NaN lanes out of it
+        tl.where(m & (b == b), b, float("-inf")), axis=0, tie_break_left=True)
+    tl.store(agree_ptr + k * ROWS + r, (same & finite).to(tl.float64))
 
 
-def kl_tail(ref: torch.Tensor, prod: torch.Tensor, scale64: torch.Tensor) -> torch.Tensor:
-    """KL per row ``(k, rows)`` after the readout's two matmuls, in one pass: ``ref (rows, V)``
-    float64 reference logits before scaling, ``prod (k, rows, V)`` float32 difference logits,
-    ``scale64 (1,)`` the logit scale (as ``precsim.metrics.Readout.kl``)."""
+def kl_tail(ref: torch.Tensor, prod: torch.Tensor,
+            scale64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL and top-1 agreement (float64 1/0) per row, ``(k, rows)`` each, after the readout's two
+    matmuls, in one pass: ``ref (rows, V)`` float64 reference logits before scaling, ``prod (k,
+    rows, V)`` float32 difference logits, ``scale64 (1,)`` the logit scale (as
+    ``precsim.metrics.Readout.kl_top1``)."""
     k, rows, V = prod.shape
     out = torch.empty((k, rows), dtype=torch.float64, device=prod.device)
-    _kl_kernel[(rows, k)](ref, prod, scale64, out, rows, V, BV=triton.next_power_of_2(V),
-                          num_warps=4)
-    return out
+    agree = torch.empty((k, rows), dtype=torch.float64, device=prod.device)
+    _kl_kernel[(rows, k)](ref, prod, scale64, out, agree, rows, V,
+                          BV=triton.next_power_of_2(V), num_warps=4)
+    return out, agree

@@ -126,8 +126,11 @@ def format_table(summary: dict) -> str:
     """A plain-text table of the headline figures (printed by the CLI)."""
     figs = summary["figures"]
     lengths = sorted({int(k) for f in figs.values() for k in f if k.isdigit()})
+    seqs = summary.get("config", {}).get("run", {}).get("seqs")
+    div = any("first_flip" in f.get("final", {}) for f in figs.values())
     head = f"{'scheme':<26}" + "".join(f"{'err@' + _k(L):>11}" for L in lengths) + \
-        f"{'err(final)':>11}{'KL(final)':>11}{'drift':>10}{'B/step/hd':>11}"
+        f"{'err(final)':>11}{'KL(final)':>11}" + \
+        (f"{'top1':>8}{'1st flip':>15}" if div else "") + f"{'drift':>10}{'B/step/hd':>11}"
     lines = [head, "-" * len(head)]
     cost = summary.get("cost", {})
     for name, f in figs.items():
@@ -137,9 +140,25 @@ def format_table(summary: dict) -> str:
         dead = summary["schemes"].get(name, {}).get("dead_at")
         tail = f"  (non-finite from step {dead})" if dead else ""
         lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}{_fmt(fin.get('kl')):>11}"
-                     f"{_fmt(fin.get('state_drift')):>10}"
+                     + (f"{_share(fin.get('top1')):>8}{_flip(fin, seqs):>15}" if div else "")
+                     + f"{_fmt(fin.get('state_drift')):>10}"
                      f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")
     return "\n".join(lines)
+
+
+def _share(v) -> str:
+    """A share in [0, 1] with 4 decimals (0.9996 must not print as 1)."""
+    return "nan" if v is None or not math.isfinite(v) else f"{v:.4f}"
+
+
+def _flip(fin: dict, seqs) -> str:
+    """``first_flip`` with the count of sequences that flipped (``none`` when none did)."""
+    n = fin.get("flipped")
+    if n is None:
+        return "-"
+    if not n:
+        return "none"
+    return f"{fin['first_flip']:,.0f} ({n}/{seqs if seqs else '?'})"
 
 
 def _k(L: int) -> str:

@@ -1,11 +1,16 @@
-"""Metrics (docs/design.md): per-step layer-wide ``rel_err``, ``kl`` through a readout head, and
-``state_drift``; window means and percentile bands across sequences.
+"""Metrics (docs/design.md): per-step layer-wide ``rel_err``, ``kl`` and top-1 agreement through a
+readout head, and ``state_drift``; window means and percentile bands across sequences.
 
 * ``rel_err_t = ||y_t - y_t^ref||_2 / ||y_t^ref||_2`` over the whole layer output (all heads).
 * ``kl_t = KL(p_ref || p_sim)``: each output vector is RMS-normalised, projected by a fixed random
   readout ``W`` (``vocab x H*P``, entries N(0, 1/(H*P)), seed fixed per shape) and scaled by
   ``logit_scale``; ``p = softmax(logits)``. The simulated logits are formed as
   ``logits_ref + W (yhat_sim - yhat_ref)`` so tiny errors are not lost to rounding.
+* ``top1_t``: 1 where the argmax of the simulated logits (the KL's ``logp_ref + logit_scale *
+  W (yhat_sim - yhat_ref)``) is the argmax of the reference logits, else 0; a step whose
+  simulated logits are not all finite (a dead scheme) disagrees. ``flip`` per window and
+  sequence: the first step (1-based, as ``step``) in the window with ``top1 = 0`` (NaN: none);
+  :meth:`Accumulator.rows` turns it into ``first_flip`` / ``flipped`` (see there).
 * ``state_drift = ||S - S^ref||_F / ||S^ref||_F`` of the state held (the master for split schemes;
   ``read_drift`` is the read copy), sampled at the first flush at or after each window's end.
 
@@ -57,10 +62,37 @@ class Readout:
         return yh, torch.log_softmax(logits, dim=-1)
 
     def kl(self, yh_ref, logp_ref, y_sim) -> torch.Tensor:
+        return self.kl_top1(yh_ref, logp_ref, y_sim)[0]
+
+    def kl_top1(self, yh_ref, logp_ref, y_sim) -> tuple[torch.Tensor, torch.Tensor]:
+        """KL per row and top-1 agreement per row (float64 1/0), see :func:`kl_top1`."""
         d = self.normalise(y_sim.to(torch.float64)) - yh_ref
-        logits_sim_minus_ref = self.scale * (d.to(torch.float32) @ self.W32.T).to(torch.float64)
-        logp_sim = torch.log_softmax(logp_ref + logits_sim_minus_ref, dim=-1)
-        return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
+        prod = (d.to(torch.float32) @ self.W32.T).to(torch.float64)
+        return kl_top1(logp_ref, self.scale * prod)
+
+
+def kl_top1(logp_ref: torch.Tensor, diff: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``KL(p_ref || p_sim)`` and the top-1 agreement (float64 1.0 / 0.0) per row, for float64
+    reference log-probabilities ``logp_ref (..., V)`` and scaled difference logits
+    ``diff = logit_scale * W (yhat_sim - yhat_ref)`` (broadcast against ``logp_ref``).
+
+    The simulated logits are ``logp_ref + diff`` (a per-row constant away from ``logits_ref +
+    diff``, so the same argmax); agreement: their argmax equals ``logp_ref``'s (first index on
+    ties, as NumPy and torch) and they are all finite (a dead scheme disagrees)."""
+    b = logp_ref + diff
+    logp_sim = torch.log_softmax(b, dim=-1)
+    kl = torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
+    agree = (torch.argmax(b, dim=-1) == torch.argmax(logp_ref, dim=-1)) & \
+        torch.isfinite(b).all(dim=-1)
+    return kl, agree.to(torch.float64)
+
+
+def first_flips(top1: torch.Tensor, start: int) -> torch.Tensor:
+    """First step with ``top1 = 0`` along dim -2 of ``top1 (..., n, S)`` (steps ``start + 1 ..
+    start + n``), NaN where there is none: ``(..., S)`` float64."""
+    bad = top1 < 0.5
+    idx = torch.argmax(bad.to(torch.int8), dim=-2).to(torch.float64) + (start + 1)
+    return torch.where(bad.any(dim=-2), idx, torch.full_like(idx, math.nan))
 
 
 class Accumulator:
@@ -117,7 +149,10 @@ class Accumulator:
             self.per_step_rel_err[name].append(e.mean(axis=1))
             stats = {"rel_err": e.mean(axis=0), "rel_err_max": e.max(axis=0)}
             if self.readout is not None:
-                stats["kl"] = self.readout.kl(yh_ref, logp_ref, y).cpu().numpy().mean(axis=0)
+                kl, top1 = self.readout.kl_top1(yh_ref, logp_ref, y)  # (n, S) each
+                stats["kl"] = kl.cpu().numpy().mean(axis=0)
+                stats["top1"] = top1.cpu().numpy().mean(axis=0)
+                stats["flip"] = first_flips(top1, self.done).cpu().numpy()
             entry[name] = stats
         self.windows.append(entry)
         self.done += n
@@ -155,12 +190,15 @@ class Accumulator:
 
     def rows(self) -> list[dict]:
         """Tidy rows: one per scheme and window end, with each metric's mean and 10/50/90th
-        percentiles across sequences (NaN where a sequence's value is not finite), for every
+        percentiles across sequences (NaN where a sequence's value is not finite), and with the
+        readout: ``first_flip`` (the mean over sequences of the first step whose top-1 differs
+        from the truth's, a sequence without one by the row's ``step`` counted as ``step``:
+        censored at the window end) and ``flipped`` (how many sequences have flipped), for every
         window and scheme in a few vectorised NumPy calls (one set of NumPy reductions per window,
         scheme and metric took ~0.1 s of a 32,768-step GPU study's host time)."""
         cells = [(w, name) for w in self.windows for name in self.names]
         cols: dict[str, list] = {}
-        for metric in ("rel_err", "kl"):
+        for metric in ("rel_err", "kl", "top1"):
             have = [metric in w[name] for w, name in cells]
             if any(have):
                 vals = [np.asarray(w[name][metric], dtype=np.float64).reshape(-1) if h else None
@@ -173,6 +211,7 @@ class Accumulator:
                 max([k for k in self.drift if k <= w["step"]], default=-1), {})
             drift += [dr.get(name, {}) if dr else {} for name in self.names]
         means = {key: _means([d.get(key) for d in drift]) for key in ("state", "read")}
+        flips = _first_flips(cells)
         rows = []
         for c, (w, name) in enumerate(cells):
             row = {"scheme": name, "step": w["step"]}
@@ -182,8 +221,29 @@ class Accumulator:
             row["rel_err_max"] = top[c]
             row["state_drift"] = means["state"][c]
             row["read_drift"] = means["read"][c]
+            if flips[c] is not None:
+                row["first_flip"], row["flipped"] = flips[c]
             rows.append(row)
         return rows
+
+
+def _first_flips(cells: list) -> list[tuple[float, int] | None]:
+    """``(first_flip, flipped)`` of every ``(window, scheme)`` cell (None without the readout),
+    from the per-window ``flip`` arrays: the earliest flip of each sequence so far, censored at
+    the cell's window end."""
+    seen: dict[str, np.ndarray] = {}
+    out: list[tuple[float, int] | None] = []
+    for w, name in cells:
+        f = w[name].get("flip")
+        if f is None:
+            out.append(None)
+            continue
+        f = np.asarray(f, dtype=np.float64).reshape(-1)
+        first = seen.get(name)
+        first = seen[name] = f if first is None else np.where(np.isnan(first), f, first)
+        hit = ~np.isnan(first)
+        out.append((float(np.where(hit, first, w["step"]).mean()), int(hit.sum())))
+    return out
 
 
 def _bands(metric: str, vals: list) -> dict[str, list]:
@@ -234,16 +294,15 @@ def _tf32_matmul(on: bool):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def _kl(readout, yh_ref, logp_ref, y_sim, tf32: bool) -> torch.Tensor:
-    """``Readout.kl`` with the difference matmul ``(yh_sim - yh_ref) @ W^T`` in TF32 when
+def _kl(readout, yh_ref, logp_ref, y_sim, tf32: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Readout.kl_top1`` with the difference matmul ``(yh_sim - yh_ref) @ W^T`` in TF32 when
     ``tf32`` (CUDA only; the CPU ignores the flag). The product is a small correction to the
     float64 reference logits, so TF32's ~5e-4 relative input rounding moves the logit
     difference, and hence the KL (quadratic in it), by ~1e-3 relative, not the logits."""
     d = readout.normalise(y_sim.to(torch.float64)) - yh_ref
     with _tf32_matmul(tf32):
         prod = d.to(torch.float32) @ readout.W32.T
-    logp_sim = torch.log_softmax(logp_ref + readout.scale * prod.to(torch.float64), dim=-1)
-    return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
+    return kl_top1(logp_ref, readout.scale * prod.to(torch.float64))
 
 
 class DeviceAccumulator(Accumulator):
@@ -256,14 +315,18 @@ class DeviceAccumulator(Accumulator):
 
     tf32 = True
 
-    def push_stats(self, err: torch.Tensor, kl: torch.Tensor | None) -> None:
-        """Per-step statistics already reduced over the width (:func:`row_stats`):
-        ``err``/``kl`` ``(k, m, S)`` in ``self.names`` order; windows as :meth:`push`."""
+    def push_stats(self, err: torch.Tensor, kl: torch.Tensor | None,
+                   top1: torch.Tensor | None = None) -> None:
+        """Per-step statistics already reduced over the width (:func:`row_stats`,
+        :func:`kl_rows`): ``err``/``kl``/``top1`` ``(k, m, S)`` in ``self.names`` order;
+        windows as :meth:`push`."""
         if not hasattr(self, "_err"):
-            self._err, self._kl = [], []
+            self._err, self._kl, self._top1 = [], [], []
         self._err.append(err.transpose(0, 1))  # (m, k, S): windows are cut along dim 0
         if kl is not None:
             self._kl.append(kl.transpose(0, 1))
+        if top1 is not None:
+            self._top1.append(top1.transpose(0, 1))
         self._pending += err.shape[1]
         if self._pending >= self.window:  # every whole window at once
             self._reduce_stats(self.window, self._pending // self.window)
@@ -281,14 +344,16 @@ class DeviceAccumulator(Accumulator):
         kl = None
         if self.readout is not None:
             yh_ref, logp_ref = self.readout.ref(yr)
-            kl = _kl(self.readout, yh_ref, logp_ref, ys, self.tf32).mean(dim=1)  # (k, S)
+            kl, top1 = _kl(self.readout, yh_ref, logp_ref, ys, self.tf32)  # (k, n, S) each
         mean, top, per_step = err.mean(dim=1), err.amax(dim=1), err.mean(dim=2)
         entry = {"step": self.done + n, "len": n}
         for i, name in enumerate(self.names):
             self.per_step_rel_err[name].append(per_step[i])
             stats = {"rel_err": mean[i], "rel_err_max": top[i]}
             if kl is not None:
-                stats["kl"] = kl[i]
+                stats["kl"] = kl[i].mean(dim=0)
+                stats["top1"] = top1[i].mean(dim=0)
+                stats["flip"] = first_flips(top1[i], self.done)
             entry[name] = stats
         self.windows.append(entry)
         self.done += n
@@ -304,6 +369,11 @@ class DeviceAccumulator(Accumulator):
         if self._kl:
             stats["kl"] = self._take(self._kl, n * m).transpose(0, 1).reshape(
                 k, m, n, S).mean(dim=2)
+        if self._top1:
+            top1 = self._take(self._top1, n * m).transpose(0, 1).reshape(k, m, n, S)
+            stats["top1"] = top1.mean(dim=2)
+            at = torch.arange(m, device=top1.device, dtype=torch.float64) * n  # window starts
+            stats["flip"] = first_flips(top1, self.done) + at[:, None]
         if not hasattr(self, "_batches"):
             self._batches = []
         self._batches.append((len(self.windows), len(self.per_step_rel_err[self.names[0]]),
@@ -395,11 +465,13 @@ class DeviceAccumulator(Accumulator):
 
 
 
-def kl_rows(readout: Readout, yh_ref, d, tf32: bool, fused: bool = True) -> torch.Tensor:
-    """KL per row (k, rows) from ``row_stats``' ``d`` and ``yh_ref``, as ``Readout.kl``:
-    reference logits in float64, the difference matmul (all schemes in one) in TF32 on CUDA
-    when ``tf32`` (see :func:`_kl`). ``fused`` (default): everything after the two matmuls in
-    one Triton pass (``precsim.kernels.metrics.kl_tail``); else torch ops."""
+def kl_rows(readout: Readout, yh_ref, d, tf32: bool,
+            fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL and top-1 agreement (float64 1/0) per row, ``(k, rows)`` each, from ``row_stats``'
+    ``d`` and ``yh_ref``, as ``Readout.kl_top1``: reference logits in float64, the difference
+    matmul (all schemes in one) in TF32 on CUDA when ``tf32`` (see :func:`_kl`). ``fused``
+    (default): everything after the two matmuls in one Triton pass
+    (``precsim.kernels.metrics.kl_tail``); else torch ops."""
     k, rows, W = d.shape
     with _tf32_matmul(tf32):
         prod = (d.reshape(k * rows, W) @ readout.W32.T).view(k, rows, -1)
@@ -413,5 +485,4 @@ def kl_rows(readout: Readout, yh_ref, d, tf32: bool, fused: bool = True) -> torc
                                                  device=d.device)
         return kl_tail(ref, prod, sc)
     logp_ref = torch.log_softmax(readout.scale * ref, dim=-1)
-    logp_sim = torch.log_softmax(logp_ref + readout.scale * prod.to(torch.float64), dim=-1)
-    return torch.sum(torch.exp(logp_ref) * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
+    return kl_top1(logp_ref, readout.scale * prod.to(torch.float64))

@@ -490,7 +490,10 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     """Whole-model study: the reference and every scheme of ``cfg`` run the checkpoint at
     ``cfg.model.path`` in lockstep, token by token, on the reference's greedy tokens
     (``cfg.run.steps`` generated after the prompt). Returns a :class:`precsim.result.Result`
-    whose rows have the layer-level columns; ``info`` has per-token KL / top-1 / per-layer drift.
+    whose rows have the layer-level columns (``top1`` is the model's own top-1 agreement with
+    the reference, ``first_flip`` / ``flipped`` its first disagreeing generated token, censored
+    at the row's step, as in :meth:`precsim.metrics.Accumulator.rows`); ``info`` has per-token
+    KL / top-1, the first flip (None: none) and per-layer drift.
 
     Reference: the model's own decode step (state in the model's dtype) for float32/float64
     models; for half-precision models a conventional FP32 state (precsim's step). Schemes compute
@@ -554,7 +557,9 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
                 logp_s = torch.log_softmax(ls, -1)
                 d_kl = float(torch.sum(torch.exp(logp_r) * (logp_r - logp_s)).clamp(min=0.0))
                 kl[n].append(d_kl if math.isfinite(d_kl) else math.nan)
-                top1[n].append(float(torch.argmax(ls) == torch.argmax(lr)))
+                # as precsim.metrics.kl_top1: non-finite logits (a dead scheme) disagree
+                top1[n].append(float(bool(torch.argmax(ls) == torch.argmax(lr))
+                                     and bool(torch.isfinite(ls).all())))
                 rel[n].append(_rel(ls, lr))
                 # drift where the layer-level engine samples it: after a flush (every step for
                 # conventional schemes, whose state is always current)
@@ -583,11 +588,13 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
         for end in ends:
             sl = slice(start, end)
             row = {"scheme": n, "step": end}
-            for metric, arr in (("rel_err", e), ("kl", kk)):
+            for metric, arr in (("rel_err", e), ("kl", kk), ("top1", t1)):
                 row.update({key: col[0] for key, col in
                             _bands(metric, [arr[sl].mean(keepdims=True)]).items()})
             row["rel_err_max"] = float(e[sl].max())
-            row["top1"] = float(t1[sl].mean())
+            flip = np.flatnonzero(t1[:end] < 0.5)  # the first flip, censored at the row's end
+            row["first_flip"] = float(flip[0] + 1) if flip.size else float(end)
+            row["flipped"] = int(flip.size > 0)
             last = [d for d in drift[n] if d[0] < end]
             row["state_drift"] = float(np.mean(last[-1][1])) if last else math.nan
             rd = np.asarray(last[-1][2]) if last else np.asarray([math.nan])
@@ -599,6 +606,8 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
             "ssm_layers": layers, "prompt_source": source, "prompt_len": len(ids),
             "tokens": tokens, "kl": {n: np.asarray(v) for n, v in kl.items()},
             "top1": {n: np.asarray(v) for n, v in top1.items()},
+            "first_flip": {n: (int(np.flatnonzero(np.asarray(v) < 0.5)[0]) + 1
+                               if min(v, default=1.0) < 0.5 else None) for n, v in top1.items()},
             "layer_drift": {n: {"token": np.asarray([d[0] + 1 for d in v], dtype=np.int64),
                                 "state": np.asarray([d[1] for d in v])}
                             for n, v in drift.items()},

@@ -1,7 +1,9 @@
-"""Error-vs-length plots: log-log, one line per scheme, percentile bands across sequences."""
+"""Error-vs-length plots: log-log, one line per scheme, percentile bands across sequences; the
+top-1 agreement (with the readout) on a linear axis from 0 to 1."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -12,7 +14,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 PANELS = (("rel_err", "relative output error", "‖y − y_ref‖ / ‖y_ref‖ (window mean)"),
           ("kl", "KL(p_ref ‖ p_sim)", "KL per token, nats (window mean)"),
+          ("top1", "top-1 agreement with the truth", "share of steps whose argmax agrees"),
           ("state_drift", "state drift (held state)", "‖S − S_ref‖_F / ‖S_ref‖_F"))
+LINEAR = {"top1"}  # panels on a linear y axis (a share in [0, 1])
 DECADES = 3  # the y range shown per panel; a scheme far below it is marked at the bottom edge
 
 
@@ -28,35 +32,37 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
     on its panel. A panel spans at most ``DECADES`` decades below its top; a scheme entirely
     below (e.g. FP32 at 1e-7 beside NVFP4 at 1e-1) is marked at the bottom edge with its value."""
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    panels = [p for p in PANELS if any(_finite_pos(r.get(p[0])) for r in rows)] or [PANELS[0]]
+    panels = [p for p in PANELS if any(_shown(p[0], r.get(p[0])) for r in rows)] or [PANELS[0]]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, ttl, ylabel) in zip(axes[0], panels, strict=True):
+        lin = key in LINEAR
+        ok = functools.partial(_shown, key)
         tops = [v for r in rows for k in (key, key + "_p90") if _finite_pos(v := r.get(k))]
         if budget and budget[0] == key:
             tops.append(budget[1])
         top = max(tops) if tops else 1.0
-        floor = top * 10.0 ** -DECADES
+        floor = -math.inf if lin else top * 10.0 ** -DECADES
         below = []
         for i, s in enumerate(schemes):
             c = colors[i % len(colors)]
             x, y = _series(rows, s, key)
-            yp = [v if _finite_pos(v) else math.nan for v in y]
-            if not any(_finite_pos(v) for v in yp):
+            yp = [v if ok(v) else math.nan for v in y]
+            if not any(ok(v) for v in yp):
                 continue
             lab = labels.get(s, s)
-            if max(v for v in yp if _finite_pos(v)) < floor:
+            if max(v for v in yp if ok(v)) < floor:
                 below.append((c, lab, yp[-1]))
                 continue
-            few = sum(_finite_pos(v) for v in yp) <= 12
+            few = sum(ok(v) for v in yp) <= 12
             # dashes tell apart schemes whose curves coincide (e.g. FP32 vs FP16-SR split)
             ax.plot(x, yp, color=c, lw=1.8, ls=("-", "--", "-.", ":")[i % 4], label=lab,
                     marker="o" if few else None, ms=4)
             xl, lo = _series(rows, s, key + "_p10")
             _, hi = _series(rows, s, key + "_p90")
-            if any(_finite_pos(v) for v in lo) and lo != hi:
-                lo = [v if _finite_pos(v) else math.nan for v in lo]
-                hi = [v if _finite_pos(v) else math.nan for v in hi]
+            if any(ok(v) for v in lo) and lo != hi:
+                lo = [v if ok(v) else math.nan for v in lo]
+                hi = [v if ok(v) else math.nan for v in hi]
                 ax.fill_between(xl, lo, hi, color=c, alpha=0.3, lw=0)
                 ax.plot(xl, lo, color=c, lw=0.6, alpha=0.7)
                 ax.plot(xl, hi, color=c, lw=0.6, alpha=0.7)
@@ -64,7 +70,10 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.axhline(budget[1], color="k", ls=(0, (4, 3)), lw=1.2,
                        label=f"budget {key} ≤ {budget[1]:g}")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        if lin:
+            ax.set_ylim(-0.03, 1.03)
+        else:
+            ax.set_yscale("log")
         if below:
             ax.set_ylim(bottom=floor)
             for j, (c, lab, v) in enumerate(below):
@@ -91,6 +100,13 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def _shown(key: str, v) -> bool:
+    """Whether ``v`` can be drawn on ``key``'s panel (log axes: positive; linear: finite)."""
+    if key in LINEAR:
+        return isinstance(v, (int, float)) and math.isfinite(v)
+    return _finite_pos(v)
 
 
 def _finite_pos(v) -> bool:

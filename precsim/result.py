@@ -41,7 +41,11 @@ def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: f
 
 
 def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
-    """rel_err / kl / drift of each scheme at the reported lengths (window ending there)."""
+    """rel_err / kl / top1 / drift of each scheme at the reported lengths (window ending there)
+    and at the end, where the end also has the divergence figures (with the readout):
+    ``first_flip``, the mean over sequences of the first step whose top-1 differs from the
+    truth's, a sequence that never flips counted as the run length (censored), and ``flipped``,
+    how many sequences flipped (``precsim.metrics.Accumulator.rows``)."""
     out: dict[str, dict] = {}
     for r in rows:
         out.setdefault(r["scheme"], {})
@@ -55,9 +59,12 @@ def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
                 continue
             r = min(cand, key=lambda r: r["step"])
             out[name][str(L)] = {k: r.get(k, math.nan) for k in
-                                 ("rel_err", "kl", "state_drift", "read_drift")}
+                                 ("rel_err", "kl", "top1", "state_drift", "read_drift")}
         last = mine[-1] if mine else None
         if last:
             out[name]["final"] = {k: last.get(k, math.nan) for k in
-                                  ("step", "rel_err", "kl", "state_drift", "read_drift")}
+                                  ("step", "rel_err", "kl", "top1", "state_drift", "read_drift")}
+            if "first_flip" in last:
+                out[name]["final"]["first_flip"] = last["first_flip"]
+                out[name]["final"]["flipped"] = int(last["flipped"])
     return out

@@ -275,9 +275,9 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 dead_at = torch.where(anyb & ~dead, first, dead_at)
                 dead = dead | anyb
                 if not skip_metrics:
-                    kl = None if dd is None else kl_rows(
-                        readout, yh, dd, kl_tf32, kl_fused)[perm].view(ns, n, Sq)
-                    acc.push_stats(err[perm].view(ns, n, Sq), kl)
+                    kl = (None, None) if dd is None else [t[perm].view(ns, n, Sq) for t in kl_rows(
+                        readout, yh, dd, kl_tf32, kl_fused)]  # KL, top-1 agreement
+                    acc.push_stats(err[perm].view(ns, n, Sq), *kl)
                 if side is not None:
                     side_done.append(side.record_event())
                 return

@@ -42,6 +42,30 @@ def test_presets_compose(exp, model, n):
         assert cfg.workload.kind == "seed_article" and cfg.run.steps == 32768
 
 
+@pytest.mark.parametrize("model,family", [(None, "mamba2"), ("qwen35_gdn", "gdn")])
+def test_engines_preset(model, family):
+    """experiment=engines: the engines' candidates as named in conf/schemes/engines.yaml, on the
+    Nemotron-3-Super layer (or Qwen3.5's), 32,768 steps; every row-scaled block divides the
+    state's last axis, and the Triton engine would fall back to torch for the row scales."""
+    from precsim import formats as pf
+    from precsim.engines.triton import unsupported_reason
+
+    cfg = to_config(_compose(["experiment=engines"] + ([f"model={model}"] if model else [])))
+    assert cfg.model.family == family and cfg.run.steps == 32768
+    assert cfg.model.name == (model or "nemotron3_super") and cfg.replay.buffer_len == 16
+    got = {(s.kind, s.fmt, s.rounding, s.read_fmt) for s in cfg.schemes.values()}
+    want = {("conventional", "fp32", "rne", None), ("shared", "fp16", "sr", None),
+            ("split", "fp32", "rne", "nvfp4")} | {
+        ("conventional", f, r, None) for f in ("fp16", "bf16", "int8_b128", "fp8_e4m3_b128")
+        for r in ("rne", "sr")}
+    assert got == want and len(cfg.schemes) == len(want)
+    assert cfg.schemes["shared_fp16_sr"].label == "ReplaySSM L=16 FP16-SR"
+    for s in cfg.schemes.values():
+        block = getattr(pf.get(s.fmt), "block", None)
+        assert block is None or cfg.model.state_dim % block == 0
+    assert "row-scaled" in unsupported_reason(cfg)
+
+
 def test_real_layer_presets():
     cfg = to_config(_compose(["model=nemotron3_super"]))
     assert (cfg.model.heads, cfg.model.head_dim, cfg.model.state_dim) == (128, 64, 128)
@@ -56,11 +80,14 @@ def test_run_writes_files_and_reuses_when_complete(tmp_path):
     for f in ("metrics.csv", "summary.json", "error_vs_length.png", "per_step.npz"):
         assert (out / f).is_file(), f
     header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"scheme", "step", "rel_err", "state_drift", "kl"} <= set(header)
+    assert {"scheme", "step", "rel_err", "state_drift", "kl", "top1", "top1_p50", "first_flip",
+            "flipped"} <= set(header)
     s = json.loads((out / "summary.json").read_text())
     assert s["complete"] and s["steps"] == 64 and s["engine"] == "torch"
     assert set(s["figures"]) == {"conventional_fp32", "shared_nvfp4_sr", "split_fp32_nvfp4"}
-    assert "conventional_fp32" in r.stdout  # the table
+    assert "conventional_fp32" in r.stdout and "1st flip" in r.stdout  # the table
+    fin = s["figures"]["conventional_fp32"]["final"]
+    assert fin["top1"] == 1.0 and fin["flipped"] == 0 and fin["first_flip"] == 64
     assert "recommended:" in r.stdout or "NO configuration" in r.stdout
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     r2 = _cli(["experiment=split_nvfp4", *FAST, f"hydra.run.dir={out}"], tmp_path)

@@ -216,6 +216,8 @@ def test_model_fp32_scheme_matches_and_fp64_scheme_is_the_models_decode(kl_ckpt,
     assert r.info["kl"]["fp32"].shape == (10,)
     assert r.info["kl"]["fp32"].max() < 1e-6
     assert r.info["top1"]["fp32"].min() == 1.0
+    assert r.info["first_flip"]["fp32"] is None
+    assert r.rows[-1]["flipped"] == 0 and r.rows[-1]["first_flip"] == 10  # censored
     assert {"scheme", "step", "rel_err", "kl", "kl_p50", "state_drift"} <= set(r.rows[-1])
     # the reference is the model's own decode: a float64 state stepped by precsim gives the
     # model's logits to float32 tolerance at every token
@@ -254,3 +256,21 @@ def test_model_shared_nvfp4_sr_drifts_more_than_split(kl_ckpt, arch):
     assert last["shared"]["kl"] > last["split"]["kl"] > 0
     # (GDN's split master drifts too: with gdn_u_source=read the read copy's error leaks in)
     assert last["shared"]["state_drift"] > 2 * last["split"]["state_drift"]
+
+
+def test_model_top1_and_first_flip_of_a_flipping_scheme(kl_ckpt):
+    """Whole-model divergence columns: the window means and the first flip of the per-token
+    top-1 agreement (``info``), with a state in FP4 that flips."""
+    from precsim.models import run_model_kl
+
+    r = run_model_kl(_kl_cfg(kl_ckpt["mamba2"], {"fp4": {"kind": "conventional",
+                                                         "fmt": "fp4_e2m1"}}, 16),
+                     "cpu", progress=False)
+    t1 = r.info["top1"]["fp4"]
+    assert set(np.unique(t1)) <= {0.0, 1.0} and t1.min() == 0.0
+    first = int(np.flatnonzero(t1 == 0)[0]) + 1
+    assert r.info["first_flip"]["fp4"] == first
+    for row in r.rows:  # windows of 8 tokens
+        assert row["top1"] == pytest.approx(t1[row["step"] - 8:row["step"]].mean())
+        assert row["flipped"] == int(first <= row["step"])
+        assert row["first_flip"] == (first if first <= row["step"] else row["step"])

@@ -207,6 +207,11 @@ def test_trace_with_skip_and_a_dead_scheme(trace_file):
             assert np.isnan(r[key]) == np.isnan(s[key]), (r, s)
             if not np.isnan(s[key]) and s[key] > 1e-5:
                 assert r[key] == pytest.approx(s[key], rel=1e-3)
+        for key in ("top1", "first_flip", "flipped"):  # a dead scheme disagrees (fused path)
+            assert r[key] == s[key], (key, r, s)
+    dead = tri.schemes["conventional_fp16_ieee"]["dead_at"]
+    last = [r for r in tri.rows if r["scheme"] == "conventional_fp16_ieee"][-1]
+    assert last["flipped"] == 1 and last["first_flip"] <= dead and last["top1"] < 1
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
@@ -263,7 +268,27 @@ def test_kl_rows_fused_matches_torch_ops():
     ro = Readout(64, 48, 2.0, DEV)  # vocab not a power of two: masked lanes
     yh = torch.randn(6, 64, generator=g, dtype=torch.float64).to(DEV)
     d = (1e-2 * torch.randn(3, 6, 64, generator=g)).to(DEV)
-    a = kl_rows(ro, yh, d, False, fused=True)
-    b = kl_rows(ro, yh, d, False, fused=False)
-    assert (b > 1e-6).all()
+    d[2] *= 100  # large differences: the argmax moves on some rows
+    d[0, 1] = torch.nan  # a dead scheme's row: NaN KL, disagreement
+    a, ta = kl_rows(ro, yh, d, False, fused=True)
+    b, tb = kl_rows(ro, yh, d, False, fused=False)
+    assert (b[~torch.isnan(b)] > 1e-6).all() and torch.isnan(b[0, 1])
     np.testing.assert_allclose(a.cpu().numpy(), b.cpu().numpy(), rtol=1e-9)
+    np.testing.assert_array_equal(ta.cpu().numpy(), tb.cpu().numpy())
+    assert tb[0, 1] == 0 and tb[0, 0] == 1 and 0 < float(tb[2].mean()) < 1  # both outcomes
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "torch-ops"])
+def test_top1_and_first_flip_match_torch_engine(fused):
+    """The Triton engine's divergence columns (the fused KL kernel's argmax, or the torch-ops
+    path) equal the torch engine's, on schemes that flip early, late and never."""
+    cfg = to_config(tiny_cfg(steps=64, run__seqs=2, metrics__window=16, schemes={
+        "conventional_fp32": {"kind": "conventional", "fmt": "fp32"},
+        "conventional_fp4": {"kind": "conventional", "fmt": "fp4_e2m1"},
+        "shared_nvfp4_sr": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"}}))
+    a = run_triton(cfg, DEV, progress=False, fused_metrics=fused, kl_tf32=False)
+    b = run_torch(cfg, DEV, progress=False)
+    keys = ("top1", "top1_p10", "top1_p50", "top1_p90", "first_flip", "flipped")
+    assert [[r[k] for k in keys] for r in a.rows] == [[r[k] for k in keys] for r in b.rows]
+    last = {r["scheme"]: r for r in b.rows if r["step"] == 64}
+    assert last["conventional_fp32"]["flipped"] == 0 and last["conventional_fp4"]["flipped"] == 2
