@@ -25,6 +25,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -213,9 +214,11 @@ def _pos(v) -> float:
 def curves(rows: list[dict], path: Path, key_of: Callable[[dict], str], title: str,
            panels=(("rel_err", "relative output error (window mean)"),
                    ("kl", "KL(p_ref ‖ p_sim), nats/token")),
-           style_of: Callable[[dict], str] | None = None, split_by=None) -> None:
+           style_of: Callable[[dict], str] | None = None, split_by=None,
+           color_of: Callable[[dict], str] | None = None) -> None:
     """Log-log metric vs decode steps, one line per ``key_of(row)``; one panel per metric (and
-    per value of ``split_by``)."""
+    per value of ``split_by``). Colours by ``color_of`` (default: the line), line styles by
+    ``style_of`` (default: cycled, so coinciding curves stay visible)."""
     plt = _plt()
     groups = sorted({split_by(r) for r in rows}) if split_by else [None]
     n = len(panels) * len(groups)
@@ -223,6 +226,8 @@ def curves(rows: list[dict], path: Path, key_of: Callable[[dict], str], title: s
     axes = list(axes[0])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     keys = list(dict.fromkeys(key_of(r) for r in rows))
+    color_of = color_of or key_of
+    ckeys = list(dict.fromkeys(color_of(r) for r in rows))
     for gi, grp in enumerate(groups):
         sub = [r for r in rows if split_by is None or split_by(r) == grp]
         for pi, (metric, ylabel) in enumerate(panels):
@@ -231,8 +236,10 @@ def curves(rows: list[dict], path: Path, key_of: Callable[[dict], str], title: s
                 pts = sorted((r["step"], _pos(r[metric])) for r in sub if key_of(r) == k)
                 if not pts or all(math.isnan(p[1]) for p in pts):
                     continue
-                ls = style_of(next(r for r in sub if key_of(r) == k)) if style_of else "-"
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=colors[i % 10],
+                first = next(r for r in sub if key_of(r) == k)
+                ls = style_of(first) if style_of else ("-", "--", "-.", ":")[i % 4]
+                c = colors[ckeys.index(color_of(first)) % 10]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=ls, color=c,
                         lw=1.6, label=k, marker="o" if len(pts) <= 3 else None, ms=3)
             _loglog(ax, "decode steps (tokens)", ylabel, f"{grp}" if grp else "")
     fig.suptitle(title, fontsize=10)
@@ -281,13 +288,17 @@ def plot_buffer_len(rows, path):
 
 
 def plot_mamba2_vs_gdn(rows, path):
+    # gdn_u_source does nothing for Mamba-2: draw its first job only (the table lists both)
+    first = min((r["job"] for r in rows if r["family"] == "mamba2"), default=None)
+    rows = [r for r in rows if r["family"] != "mamba2" or r["job"] == first]
+
     def key(r):
         u = f", S·k from {r['gdn_u_source']}" if r["gdn_u_source"] else ""
         return f"{r['label']}{u}"
     curves(rows, path, key, _title(rows, "Mamba-2 vs GDN"),
            panels=(("rel_err", "relative output error (window mean)"),),
            style_of=lambda r: "--" if r["gdn_u_source"] == "master" else "-",
-           split_by=_shape)
+           split_by=_shape, color_of=lambda r: r["label"])
 
 
 def _front(pts):
@@ -322,7 +333,8 @@ def plot_precision_table(rows, path):
                     ax.scatter(r["bytes_per_step"], _pos(r[metric]), color="k", marker="x",
                                s=30, zorder=3)
                     ax.annotate(r["label"], (r["bytes_per_step"], _pos(r[metric])),
-                                fontsize=6.5, xytext=(3, -8), textcoords="offset points")
+                                fontsize=6.5, xytext=(4, -10), textcoords="offset points",
+                                bbox=dict(fc="white", ec="none", alpha=0.7, pad=0.5))
             front = _front([(r["bytes_per_step"], _pos(r[metric])) for r in sub
                             if not math.isnan(_pos(r[metric]))])
             ax.plot([p[0] for p in front], [p[1] for p in front], "-", color="0.5", lw=1,
@@ -356,7 +368,8 @@ def plot_sr_bits(rows, path):
                              and r["kind"] == kind and r["rounding"] == "sr" and r["sr_bits"])
                 if pts:
                     ax.plot([p[0] for p in pts], [_pos(p[1]) for p in pts], ls, color=c,
-                            label=f"{kind} {f}, SR")
+                            label=f"{kind} {f}, SR" + (" + nvfp4 read" if kind == "split"
+                                                       else ""))
             rne = [r for r in fin if r["fmt"] == f and r["rounding"] == "rne"]
             if rne:
                 ax.axhline(_pos(rne[0][metric]), color=c, ls=":", lw=1.2,
@@ -365,6 +378,7 @@ def plot_sr_bits(rows, path):
         if ref:
             ax.axhline(_pos(ref[0][metric]), color="k", ls=":", lw=1, label="conventional fp32")
         ax.set_yscale("log")
+        ax.set_xticks(sorted({r["sr_bits"] for r in fin if r["sr_bits"]}))
         ax.set_xlabel("SR random bits per rounding")
         ax.set_ylabel(ylab)
         ax.grid(True, alpha=0.3)
@@ -402,7 +416,8 @@ def plot_decay_exp(rows, path):
            _title(rows, f"decay exp, {_shape(rows[0])}"),
            panels=(("rel_err", "relative output error (window mean)"),
                    ("state_drift", "state drift ‖S−S_ref‖/‖S_ref‖")),
-           style_of=lambda r: "--" if r["decay_exp"] == "fast" else "-")
+           style_of=lambda r: "--" if r["decay_exp"] == "fast" else "-",
+           color_of=lambda r: r["label"])
 
 
 def plot_kl_vs_paper(rows, path):
@@ -475,9 +490,9 @@ def table_buffer_len(rows):
 
 def table_mamba2_vs_gdn(rows):
     fin = sorted(finals(rows), key=lambda r: (r["family"], r["label"], str(r["gdn_u_source"])))
-    body = [[_shape(r), r["gdn_u_source"] or "(n/a)", r["label"], r["rel_err"], r["kl"],
-             r["state_drift"], r["read_drift"]] for r in fin]
-    return md_table(["layer", "S·k from", "scheme", f"rel_err at {fin[0]['step']:,}",
+    body = [[_shape(r), r["job"], r["gdn_u_source"] or "(n/a)", r["label"], r["rel_err"],
+             r["kl"], r["state_drift"], r["read_drift"]] for r in fin]
+    return md_table(["layer", "job", "S·k from", "scheme", f"rel_err at {fin[0]['step']:,}",
                      "KL (nats/token)", "state drift (master)", "read drift"], body)
 
 
@@ -641,7 +656,7 @@ STUDIES = [
           expected_gpu_s="~120 s (torch engine: 9 draft jobs side by side)",
           notes=["Small by necessity: the Triton kernels have no speculative decoding, so the "
                  "draft jobs run on the torch engine (~100x slower on the GPU): the 8-head Mamba-2 "
-                 "layer (8 × 64 × 128), 8,192 steps, not the 128-head layer over 131,072."]),
+                 "layer (8 × 64 × 128), 4,096 steps, not the 128-head layer over 131,072."]),
     Study("study_decay_exp", 7, "The decay's own precision",
           "How much of a 'FP32 baseline' error is the float32 exp of the decay (fast, as real "
           "kernels compute it) rather than the FP32 state, over 131,072 steps?",
@@ -692,7 +707,8 @@ def machine() -> dict:
 
 
 def run_study(st: Study, work: Path, dest: Path, device: str, smoke: bool,
-              extra: tuple[str, ...] = (), concurrent: int = 1) -> dict:
+              extra: tuple[str, ...] = (), concurrent: int = 1,
+              timeout_s: float | None = None) -> dict:
     """Run one study's command into ``work/<name>``, write its CSV, PNG, run_info.json and NOTES
     into ``dest/<name>``. Returns the run info."""
     sweep = work / st.name
@@ -702,11 +718,19 @@ def run_study(st: Study, work: Path, dest: Path, device: str, smoke: bool,
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:  # stop this study's process group; keep finished jobs
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate()
+        rc, stderr = "timeout", stderr + f"\nstopped after --timeout={timeout_s} s"
     wall = time.perf_counter() - t0
     out = dest / st.name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.log").write_text(p.stdout[-20000:] + "\n--- stderr ---\n" + p.stderr[-20000:])
+    (out / "run.log").write_text(stdout[-20000:] + "\n--- stderr ---\n" + stderr[-20000:])
     rows = tidy_rows(st.name, sweep) if sweep.is_dir() else []
     summaries = [(f.parent.name, json.loads(f.read_text()))
                  for f in sorted(sweep.glob("*/summary.json"))]
@@ -714,7 +738,7 @@ def run_study(st: Study, work: Path, dest: Path, device: str, smoke: bool,
              for c in cmd[1:]]
     info = {"study": st.name, "number": st.number, "smoke": smoke,
             "command": "python " + shlex.join(shown), "started_utc": started.isoformat(
-                timespec="seconds"), "wall_s": round(wall, 1), "returncode": p.returncode,
+                timespec="seconds"), "wall_s": round(wall, 1), "returncode": rc,
             "concurrent_studies": concurrent, "machine": machine(),
             "jobs": [{"job": name, "engine": s.get("engine"),
                       "device": s.get("device"), "wall_s": s.get("wall_s"),
@@ -723,12 +747,20 @@ def run_study(st: Study, work: Path, dest: Path, device: str, smoke: bool,
     (out / INFO_NAME).write_text(json.dumps(info, indent=1) + "\n")
     if rows:
         write_csv(rows, out / CSV_NAME)
-        rows = read_csv(out / CSV_NAME)
-        st.plot(rows, out / f"{st.name.removeprefix('study_')}.png")
+        replot(st, out)
     write_notes(st, out)
-    status = "ok" if p.returncode == 0 and rows else f"FAILED (rc {p.returncode}; see run.log)"
+    status = "ok" if rc == 0 and rows else f"FAILED (rc {rc}; see run.log)"
     print(f"{st.name}: {status}, {wall:.0f} s, {len(rows)} CSV rows -> {out}", flush=True)
     return info
+
+
+def replot(st: Study, folder: Path) -> Path | None:
+    """The study's PNG drawn from its CSV (so a figure always matches the committed numbers)."""
+    if not (folder / CSV_NAME).is_file():
+        return None
+    path = folder / f"{st.name.removeprefix('study_')}.png"
+    st.plot(read_csv(folder / CSV_NAME), path)
+    return path
 
 
 # -- NOTES.md --------------------------------------------------------------------------------
@@ -746,6 +778,9 @@ def results_block(st: Study, folder: Path) -> str:
     if info.get("smoke"):
         lines.append("**SMOKE RUN (reduced sizes, CPU): a check of the pipeline, not the study's "
                      "result.**\n")
+    if info.get("returncode") != 0:
+        lines.append(f"**Incomplete: the command ended with {info.get('returncode')!r}; "
+                     f"{len(info['jobs'])} job(s) complete (see run.log).**\n")
     lines += [f"Run {info['started_utc']} on {m['host']}: {hw}, torch {m.get('torch', '?')}; "
               f"engines: {', '.join(engines) or '–'}.",
               f"Command: `{info['command']}`.",
@@ -844,7 +879,7 @@ def unpack(archive: Path, into: Path = EXP) -> list[str]:
                 target.write_bytes(tar.extractfile(mem).read())
     done = list(dict.fromkeys(names))
     for n in done:
-        write_notes(BY_NAME[n], into / n)
+        write_notes(BY_NAME[n], into / n)  # the PNG came with the archive
     return done
 
 
@@ -862,19 +897,24 @@ def main(argv: list[str] | None = None) -> int:
                    "experiments/_smoke with --smoke, a temporary folder with --out)")
     p.add_argument("--out", type=Path, help=f"also write one archive {ARCHIVE} of every study "
                    "folder into this directory")
+    p.add_argument("--timeout", type=float, help="seconds per study; a study past it is stopped "
+                   "and its finished jobs are kept (default: none)")
     p.add_argument("--work", type=Path, help="Hydra run directories (default: a temporary one)")
     p.add_argument("--unpack", type=Path, metavar="ARCHIVE",
                    help="extract an archive of --out into experiments/ and refresh the NOTES")
     p.add_argument("--notes", action="store_true",
-                   help="refresh every NOTES.md results block from the CSVs in experiments/")
+                   help="redraw every PNG and refresh every NOTES.md results block from the "
+                   "study CSVs under --dest (default: experiments/)")
     a = p.parse_args(argv)
     if a.unpack:
         print("unpacked:", ", ".join(unpack(a.unpack)))
         return 0
     if a.notes:
         for st in STUDIES:
-            (EXP / st.name).mkdir(exist_ok=True)
-            print(write_notes(st, EXP / st.name))
+            folder = (a.dest or EXP) / st.name
+            folder.mkdir(parents=True, exist_ok=True)
+            replot(st, folder)
+            print(write_notes(st, folder))
         return 0
     studies = STUDIES if not a.only else [BY_NAME[n.strip()] for n in a.only.split(",")]
     device = a.device or ("cpu" if a.smoke else "cuda")
@@ -890,7 +930,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as ex:
         infos = list(ex.map(lambda st: run_study(st, work, dest, device, a.smoke,
-                                                 concurrent=min(jobs, len(studies))), studies))
+                                                 concurrent=min(jobs, len(studies)),
+                                                 timeout_s=a.timeout), studies))
     print(f"all studies: {time.perf_counter() - t0:.0f} s")
     if a.out:
         print("archive:", pack(dest, a.out))
