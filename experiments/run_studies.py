@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,7 @@ METRIC_COLS = ("step", "rel_err", "rel_err_p10", "rel_err_p50", "rel_err_p90", "
                "kl_p50", "kl_p90", "rel_err_max", "state_drift", "read_drift")
 TIDY_COLS = ("study", "job", *CONFIG_COLS, *SCHEME_COLS, *METRIC_COLS)
 LENGTHS = (256, 1024, 4096, 32768, 131072)
+PLOT_LOCK = threading.Lock()
 SMOKE_BASE = ("run.steps=1024", "model.heads=2", "model.groups=1")
 
 
@@ -591,6 +593,7 @@ class Study:
     smoke: tuple[str, ...] = SMOKE_BASE
     gpu_jobs: int = 1  # joblib workers on the GPU (a multirun's jobs side by side)
     expected_gpu_s: str = ""
+    cost: int = 1  # relative GPU time: the costliest studies start first
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -638,13 +641,13 @@ STUDIES = [
           "the Pareto front of error vs bytes per step; whether the update format matters at all "
           "once the read format is fixed; the recommendation at three budgets.",
           f"{NEMOTRON} (a conventional FP16-SR cache is the production reference.)",
-          plot_precision_table, table_precision_table, gpu_jobs=2,
+          plot_precision_table, table_precision_table, gpu_jobs=2, cost=9,
           expected_gpu_s="~150 s (2 jobs side by side, 4 compiles each)"),
     Study("study_sr_bits", 5, "SR random bits",
           "How many random bits does stochastic rounding need for FP16 and FP8-E4M3 states "
           "rounded every step to stay unbiased over 131,072 steps?",
           "the error and state drift vs SR bits: where SR with few bits turns back into RNE-like "
-          "bias (a stalled or drifting state).", NEMOTRON, plot_sr_bits, table_sr_bits,
+          "bias (a stalled or drifting state).", NEMOTRON, plot_sr_bits, table_sr_bits, cost=7,
           expected_gpu_s="~80 s (3 compiles)"),
     Study("study_speculative", 6, "Speculative decoding",
           "Do speculative decoding's drafts (T ∈ {2, 4, 8} per verification, acceptance 0.5–0.9) "
@@ -652,8 +655,8 @@ STUDIES = [
           "the error vs acceptance per T against T = 0; drafts make flushes more frequent "
           "(flush when committed + 2T > L), i.e. more checkpoint roundings for shared.",
           "None published.", plot_speculative, table_speculative,
-          smoke=("run.steps=512", "model.heads=2"), gpu_jobs=12,
-          expected_gpu_s="~120 s (torch engine: 9 draft jobs side by side)",
+          smoke=("run.steps=512", "model.heads=2"), gpu_jobs=12, cost=8,
+          expected_gpu_s="~60–120 s (torch engine: 9 draft jobs side by side)",
           notes=["Small by necessity: the Triton kernels have no speculative decoding, so the "
                  "draft jobs run on the torch engine (~100x slower on the GPU): the 8-head Mamba-2 "
                  "layer (8 × 64 × 128), 4,096 steps, not the 128-head layer over 131,072."]),
@@ -745,10 +748,11 @@ def run_study(st: Study, work: Path, dest: Path, device: str, smoke: bool,
                       "model": s["config"]["model"]["name"], "steps": s.get("steps")}
                      for name, s in summaries]}
     (out / INFO_NAME).write_text(json.dumps(info, indent=1) + "\n")
-    if rows:
-        write_csv(rows, out / CSV_NAME)
-        replot(st, out)
-    write_notes(st, out)
+    with PLOT_LOCK:  # matplotlib is not thread-safe; studies run in threads
+        if rows:
+            write_csv(rows, out / CSV_NAME)
+            replot(st, out)
+        write_notes(st, out)
     status = "ok" if rc == 0 and rows else f"FAILED (rc {rc}; see run.log)"
     print(f"{st.name}: {status}, {wall:.0f} s, {len(rows)} CSV rows -> {out}", flush=True)
     return info
@@ -875,6 +879,8 @@ def unpack(archive: Path, into: Path = EXP) -> list[str]:
         for mem in members:
             if mem.isfile():
                 target = into / mem.name
+                if target.name == "NOTES.md" and target.is_file():
+                    continue  # keep what a person wrote; its results block is refreshed below
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(tar.extractfile(mem).read())
     done = list(dict.fromkeys(names))
@@ -899,6 +905,9 @@ def main(argv: list[str] | None = None) -> int:
                    "folder into this directory")
     p.add_argument("--timeout", type=float, help="seconds per study; a study past it is stopped "
                    "and its finished jobs are kept (default: none)")
+    p.add_argument("--deadline", type=float, help="seconds for the whole run: each study is "
+                   "stopped at it (finished jobs kept), a study not started 30 s before it is "
+                   "skipped, and the archive is written")
     p.add_argument("--work", type=Path, help="Hydra run directories (default: a temporary one)")
     p.add_argument("--unpack", type=Path, metavar="ARCHIVE",
                    help="extract an archive of --out into experiments/ and refresh the NOTES")
@@ -928,15 +937,27 @@ def main(argv: list[str] | None = None) -> int:
         dest = EXP / "_smoke" if a.smoke else EXP
     work = a.work or Path(tempfile.mkdtemp(prefix="studies_work_"))
     t0 = time.perf_counter()
+
+    def one(st: Study) -> dict:
+        left = a.deadline - (time.perf_counter() - t0) if a.deadline else math.inf
+        if left < 30:
+            print(f"{st.name}: not run ({left:.0f} s left of --deadline={a.deadline:g})")
+            return {"study": st.name, "returncode": "not run"}
+        limit = min(a.timeout or math.inf, left)
+        return run_study(st, work, dest, device, a.smoke, concurrent=min(jobs, len(studies)),
+                         timeout_s=None if math.isinf(limit) else limit)
+
+    # the longest first, so that the side-by-side slots stay busy
+    order = sorted(studies, key=lambda st: -st.cost)
     with ThreadPoolExecutor(max_workers=jobs) as ex:
-        infos = list(ex.map(lambda st: run_study(st, work, dest, device, a.smoke,
-                                                 concurrent=min(jobs, len(studies)),
-                                                 timeout_s=a.timeout), studies))
+        infos = list(ex.map(one, order))
     print(f"all studies: {time.perf_counter() - t0:.0f} s")
     if a.out:
         print("archive:", pack(dest, a.out))
-    if tmp and not a.work:
+    if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not a.work:
+        shutil.rmtree(work, ignore_errors=True)
     return 0 if all(i["returncode"] == 0 for i in infos) else 1
 
 

@@ -94,6 +94,11 @@ def test_archive_round_trip(buffer_study, tmp_path):
     assert got == [st.name]
     assert (tmp_path / "exp" / st.name / rs.CSV_NAME).read_bytes() == \
         (out / rs.CSV_NAME).read_bytes()
+    # a second unpack keeps a NOTES.md a person has written in and refreshes its results block
+    notes = tmp_path / "exp" / st.name / "NOTES.md"
+    notes.write_text(notes.read_text().replace("_Not written yet: two", "Written: two", 1))
+    rs.unpack(archive, tmp_path / "exp")
+    assert "Written: two" in notes.read_text() and rs.BEGIN in notes.read_text()
 
 
 def test_thinning_keeps_ends_and_lengths(rs):
