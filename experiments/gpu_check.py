@@ -10,7 +10,7 @@ Checks, each printed as a table row and written to ``OUT_DIR/gpu_check.{md,json}
   bit, every format x RNE/SR on a tensor with zeros, subnormals, huge values, Inf and NaN;
 * mamba2 (Nemotron-3-Super layer, 128 x 64 x 128, seed_article inputs) and gdn (Qwen3.5 layer,
   32 x 128 x 128): per-window rel_err / KL / drift of every scheme, Triton engine vs
-  ``run_torch`` on the same device and inputs (same SR streams), and the float64 truth vs
+  the torch engine on the same device and inputs (same SR streams), and the float64 truth vs
   ``precsim.oracle.decode`` for every head;
 * MX formats, a BF16 buffer, ``scale_floor=normal`` and ``gdn_u_source=master`` on smaller layers.
 """
@@ -118,16 +118,15 @@ def oracle_outputs(tr: dict, heads: int, workers: int = 8) -> np.ndarray:
         return np.concatenate(list(ex.map(_oracle_slice, jobs)), axis=1)
 
 
-def compare(name, cfg, device, rows, oracle=True, inputs="host"):
-    """Triton vs run_torch rows (same device, same inputs) and truth vs the oracle."""
-    from precsim.engine import run_torch
-    from precsim.kernels import run_triton
-
+def compare(name, cfg, device, rows, oracle=True):
+    """Triton vs the torch engine's rows (same device, same inputs) and truth vs the oracle."""
+    from precsim.engines.torch import run as run_torch
+    from precsim.engines.triton import run as run_triton
     from precsim.workload import make_workload
 
     run_triton(cfg_small(cfg), device, progress=False)  # compile outside the timing
     t = time.perf_counter()
-    tri = run_triton(cfg, device, progress=False, inputs=inputs, poison=True,
+    tri = run_triton(cfg, device, progress=False, poison=True,
                      record_outputs=["truth"] if oracle else False)
     t_tri = time.perf_counter() - t
     t = time.perf_counter()
@@ -154,10 +153,7 @@ def compare(name, cfg, device, rows, oracle=True, inputs="host"):
                      "value": out["rel_err"], "ok": out["rel_err"] <= tol, "tol": tol})
     if oracle:
         wl = make_workload(cfg)
-        c = wl.chunk(0, cfg.run.steps)
-        tr = {k: v[:, 0] for k, v in c.items()}
-        if cfg.model.family == "mamba2":
-            tr["A"] = wl.params["A"]
+        tr = wl.trace(0, cfg.run.steps)
         y = oracle_outputs(tr, cfg.model.heads)
         yt = tri.info["outputs"]["truth"][:, 0]
         err = float(np.abs(y - yt).max() / np.abs(y).max())

@@ -3,14 +3,14 @@
 Triton needs a scheme as compile-time constants; one packed ``tl.constexpr`` per slot keeps the
 kernels' signatures short. The layout is defined here once: :func:`pack` builds a code from plain
 ints, :func:`fields` reads one back on the host, and the kernels decode it with the same shifts
-written as literal constexpr arithmetic (``CODE % 4``, ``(CODE // 4) % 16``, ...; a launch's codes
+written as literal constexpr arithmetic (``CODE % 4``, ``(CODE // 4) % 32``, ...; a launch's codes
 packed as ``CODES = sum_k code_k 2^(CODE_BITS k)``); ``tests/kernels`` evaluates the kernels'
 decode lines against :func:`fields`, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
-KIND_BITS, FMT_BITS, RND_BITS, OVF_BITS, SRB_BITS = 2, 4, 1, 1, 6
+KIND_BITS, FMT_BITS, RND_BITS, OVF_BITS, SRB_BITS = 2, 5, 1, 1, 6  # formats: quant.FMT_IDS
 KIND_SHIFT = 0
 FMT_SHIFT = KIND_SHIFT + KIND_BITS
 RFMT_SHIFT = FMT_SHIFT + FMT_BITS
@@ -55,7 +55,7 @@ def slot_cost(code: int | None) -> int:
     f = fields(code)
     if f["kind"] != 0:
         return 4
-    block = 6 <= f["fmt"] <= 8  # nvfp4, mxfp4, mxfp8 (quant.FMT_IDS)
+    block = 6 <= f["fmt"] <= 8 or f["fmt"] >= 16  # nvfp4, mxfp4, mxfp8, row-scaled
     return 6 + f["rnd"] if block else (3 + f["rnd"] if f["fmt"] > 0 else 1)
 
 

@@ -73,11 +73,11 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
     """One scheme (``CODE`` as in ``mamba2._scheme``) on one head."""
     # the fields of kernels.codes.pack (literal: constexpr arithmetic; a test checks them)
     KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
-    F: tl.constexpr = (CODE // 4) % 16
-    RF: tl.constexpr = (CODE // 64) % 16
-    RND: tl.constexpr = (CODE // 1024) % 2
-    OVF: tl.constexpr = (CODE // 2048) % 2
-    SRB: tl.constexpr = (CODE // 4096) % 64
+    F: tl.constexpr = (CODE // 4) % 32
+    RF: tl.constexpr = (CODE // 128) % 32
+    RND: tl.constexpr = (CODE // 4096) % 2
+    OVF: tl.constexpr = (CODE // 8192) % 2
+    SRB: tl.constexpr = (CODE // 16384) % 64
     K: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     ok2 = tl.arange(0, K)
@@ -197,11 +197,11 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
         if slot == 0:
             _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,
                    NB, BLK)
-    for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(18 k)
+    for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
         if slot == TRUTH + k:
             _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
                     k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, k,
-                    (CODES // 262144**k) % 262144, P, NB, BLK, LB, BUF, SFLOOR, SCOPE,
+                    (CODES // 1048576**k) % 1048576, P, NB, BLK, LB, BUF, SFLOOR, SCOPE,
                     U_MASTER)
 
 

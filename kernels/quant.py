@@ -25,8 +25,7 @@ from .rng import SRC_IDS, sr_increment
 # element formats first; ids are kernel constexprs
 FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
            "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8, "int8": 9, "int16": 10}
-# a row-scaled format <elem>_b<B> is SCALED_BASE + the id of its element (kernels with a scheme
-# code of 4 bits per format, as the Triton engine's, cannot hold these: fmt_id >= SCALED_BASE)
+# a row-scaled format <elem>_b<B> is SCALED_BASE + the id of its element (5 bits of a slot code)
 SCALED_BASE = 16
 RNE, SR = 0, 1
 SATFINITE, IEEE = 0, 1

@@ -84,16 +84,10 @@ def unsupported_reason(cfg: Config) -> str | None:
         return f"run.compute_dtype={cfg.run.compute_dtype} (kernels compute in fp32)"
     if m.family == "gdn" and r.gdn_u_source not in ("read", "master"):
         return f"replay.gdn_u_source={r.gdn_u_source}"
-    two_level = any(pf.get(f).kind == "block" and pf.get(f).two_level
+    two_level = any(pf.get(f).kind == "block" and getattr(pf.get(f), "two_level", False)
                     for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt) if f)
     if two_level and cfg.formats.tensor_scope == "tensor":
         return "formats.tensor_scope=tensor (an NVFP4 scale over the whole layer couples heads)"
-    from precsim.kernels.quant import SCALED_BASE, fmt_id
-
-    rowscaled = [f for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt)
-                 if f and fmt_id(f) >= SCALED_BASE]
-    if rowscaled:  # the scheme code holds 4 bits per format
-        return f"row-scaled format {rowscaled[0]} (not in the kernels' scheme code)"
     if cfg.formats.sr_source != "hash":
         return f"formats.sr_source={cfg.formats.sr_source} (the kernels' SR uses the hash)"
     if cfg.formats.rotate:

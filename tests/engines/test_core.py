@@ -250,3 +250,26 @@ def test_vectorised_rows_equal_band_per_window(S):
         for key, v in s.items():
             assert (r[key] == v) or (isinstance(v, float) and np.isnan(v) and np.isnan(r[key])), \
                 (r["scheme"], r["step"], key)
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_trace_members_are_memory_mapped_when_stored(tmp_path, save):
+    """np.savez members stream from a memory map (never held twice); compressed ones are read
+    whole; both give the file's exact values, and a run from either gives the same rows."""
+    from precsim.workload import load_trace_arrays
+
+    tr = {k: np.asarray(v, dtype=np.float32) for k, v in make_trace("mamba2", T=48).items()}
+    path = tmp_path / "t.npz"
+    save(path, **tr)
+    got = load_trace_arrays(path)
+    assert set(got) == set(tr)
+    for k, v in tr.items():
+        assert isinstance(got[k], np.memmap) == (save is np.savez)
+        np.testing.assert_array_equal(got[k], v)
+    cfg = to_config(tiny_cfg("mamba2", steps=48, workload__kind="trace",
+                             workload__path=str(path)))
+    rows = run_torch(cfg, "cpu", progress=False).rows
+    np.savez(tmp_path / "u.npz", **tr)
+    cfg2 = to_config(tiny_cfg("mamba2", steps=48, workload__kind="trace",
+                              workload__path=str(tmp_path / "u.npz")))
+    assert run_torch(cfg2, "cpu", progress=False).rows == rows

@@ -70,9 +70,10 @@ def test_scale_modes_differ_in_the_kernel_too():
     assert (a != b).any()
 
 
-def test_engine_runs_int8_and_leaves_row_scaled_to_torch():
-    """int8/int16 fit the Triton engine's scheme code (ids 9, 10): the engine matches the torch
-    engine window by window; a row-scaled format is reported unsupported (torch runs it)."""
+@pytest.mark.parametrize("row", [False, True])
+def test_engine_runs_int_and_row_scaled_formats(row):
+    """int8/int16 (ids 9, 10) and row-scaled formats (16 + element id) fit the Triton engine's
+    slot codes: the engine matches the torch engine window by window."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from conftest import tiny_cfg
 
@@ -83,6 +84,11 @@ def test_engine_runs_int8_and_leaves_row_scaled_to_torch():
 
     schemes = {"conv_int8": {"kind": "conventional", "fmt": "int8", "rounding": "sr"},
                "split_int16": {"kind": "split", "fmt": "int16", "read_fmt": "int8"}}
+    if row:
+        schemes = {"conv_int8_b32": {"kind": "conventional", "fmt": "int8_b32", "rounding": "sr"},
+                   "conv_fp8_b32": {"kind": "conventional", "fmt": "fp8_e4m3_b32"},
+                   "split_fp16_int8_b32": {"kind": "split", "fmt": "fp16", "rounding": "sr",
+                                           "read_fmt": "int8_b32"}}
     d = tiny_cfg("mamba2", steps=32, heads=2, schemes=schemes, metrics__window=16)
     d["model"].update(head_dim=16, state_dim=32)
     cfg = to_config(d)
@@ -96,5 +102,3 @@ def test_engine_runs_int8_and_leaves_row_scaled_to_torch():
         tol = 0.5 if max(r["rel_err"], s["rel_err"]) < 1e-5 else 1e-3
         assert r["rel_err"] == pytest.approx(s["rel_err"], rel=tol)
         assert r["state_drift"] == pytest.approx(s["state_drift"], rel=1e-3)
-    d["schemes"] = {"row": {"kind": "conventional", "fmt": "int8_b32"}}
-    assert "row-scaled format int8_b32" in unsupported_reason(to_config(d))

@@ -13,14 +13,14 @@ KERNELS = Path(codes.__file__).parent
 
 
 def test_pack_fields_round_trip():
-    for kind, fmt, rf, rnd, ovf, srb in itertools.product(range(3), (0, 6, 15), (0, 7, 15),
+    for kind, fmt, rf, rnd, ovf, srb in itertools.product(range(3), (0, 6, 26), (0, 7, 31),
                                                           (0, 1), (0, 1), (0, 5, 63)):
         c = codes.pack(kind, fmt, rf, rnd, ovf, srb)
         assert codes.fields(c) == {"kind": kind, "fmt": fmt, "read_fmt": rf, "rnd": rnd,
                                    "ovf": ovf, "srb": srb}
         assert c < 1 << codes.CODE_BITS
     with pytest.raises(ValueError):
-        codes.pack(0, 16)
+        codes.pack(0, 32)
 
 
 def _decode_lines(path: Path) -> dict[str, ast.expr]:
@@ -39,7 +39,7 @@ def test_kernel_decode_matches_codes(kernel):
     names = {"KIND": "kind", "F": "fmt", "RF": "read_fmt", "RND": "rnd", "OVF": "ovf",
              "SRB": "srb"}
     assert set(lines) == set(names)
-    for vals in [(2, 15, 9, 1, 1, 63), (1, 6, 0, 0, 1, 8), (0, 3, 14, 1, 0, 17)]:
+    for vals in [(2, 15, 9, 1, 1, 63), (1, 6, 0, 0, 1, 8), (0, 26, 31, 1, 0, 17)]:
         c = codes.pack(*vals)
         want = codes.fields(c)
         for var, key in names.items():
@@ -53,7 +53,7 @@ def test_kernel_dispatch_unpacks_launcher_packing(kernel):
     src = (KERNELS / kernel).read_text()
     base = 1 << codes.CODE_BITS
     assert f"(CODES // {base}**k) % {base}" in src
-    cs = [codes.pack(2, 6, 7, 1, 0, 8), codes.pack(0, 0), codes.pack(1, 15, 0, 1, 1, 63)]
+    cs = [codes.pack(2, 6, 7, 1, 0, 8), codes.pack(0, 0), codes.pack(1, 25, 0, 1, 1, 63)]
     packed = sum(c << (codes.CODE_BITS * k) for k, c in enumerate(cs))
     assert [(packed // base**k) % base for k in range(3)] == cs
 
