@@ -4,10 +4,14 @@ the torch engine, all on one GPU machine, printed as one table.
     python experiments/bench_gpu.py --out OUT_DIR            # on the GPU machine
     TRITON_INTERPRET=1 python experiments/bench_gpu.py --smoke   # script check, any machine
 
+It leads with what users run: whole ``python -m precsim experiment=seed_table
+model=nemotron3_super run.device=cuda`` processes (default settings; the first with a cold Triton
+cache, then warm) beside a plain PyTorch step loop, from ``gpu_user_path.py`` (``--no-user``
+skips them). Everything after that is diagnosis, labelled so: the engine in-process, warmed up.
+
 Study: ``experiment=seed_table model=nemotron3_super`` (5 schemes, seed_article inputs, 128
-heads x 64 x 128, L = 16, KL through the readout head) over 32,768 and 131,072 steps. The Triton
-engine generates its inputs on the device (``inputs="device"``); the host-input mode (the NumPy
-workload, the CPU engine's exact stream) is timed on a shorter run and extrapolated. The plain
+heads x 64 x 128, L = 16, KL through the readout head) over 32,768 and 131,072 steps. The
+engine's inputs come from the counter-based workload on the device. The plain
 PyTorch step loop (below: one op per line, float64 truth, per-step NVFP4 SR through the
 ``precsim.formats`` torch path) and the torch engine are timed on a few hundred steps and
 extrapolated linearly (their cost per step is constant). Variants that leave a stage out or turn
@@ -66,25 +70,23 @@ def sync(device):
 
 def study(steps, device, smoke, kl=True, only=None, **kw):
     """Wall seconds and Result of the Triton engine on the study."""
-    from precsim.kernels import run_triton
+    from precsim.engines.triton import run as run_triton
 
     cfg = make_cfg(steps, smoke, kl, only)
     sync(device)
     t = time.perf_counter()
-    r = run_triton(cfg, device, progress=False, **{"inputs": "device", **kw})
+    r = run_triton(cfg, device, progress=False, **kw)
     sync(device)
     return time.perf_counter() - t, r
 
 
 def step_loop(steps, device, smoke, warm=10):
     """A plain PyTorch step loop of the five configs with the float64 truth (seconds/step)."""
-    from precsim.kernels.inputs import CounterInputs
-
     from precsim.workload import make_workload
 
     cfg = make_cfg(steps + warm, smoke)
-    wl = make_workload(cfg)
-    inp = CounterInputs(cfg, wl.params, device).chunk(0, steps + warm)
+    wl = make_workload(cfg, device)
+    inp = wl.chunk(0, steps + warm)
     H, L = cfg.model.heads, cfg.replay.buffer_len
     rep = H // cfg.model.groups
     A64 = torch.as_tensor(wl.params["A"], device=device)
@@ -151,7 +153,7 @@ def step_loop(steps, device, smoke, warm=10):
 
 
 def torch_engine(steps, device, smoke):
-    from precsim.engine import run_torch
+    from precsim.engines.torch import run as run_torch
 
     cfg = make_cfg(steps, smoke)
     sync(device)
@@ -175,7 +177,14 @@ def main(argv=None) -> int:
     ap.add_argument("--lpt-variant", action="store_true", help="time the kernels without LPT")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter)")
+    ap.add_argument("--no-user", action="store_true", help="skip the whole-process figures")
     a = ap.parse_args(argv)
+    if not (a.smoke or a.no_user):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import gpu_user_path
+
+        gpu_user_path.main(["--out", a.out])
+        print("--- diagnosis below: the engine in-process (not what a user runs) ---", flush=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     card = torch.cuda.get_device_name() if dev == "cuda" else "cpu (TRITON_INTERPRET)"
     if a.smoke:
@@ -191,7 +200,7 @@ def main(argv=None) -> int:
 
     t = time.perf_counter()
     study(2 * 16, dev, a.smoke)
-    add("compile + first run (32 steps)", time.perf_counter() - t)
+    add("[diagnosis] compile + first run (32 steps)", time.perf_counter() - t)
     best, best_t = None, math.inf
     for spec in a.warps.split(","):  # "4" or "8:128" (num_warps:maxnreg)
         nw, _, mr = spec.partition(":")
@@ -265,12 +274,10 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
             part(a, dev, best, add)
         except Exception as e:  # noqa: BLE001 - diagnostics only; report, go on
             add(f"  {part.__name__} failed", math.nan, f"{type(e).__name__}: {e}"[:200])
-    from precsim.kernels.inputs import CounterInputs
-
     from precsim.workload import make_workload
 
     cfg = make_cfg(a.steps, a.smoke)
-    src = CounterInputs(cfg, make_workload(cfg).params, dev)
+    src = make_workload(cfg, dev)
     sync(dev)
     t = time.perf_counter()
     for t0 in range(0, a.steps, 256):
@@ -281,10 +288,6 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     res["long_s"] = w
     add(f"Triton engine, full study, {a.long} steps", w,
         f"kernels {r.info['kernel_s'] or math.nan:.3f} s")
-    w, _ = study(a.host_steps, dev, a.smoke, **best, inputs="host")
-    res["host_s"] = w * a.steps / a.host_steps
-    add(f"Triton engine, host (NumPy) inputs: {a.host_steps} steps, extrapolated",
-        res["host_s"], "bound by NumPy input generation on the host")
     per = step_loop(a.loop_steps, dev, a.smoke)
     res["loop_s"] = per * a.steps
     add(f"plain PyTorch step loop: {a.loop_steps} steps, extrapolated", res["loop_s"],

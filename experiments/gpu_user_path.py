@@ -116,11 +116,37 @@ def fp32_check(steps: int) -> dict:
     return out
 
 
+def trace_run(out: Path, steps: int) -> dict:
+    """The study from a 128-head trace file (``np.savez``, float32, per-head B/C as the schema
+    says) on local disk: the engine's ``wall_s`` beside the time to read the file once."""
+    from precsim.config import to_config
+    from precsim.workload import make_workload
+
+    c = to_config({"model": {"heads": 128, "head_dim": 64, "state_dim": 128, "groups": 8},
+                   "workload": {"kind": "seed_article"}, "run": {"steps": steps},
+                   "schemes": {"c": {"kind": "conventional", "fmt": "fp32"}}})
+    tr = {k: v.astype(np.float32) for k, v in make_workload(c, "cuda").trace(0, steps).items()}
+    path = Path("/tmp/precsim_trace.npz")
+    np.savez(path, **tr)
+    del tr
+    t = time.perf_counter()
+    with open(path, "rb") as f:
+        while f.read(1 << 26):
+            pass
+    read_s = time.perf_counter() - t
+    r = whole(["workload=trace", f"workload.path={path}", f"run.steps={steps}"], out, "trace")
+    r.update(file_gb=round(path.stat().st_size / 1e9, 3), read_s=round(read_s, 3),
+             steps=steps)
+    path.unlink()
+    return r
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--loop-steps", type=int, default=256)
     ap.add_argument("--check-steps", type=int, default=16384)
+    ap.add_argument("--trace-steps", type=int, default=8192)
     a = ap.parse_args(argv)
     out = Path(a.out)
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -133,6 +159,8 @@ def main(argv=None) -> int:
     res["whole"] = runs
     for r in runs:
         print(json.dumps(r), flush=True)
+    res["trace"] = trace_run(out, a.trace_steps)
+    print(json.dumps(res["trace"]), flush=True)
     sps = step_loop(a.loop_steps)
     res["step_loop_steps_per_s"] = sps
     res["step_loop_32k_s"] = 32768 / sps
