@@ -17,6 +17,8 @@ import sys
 
 CODE = r'''
 import json, sys
+if {old}:  # the old tree's site folder, not this tree's editable install
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 {imp}
 from precsim.config import to_config
 S = {{"conventional_fp32": {{"kind": "conventional", "fmt": "fp32"}},
@@ -43,7 +45,7 @@ NEW = ("from precsim.engines.triton import run as run_triton",
 
 def measure(which, env, steps, repeat):
     imp, call = OLD if which == "old" else NEW
-    code = CODE.format(imp=imp, call=call, steps=steps, repeat=repeat)
+    code = CODE.format(imp=imp, call=call, steps=steps, repeat=repeat, old=which == "old")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-3:]}
