@@ -698,7 +698,10 @@ def study_command(st: Study, sweep_dir: Path, device: str, smoke: bool,
 def _has_joblib() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
+    except ModuleNotFoundError:  # no hydra_plugins namespace at all
+        return False
 
 
 def machine() -> dict:
