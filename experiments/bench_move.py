@@ -46,7 +46,9 @@ NEW = ("from precsim.engines.triton import run as run_triton",
 def measure(which, env, steps, repeat):
     imp, call = OLD if which == "old" else NEW
     code = CODE.format(imp=imp, call=call, steps=steps, repeat=repeat, old=which == "old")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    # cwd elsewhere: ``python -c`` puts the cwd first on sys.path (this tree's precsim/)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd="/tmp")
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-3:]}
     return json.loads(p.stdout.strip().splitlines()[-1])
