@@ -332,46 +332,63 @@ if numba is not None:
                 W[k] = _hash(w & _MASK, w >> 32, k0, k1)
 
     @njit(cache=True)
-    def _elements(x, ub, uoff, ush, sr, mb, emin, maxv, ovf, sc, div):
+    def _elements(x, ub, ush, sr, mb, emin, maxv, ovf, sc, div):
         """Element formats over flat ``x``, in place: element ``i`` takes lane
-        ``ub[uoff + i] >> ush``. (In place on purpose: with a second array that may alias ``x``
+        ``ub[i] >> ush``. (In place on purpose: with a second array that may alias ``x``
         LLVM's overlap check fails for ``out is x`` and the loop runs scalar, 3x slower.)"""
         if sr:
             for i in range(x.shape[0]):
-                u = np.float32(ub[uoff + i] >> ush)
+                u = np.float32(ub[i] >> ush)
                 x[i] = _round_v(x[i], mb, emin, maxv, ovf, True, sc, u, div)
         else:
             for i in range(x.shape[0]):
                 x[i] = _round_v(x[i], mb, emin, maxv, ovf, False, sc, _F0, div)
 
+    @njit(cache=True, inline="always")
+    def _blk_el(v, fg, tg, mul, sr, u, mb, emin, maxv, maxe, sc):
+        """One block element: ``v * fg`` (``mul``) or ``v / fg``, clipped, rounded, ``* tg``."""
+        xs = min(max(v * fg if mul else v / fg, -maxe), maxe)
+        return _round_fin(xs, mb, emin, maxv, sr, sc, u) * tg
+
     @njit(cache=True)
-    def _blocks(x, tot, fac, mul, blk, ub, uoff, ush, sr, mb, emin, maxv, maxe, sc):
+    def _blocks(x, fac, tot, mul, ub, ush, sr, mb, emin, maxv, maxe, sc):
         """Block formats over flat ``x``, in place (see :func:`_elements`): block ``g`` is
-        ``x * fac[g]`` (``mul``) or ``x / fac[g]`` rounded, times ``tot[g]`` (NaN: a NaN
-        block)."""
-        for g in range(tot.shape[0]):
-            total = tot[g]
-            b0 = g * blk
-            if total != total:
-                for j in range(blk):
-                    x[b0 + j] = _NAN
-                continue
-            fg = fac[g]
-            if mul:
-                for j in range(blk):
-                    x[b0 + j] = x[b0 + j] * fg
-            else:
-                for j in range(blk):
-                    x[b0 + j] = x[b0 + j] / fg
+        ``x * fac[g]`` (``mul``) or ``x / fac[g]``, rounded, times ``tot[g]``. Blocks of 16 or
+        32 as constant inner trip counts (vectorised whole; the branches on ``mul``/``sr`` are
+        loop-invariant)."""
+        nb = fac.shape[0]
+        if nb * 16 == x.shape[0]:
+            x2 = x.reshape(nb, 16)
             if sr:
-                for j in range(blk):
-                    xs = min(max(x[b0 + j], -maxe), maxe)
-                    u = np.float32(ub[uoff + b0 + j] >> ush)
-                    x[b0 + j] = _round_fin(xs, mb, emin, maxv, True, sc, u) * total
+                u2 = ub[:nb * 16].reshape(nb, 16)
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(16):
+                        u = np.float32(u2[g, j] >> ush)
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, mb, emin, maxv, maxe,
+                                           sc)
             else:
-                for j in range(blk):
-                    xs = min(max(x[b0 + j], -maxe), maxe)
-                    x[b0 + j] = _round_fin(xs, mb, emin, maxv, False, sc, _F0) * total
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(16):
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, mb, emin, maxv,
+                                           maxe, sc)
+        else:
+            x2 = x.reshape(nb, 32)
+            if sr:
+                u2 = ub[:nb * 32].reshape(nb, 32)
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(32):
+                        u = np.float32(u2[g, j] >> ush)
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, mb, emin, maxv, maxe,
+                                           sc)
+            else:
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(32):
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, mb, emin, maxv,
+                                           maxe, sc)
 
     @njit(cache=True, inline="always")
     def _bmax(x, b0, blk):
@@ -410,11 +427,11 @@ if numba is not None:
             mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
             div = emin - mb < -126
             if slot == 8:
-                _elements(x, W.view(np.uint8), uoff, ush, sr, mb, emin, maxv, ovf, sc, div)
+                _elements(x, W.view(np.uint8)[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
             elif slot == 16:
-                _elements(x, W.view(np.uint16), uoff, ush, sr, mb, emin, maxv, ovf, sc, div)
+                _elements(x, W.view(np.uint16)[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
             else:
-                _elements(x, W, uoff, ush, sr, mb, emin, maxv, ovf, sc, div)
+                _elements(x, W[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
             return
         blk = 16 if f == 6 else 32
         nb = P * N // blk
@@ -436,20 +453,17 @@ if numba is not None:
             r_t = _F1 / s_t
             lo = np.float32(0.015625) if floor else _F0
             m4, e4, x4 = np.int64(el[3, 0]), np.int64(el[3, 1]), np.float32(el[3, 2])
-            for g in range(nb):  # branch-free: a NaN/Inf block max selects NaN at the end
+            # scope none == a tensor scale of 1: bs / 1, 1 * bs and (1 / 1) / bs are exact
+            for g in range(nb):  # branch-free (vectorises); a NaN/Inf block max selects NaN
                 bm = bmx[g]
-                bs = _i2f(bm) / np.float32(6.0)
-                if not scope_none:
-                    bs = bs / s_t
-                bs = max(min(bs, x4), lo)
+                bs = (_i2f(bm) / np.float32(6.0)) / s_t
+                bs = x4 if bs > x4 else bs
+                bs = lo if bs < lo else bs
                 bs = _round_v(bs, m4, e4, x4, x4, False, _F0, _F0, False)
-                total = bs if scope_none else s_t * bs
+                total = s_t * bs
                 tot[g] = total if bm < 0x7F800000 else _NAN
-                bsafe = bs if bs > 0 else _F1
-                if recip:
-                    fac[g] = _F1 / bsafe if scope_none else r_t / bsafe
-                else:
-                    fac[g] = total if total > 0 else _F1
+                rf = r_t / (bs if bs > 0 else _F1)
+                fac[g] = rf if recip else (total if total > 0 else _F1)
         else:
             for g in range(nb):
                 bm = bmx[g]
@@ -457,14 +471,16 @@ if numba is not None:
                 tot[g] = _pow2(e) if bm < 0x7F800000 else _NAN
                 fac[g] = _F1 / _pow2(e)  # exact: x * 2**-e == x / 2**e, subnormals included
         mul = recip or f != 6
+        for g in range(nb):  # a NaN block: finite factors, the NaN comes from its total
+            if not tot[g] == tot[g]:
+                fac[g] = _F1
         if slot == 8:
-            _blocks(x, tot, fac, mul, blk, W.view(np.uint8), uoff, ush, sr, mb, emin, maxv, maxe,
-                    sc)
+            _blocks(x, fac, tot, mul, W.view(np.uint8)[uoff:], ush, sr, mb, emin, maxv, maxe, sc)
         elif slot == 16:
-            _blocks(x, tot, fac, mul, blk, W.view(np.uint16), uoff, ush, sr, mb, emin, maxv, maxe,
+            _blocks(x, fac, tot, mul, W.view(np.uint16)[uoff:], ush, sr, mb, emin, maxv, maxe,
                     sc)
         else:
-            _blocks(x, tot, fac, mul, blk, W, uoff, ush, sr, mb, emin, maxv, maxe, sc)
+            _blocks(x, fac, tot, mul, W[uoff:], ush, sr, mb, emin, maxv, maxe, sc)
 
     @njit(cache=True, parallel=True)
     def quantize_many(X, f, sr, bits, ieee, floor, scope_none, recip, k0, k1, el):
