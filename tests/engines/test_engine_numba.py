@@ -211,3 +211,14 @@ def test_supports_and_dispatch():
     g = to_config(tiny_cfg("gdn", steps=32, run__engine="numba"))
     res = run(g, progress=False)  # falls back to the torch engine with the reason
     assert res.engine == "torch" and "gdn" in res.info["numba_fallback"]
+
+
+def test_auto_picks_numba_on_cpu_when_it_covers_the_config(monkeypatch):
+    from precsim.engines import numba as nb_engine
+    from precsim.engines import resolve_engine
+
+    assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE)) == "numba"
+    assert resolve_engine("auto", "cpu", to_config(tiny_cfg("gdn"))) == "torch"
+    assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE, formats__rotate=True)) == "torch"
+    monkeypatch.setattr(nb_engine, "available", lambda: False)  # numba not installed
+    assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE)) == "torch"
