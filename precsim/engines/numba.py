@@ -670,6 +670,10 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         res = torch_engine.run(cfg, device, progress=progress, record_outputs=record_outputs)
         res.info["numba_fallback"] = reason
         return res
+    # threads as the torch engine's (run.threads; 0 = all cores): OpenMP workers that spin
+    # beside other processes' cost more than they give on a shared machine
+    numba.set_num_threads(cfg.run.threads if 0 < cfg.run.threads <= numba.config.NUMBA_NUM_THREADS
+                          else numba.config.NUMBA_NUM_THREADS)
     m = cfg.model
     Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
     SH = Sq * H

@@ -207,7 +207,8 @@ def test_supports_and_dispatch():
     assert "rotate" in supports(_cfg(SEED_TABLE, formats__rotate=True))
     cfg = _cfg({"split_fp32_nvfp4": SEED_TABLE["split_fp32_nvfp4"]}, steps=128)
     cfg.run.engine = "numba"
-    assert run(cfg, progress=False).engine == "numba"
+    res = run(cfg, progress=False)
+    assert res.engine == "numba" and res.info["threads"] == cfg.run.threads == 1
     g = to_config(tiny_cfg("gdn", steps=32, run__engine="numba"))
     res = run(g, progress=False)  # falls back to the torch engine with the reason
     assert res.engine == "torch" and "gdn" in res.info["numba_fallback"]
