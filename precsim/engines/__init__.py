@@ -2,9 +2,10 @@
 
 ``ENGINES`` maps ``run.engine`` to a module (see :mod:`.base` for what a module provides):
 ``numpy`` (the plain step loop, the readable reference), ``torch`` (vectorised, CPU or CUDA),
-``triton`` (fused GPU kernels), ``numba`` (a fused CPU engine, Mamba-2; explicit only until it
-beats the torch engine). ``run.engine=auto`` takes the first engine of ``AUTO[device]``
-that supports the config. A new engine is one module plus one entry here.
+``triton`` (fused GPU kernels), ``numba`` (a fused CPU engine, Mamba-2). ``run.engine=auto``
+takes the first engine of ``AUTO[device]`` that is installed and supports the config (numba on
+the CPU when it is installed and covers the config, else torch). A new engine is one module
+plus one entry here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .base import flush_schedule
 
 ENGINES = {"numpy": "precsim.engines.numpy", "torch": "precsim.engines.torch",
            "triton": "precsim.engines.triton", "numba": "precsim.engines.numba"}
-AUTO = {"cuda": ("triton", "torch"), "cpu": ("torch",)}
+AUTO = {"cuda": ("triton", "torch"), "cpu": ("numba", "torch")}
 
 
 def engine_module(name: str):
@@ -44,6 +45,10 @@ def resolve_engine(name: str, device: str, cfg: Config | None = None) -> str:
         for cand in AUTO.get(device, ("torch",)):
             if cand == "triton" and not available(device):
                 continue
+            if cand == "numba":
+                nb = engine_module("numba")
+                if not nb.available() or (cfg is not None and nb.supports(cfg, device)):
+                    continue
             return cand
         return "torch"
     if name == "triton":

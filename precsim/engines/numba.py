@@ -72,6 +72,10 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
         return f"model.family={cfg.model.family} (the numba engine covers mamba2 only)"
     if cfg.replay.drafts > 0:
         return "speculative decoding (replay.drafts > 0)"
+    if cfg.formats.sr_source != "hash":
+        return f"formats.sr_source={cfg.formats.sr_source} (the numba engine draws hash bits)"
+    if cfg.formats.rotate:
+        return "formats.rotate=true (Hadamard rotation)"
     if cfg.run.compute_dtype != "fp32":
         return f"run.compute_dtype={cfg.run.compute_dtype} (the numba engine computes in fp32)"
     for name, s in cfg.schemes.items():
@@ -270,130 +274,251 @@ if numba is not None:
     def _absbits(x):
         return np.int64(_f2i(x)) & 0x7FFFFFFF
 
+    @njit(cache=True, inline="always")
+    def _round_v(x, mb, emin, maxv, ovf, sr, sc, u, div):
+        """:func:`_round_u` without branches (selects only, so element loops vectorise); ``div``
+        (loop-invariant): ``emin - mb < -126``, the power 1/q is not a normal float32."""
+        ix = _f2i(x)
+        ef = (ix >> 23) & 0xFF
+        e = max(ef - 127, np.int32(emin))
+        if div:
+            q = _pow2(e - mb)
+            y = abs(x) / q
+        else:
+            q = _i2f(np.int32((e - mb + 127) << 23))
+            y = abs(x) * _i2f(np.int32((mb - e + 127) << 23))
+        y = min(y, _BIG)  # only Inf/NaN reach 2**23 here; keeps the conversions defined
+        if sr:
+            lo = np.float32(np.int32(y))
+            thr = np.float32(np.int32((y - lo) * sc))
+            r = lo + (_F1 if u < thr else _F0)
+        else:
+            r = (y + _BIG) - _BIG
+        out = r * q
+        out = ovf if out > maxv else out
+        out = _i2f(_f2i(out) ^ (ix & np.int32(-2147483648)))
+        spec = _i2f(_f2i(ovf) ^ (ix & np.int32(-2147483648)))
+        spec = x if x != x else spec
+        return spec if ef == 255 else out
+
+    @intrinsic
+    def _mix32(typingctx, x):
+        """formats.rng's mix on a uint32, in 32-bit IR (numba widens integer arithmetic to 64
+        bits, which vectorises at half the width)."""
+        sig = types.uint32(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            v = args[0]
+            for mul, sh in ((0x7FEB352D, 16), (0x846CA68B, 15)):
+                v = builder.xor(v, builder.lshr(v, ir.Constant(i32, sh)))
+                v = builder.mul(v, ir.Constant(i32, mul))
+            return builder.xor(v, builder.lshr(v, ir.Constant(i32, 16)))
+
+        return sig, codegen
+
     @njit(cache=True)
-    def _quant(M, out, f, sr, bits, ieee, floor, scope_none, base, k0, k1, el):
-        """Fake-quantise one float32 matrix ``M (P, N)`` into ``out`` (may alias M): element
-        formats per element, block formats along the last axis (NVFP4's FP32 scale over the
-        matrix unless ``scope_none``). Elements are numbered ``base + p*N + n`` for SR."""
+    def _words(W, w0, k0, k1):
+        """``W[k]`` = the random 32-bit word number ``w0 + k`` (formats.rng's hash)."""
+        hi = np.uint32(((w0 >> 32) ^ k1) & _MASK)  # w0 + k stays within one 2**32 page below
+        lo0 = np.uint32(w0 & _MASK)
+        kk = np.uint32(k0)
+        if (w0 & _MASK) + W.shape[0] <= _MASK:
+            for k in range(W.shape[0]):
+                W[k] = _mix32(_mix32((lo0 + np.uint32(k)) ^ kk) ^ hi)
+        else:
+            for k in range(W.shape[0]):
+                w = w0 + k
+                W[k] = _hash(w & _MASK, w >> 32, k0, k1)
+
+    @njit(cache=True)
+    def _elements(x, ub, ush, sr, mb, emin, maxv, ovf, sc, div):
+        """Element formats over flat ``x``, in place: element ``i`` takes lane
+        ``ub[i] >> ush``. (In place on purpose: with a second array that may alias ``x``
+        LLVM's overlap check fails for ``out is x`` and the loop runs scalar, 3x slower.)"""
+        if sr:
+            for i in range(x.shape[0]):
+                u = np.float32(ub[i] >> ush)
+                x[i] = _round_v(x[i], mb, emin, maxv, ovf, True, sc, u, div)
+        else:
+            for i in range(x.shape[0]):
+                x[i] = _round_v(x[i], mb, emin, maxv, ovf, False, sc, _F0, div)
+
+    @njit(cache=True, inline="always")
+    def _blk_el(v, fg, tg, mul, sr, u, mb, emin, maxv, maxe, sc):
+        """One block element: ``v * fg`` (``mul``) or ``v / fg``, clipped, rounded, ``* tg``."""
+        xs = min(max(v * fg if mul else v / fg, -maxe), maxe)
+        return _round_fin(xs, mb, emin, maxv, sr, sc, u) * tg
+
+    @njit(cache=True)
+    def _blocks(x, fac, tot, mul, ub, ush, sr, mb, emin, maxv, maxe, sc):
+        """Block formats over flat ``x``, in place (see :func:`_elements`): block ``g`` is
+        ``x * fac[g]`` (``mul``) or ``x / fac[g]``, rounded, times ``tot[g]``. Blocks of 16 or
+        32 as constant inner trip counts (vectorised whole; the branches on ``mul``/``sr`` are
+        loop-invariant)."""
+        nb = fac.shape[0]
+        if nb * 16 == x.shape[0]:
+            x2 = x.reshape(nb, 16)
+            if sr:
+                u2 = ub[:nb * 16].reshape(nb, 16)
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(16):
+                        u = np.float32(u2[g, j] >> ush)
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, mb, emin, maxv, maxe,
+                                           sc)
+            else:
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(16):
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, mb, emin, maxv,
+                                           maxe, sc)
+        else:
+            x2 = x.reshape(nb, 32)
+            if sr:
+                u2 = ub[:nb * 32].reshape(nb, 32)
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(32):
+                        u = np.float32(u2[g, j] >> ush)
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, mb, emin, maxv, maxe,
+                                           sc)
+            else:
+                for g in range(nb):
+                    fg, tg = fac[g], tot[g]
+                    for j in range(32):
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, mb, emin, maxv,
+                                           maxe, sc)
+
+    @njit(cache=True, inline="always")
+    def _bmax(x, b0, blk):
+        """The largest |x| bit pattern of a block of 16 or 32 (constant trip counts)."""
+        bm = np.int32(0)
+        if blk == 16:
+            for j in range(16):
+                bm = max(bm, _f2i(x[b0 + j]) & np.int32(0x7FFFFFFF))
+        else:
+            for j in range(32):
+                bm = max(bm, _f2i(x[b0 + j]) & np.int32(0x7FFFFFFF))
+        return bm
+
+    @njit(cache=True)
+    def _quant(M, out, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
+        """Fake-quantise one C-contiguous float32 matrix ``M (P, N)`` into ``out`` (may alias M):
+        element formats per element, block formats along the last axis (NVFP4's FP32 scale over
+        the matrix unless ``scope_none``; its scales applied as reciprocals if ``recip``, else
+        divided). Elements are numbered ``base + p*N + n`` for SR; the
+        random words come in one pass and are read back as lanes (little-endian: lane ``j`` of a
+        word is its ``j``-th 8/16-bit slot in memory)."""
         P, N = M.shape
-        if f == 0:
+        if not (out.ctypes.data == M.ctypes.data):
             out[:, :] = M
+        if f == 0:
             return
-        if f <= 5:
-            mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
-            for p in range(P):
-                for n in range(N):
-                    u = _rand(base + p * N + n, bits, k0, k1) if sr else 0
-                    out[p, n] = _round_u(M[p, n], mb, emin, maxv, ovf, sr, sc, u)
-            return
-        blk = 16 if f == 6 else 32
+        x = out.reshape(P * N)
         slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
         lanes = 32 // slot
-        words = np.zeros(blk, dtype=np.int64)
-        us = np.zeros(blk, dtype=np.float32)
-        umask = (1 << bits) - 1
+        uoff = base % lanes
+        W = np.empty((uoff + P * N + lanes - 1) // lanes if sr else 1, dtype=np.uint32)
+        if sr:
+            _words(W, base // lanes, k0, k1)
+        ush = slot - bits
+        if f <= 5:
+            mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
+            div = emin - mb < -126
+            if slot == 8:
+                _elements(x, W.view(np.uint8)[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
+            elif slot == 16:
+                _elements(x, W.view(np.uint16)[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
+            else:
+                _elements(x, W[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
+            return
+        blk = 16 if f == 6 else 32
+        nb = P * N // blk
         ef = 5 if f != 8 else 3
         emaxe = 2 if ef == 5 else 8
         maxe = np.float32(el[ef, 2])
         mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
-        s_t = _F1
-        if f == 6 and not scope_none:
-            tm = np.int64(0)
-            for p in range(P):
-                for n in range(N):
-                    tm = max(tm, _absbits(M[p, n]))
-            s_t = _i2f(np.int32(tm)) / np.float32(2688.0)
-            if s_t == 0:
-                s_t = _F1
-        for p in range(P):
-            for b0 in range(0, N, blk):
-                bm = np.int64(0)
-                for n in range(b0, b0 + blk):
-                    bm = max(bm, _absbits(M[p, n]))
-                bmax = _i2f(np.int32(bm))
-                if f == 6:
-                    bs = bmax / np.float32(6.0)
-                    if not scope_none:
-                        bs = bs / s_t
-                    if bs > np.float32(448.0):
-                        bs = np.float32(448.0)
-                    if floor and bs < np.float32(0.015625):
-                        bs = np.float32(0.015625)
-                    bs = _round(bs, 3, False, 0, False, 0, 0, 0, el)
-                    total = bs if scope_none else s_t * bs
-                else:
-                    e = min(max(((bm >> 23) & 0xFF) - 127 - emaxe, -127), 127)
-                    total = _pow2(e)
-                if not (bmax - bmax == 0):
-                    total = _NAN
-                if total != total:  # NaN/Inf in the scale's scope: the block is NaN
-                    for n in range(b0, b0 + blk):
-                        out[p, n] = _NAN
-                    continue
-                safe = total if total > 0 else _F1
-                if sr:  # one hash per 32-bit word (blocks start on word boundaries)
-                    off = base + p * N + b0
-                    for k in range(blk // lanes):
-                        w = off // lanes + k
-                        words[k] = _hash(w & _MASK, w >> 32, k0, k1)
-                    for k in range(blk // lanes):
-                        for j in range(lanes):
-                            us[k * lanes + j] = np.float32(
-                                (words[k] >> (j * slot + slot - bits)) & umask)
-                for n in range(blk):
-                    xs = min(max(M[p, b0 + n] / safe, -maxe), maxe)
-                    out[p, b0 + n] = _round_fin(xs, mb, emin, maxv, sr, sc, us[n]) * total
+        bmx = np.empty(nb, dtype=np.int32)
+        for g in range(nb):
+            bmx[g] = _bmax(x, g * blk, blk)
+        tot = np.empty(nb, dtype=np.float32)
+        fac = np.empty(nb, dtype=np.float32)
+        if f == 6:
+            s_t = _F1
+            if not scope_none:
+                s_t = _i2f(bmx.max()) / np.float32(2688.0)
+                if s_t == 0:
+                    s_t = _F1
+            r_t = _F1 / s_t
+            lo = np.float32(0.015625) if floor else _F0
+            m4, e4, x4 = np.int64(el[3, 0]), np.int64(el[3, 1]), np.float32(el[3, 2])
+            # scope none == a tensor scale of 1: bs / 1, 1 * bs and (1 / 1) / bs are exact
+            for g in range(nb):  # branch-free (vectorises); a NaN/Inf block max selects NaN
+                bm = bmx[g]
+                bs = (_i2f(bm) / np.float32(6.0)) / s_t
+                bs = x4 if bs > x4 else bs
+                bs = lo if bs < lo else bs
+                bs = _round_v(bs, m4, e4, x4, x4, False, _F0, _F0, False)
+                total = s_t * bs
+                tot[g] = total if bm < 0x7F800000 else _NAN
+                rf = r_t / (bs if bs > 0 else _F1)
+                fac[g] = rf if recip else (total if total > 0 else _F1)
+        else:
+            for g in range(nb):
+                bm = bmx[g]
+                e = min(max(((bm >> 23) & 0xFF) - 127 - emaxe, -127), 127)
+                tot[g] = _pow2(e) if bm < 0x7F800000 else _NAN
+                fac[g] = _F1 / _pow2(e)  # exact: x * 2**-e == x / 2**e, subnormals included
+        mul = recip or f != 6
+        for g in range(nb):  # a NaN block: finite factors, the NaN comes from its total
+            if not tot[g] == tot[g]:
+                fac[g] = _F1
+        if slot == 8:
+            _blocks(x, fac, tot, mul, W.view(np.uint8)[uoff:], ush, sr, mb, emin, maxv, maxe, sc)
+        elif slot == 16:
+            _blocks(x, fac, tot, mul, W.view(np.uint16)[uoff:], ush, sr, mb, emin, maxv, maxe,
+                    sc)
+        else:
+            _blocks(x, fac, tot, mul, W[uoff:], ush, sr, mb, emin, maxv, maxe, sc)
 
     @njit(cache=True, parallel=True)
-    def quantize_many(X, f, sr, bits, ieee, floor, scope_none, k0, k1, el):
+    def quantize_many(X, f, sr, bits, ieee, floor, scope_none, recip, k0, k1, el):
         """Quantise every matrix of ``X (M, P, N)`` float32 (matrix m's elements start at
         ``m*P*N``); returns a new array."""
         out = np.empty_like(X)
         MP = X.shape[1] * X.shape[2]
         for m in prange(X.shape[0]):
-            _quant(X[m], out[m], f, sr, bits, ieee, floor, scope_none, m * MP, k0, k1, el)
+            _quant(X[m], out[m], f, sr, bits, ieee, floor, scope_none, recip, m * MP, k0, k1, el)
         return out
 
+    @njit(cache=True, fastmath={"reassoc"})
+    def _dot(s, c):
+        """sum_n s[n] c[n] (float32 or float64), in whatever order vectorises (the outputs' S.C
+        reductions are the only sums whose order differs from the torch engine's)."""
+        acc = s[0] * c[0]
+        for n in range(1, s.shape[0]):
+            acc += s[n] * c[n]
+        return acc
+
     @njit(cache=True, inline="always")
-    def _dot32(S, p, C):
-        """sum_n S[p, n] C[n] in float32, four partial sums."""
-        N = S.shape[1]
-        a0 = _F0
-        a1 = _F0
-        a2 = _F0
-        a3 = _F0
-        for n in range(0, N, 4):
-            a0 += S[p, n] * C[n]
-            a1 += S[p, n + 1] * C[n + 1]
-            a2 += S[p, n + 2] * C[n + 2]
-            a3 += S[p, n + 3] * C[n + 3]
-        return (a0 + a1) + (a2 + a3)
+    def _update(S, a, dt, xv, Bv, Cv, y):
+        """S = a S + (dt x) B^T row by row (the torch engine's roundings), y = S C."""
+        for p in range(S.shape[0]):
+            row = S[p]
+            dx = dt * xv[p]
+            for n in range(row.shape[0]):
+                row[n] = a * row[n] + dx * Bv[n]
+            y[p] = _dot(row, Cv)
 
     @njit(cache=True)
     def _truth(S, a64, dt64, x64, B64, C64, y64, sh):
-        n_steps = a64.shape[0]
-        P, N = S.shape
-        for i in range(n_steps):
-            a = a64[i, sh]
-            dt = dt64[i, sh]
-            for p in range(P):
-                dx = dt * x64[i, sh, p]
-                for n in range(N):
-                    S[p, n] = a * S[p, n] + dx * B64[i, sh, n]
-                a0 = 0.0
-                a1 = 0.0
-                a2 = 0.0
-                a3 = 0.0
-                for n in range(0, N, 4):
-                    a0 += S[p, n] * C64[i, sh, n]
-                    a1 += S[p, n + 1] * C64[i, sh, n + 1]
-                    a2 += S[p, n + 2] * C64[i, sh, n + 2]
-                    a3 += S[p, n + 3] * C64[i, sh, n + 3]
-                y64[i, sh, p] = (a0 + a1) + (a2 + a3)
+        for i in range(a64.shape[0]):
+            _update(S, a64[i, sh], dt64[i, sh], x64[i, sh], B64[i, sh], C64[i, sh], y64[i, sh])
 
     @njit(cache=True)
     def _scheme(st, rd, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, t0,
-                total, L, floor, scope_none, el):
+                total, L, floor, scope_none, recip, el):
         """One scheme on one head over one window (which starts at a flush boundary)."""
         n_steps = a32.shape[0]
         P, N = st.shape
@@ -407,37 +532,35 @@ if numba is not None:
         R = rd if kind == 2 else st
         for i in range(n_steps):
             t = t0 + i
+            y = y32[i, sh]
             if kind == 0:
-                a = a32[i, sh]
-                dt = dt32[i, sh]
-                for p in range(P):
-                    dx = dt * x32[i, sh, p]
-                    for n in range(N):
-                        st[p, n] = a * st[p, n] + dx * B32[i, sh, n]
-                    y32[i, sh, p] = _dot32(st, p, C32[i, sh])
-                _quant(st, st, f, sr, bits, ieee, floor, scope_none, base, k0,
+                _update(st, a32[i, sh], dt32[i, sh], x32[i, sh], B32[i, sh], C32[i, sh], y)
+                _quant(st, st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
                        np.int64(keys[i]), el)
                 continue
             j = t % L
+            Cv = C32[i, sh]
+            g = gam[i, sh]
             if j == L - 1 or t == total - 1:  # flush: fold, output from the fold, write
-                g = gam[i, sh]
-                seg = i // L
+                F = Fb[i // L, sh]
                 for p in range(P):
+                    row = st[p]
+                    fr = F[p]
                     for n in range(N):
-                        st[p, n] = g * st[p, n] + Fb[seg, sh, p, n]
-                    y32[i, sh, p] = _dot32(st, p, C32[i, sh])
-                _quant(st, st, f, sr, bits, ieee, floor, scope_none, base, k0,
+                        row[n] = g * row[n] + fr[n]
+                    y[p] = _dot(row, Cv)
+                _quant(st, st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
                        np.int64(keys[i]), el)
                 if kind == 2:
-                    _quant(st, rd, rf, False, 0, False, floor, scope_none, base, 0, 0, el)
+                    _quant(st, rd, rf, False, 0, False, floor, scope_none, recip, base, 0, 0, el)
             else:  # output-only: the checkpoint (read copy) is only read
-                g = gam[i, sh]
+                yb = Yb[i, sh]
                 for p in range(P):
-                    y32[i, sh, p] = Yb[i, sh, p] + g * _dot32(R, p, C32[i, sh])
+                    y[p] = yb[p] + g * _dot(R[p], Cv)
 
     @njit(cache=True, parallel=True)
     def _window(S64, st, rd, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32, x32,
-                B32, C32, Yb, gam, Fb, y32, t0, total, L, floor, scope_none, el):
+                B32, C32, Yb, gam, Fb, y32, t0, total, L, floor, scope_none, recip, el):
         """One window: a task per (head, slot), head-major (two threads split the heads)."""
         SH = S64.shape[0]
         ns = st.shape[0]
@@ -450,12 +573,13 @@ if numba is not None:
             else:
                 i = slot - 1
                 _scheme(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32, C32,
-                        Yb, gam, Fb, y32[i], sh, t0, total, L, floor, scope_none, el)
+                        Yb, gam, Fb, y32[i], sh, t0, total, L, floor, scope_none, recip, el)
 
 
 def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, stream: int = 0,
              sr_bits: int | None = None, overflow: str = "satfinite",
-             scale_floor: str = "subnormal", tensor_scope: str = "matrix") -> np.ndarray:
+             scale_floor: str = "subnormal", tensor_scope: str = "matrix",
+             scale_mode: str = "reciprocal") -> np.ndarray:
     """The compiled quantiser on a float32 array ``(..., R, C)`` (matrices = last two axes).
 
     Equals ``precsim.formats.quantize(x, fmt, rounding, seed=seed, stream=stream, ...)`` bit for
@@ -469,7 +593,7 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
     k0, k1 = pf.stream_keys(seed, stream)
     out = quantize_many(X, FMT_IDS[pf.get(fmt).name], sr, _sr_bits(fmt, sr_bits) if sr else 0,
                         overflow == "ieee", scale_floor == "normal", tensor_scope == "none",
-                        k0, k1, _EL)
+                        scale_mode == "reciprocal", k0, k1, _EL)
     return out.reshape(x.shape)
 
 
@@ -489,10 +613,12 @@ def window_ends(steps: int, window: int, L: int) -> list[int]:
     return ends
 
 
-def _buffer_terms(dt32, x, B, C, A32, t0: int, L: int, Sq: int, H: int):
+def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
     """Input-only ReplaySSM terms of a window (torch, float32, the torch engine's operations):
     ``gam (n, SH)`` = exp(Lc_t), ``Yb (n, SH, P)`` = the buffer's part of each output and
-    ``Fb (nseg, SH, P, N)`` = the buffer's part of each fold. Segments of L steps from t0."""
+    ``Fb (nseg, SH, P, N)`` = the buffer's part of each fold. Segments of L steps from the
+    window's start; ``la32`` the float32 log-decays (the torch engine's: float64 ``dt A``
+    rounded once, not a float32 product)."""
     n = dt32.shape[0]
     SH = Sq * H
     P, N = x.shape[-1], B.shape[-1]
@@ -507,7 +633,7 @@ def _buffer_terms(dt32, x, B, C, A32, t0: int, L: int, Sq: int, H: int):
         sl = slice(s0 * L, s0 * L + (s1 - s0) * m)
         k = s1 - s0
         d = dt32[sl].reshape(k, m, Sq, H)
-        Lc = torch.cumsum(d * A32, 1)  # (k, m, S, H)
+        Lc = torch.cumsum(la32[sl].reshape(k, m, Sq, H), 1)  # (k, m, S, H)
         Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
         D = Lh[..., :, None] - Lh[..., None, :]
         causal = torch.ones(m, m, dtype=torch.bool).tril()
@@ -544,6 +670,10 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         res = torch_engine.run(cfg, device, progress=progress, record_outputs=record_outputs)
         res.info["numba_fallback"] = reason
         return res
+    # threads as the torch engine's (run.threads; 0 = all cores): OpenMP workers that spin
+    # beside other processes' cost more than they give on a shared machine
+    numba.set_num_threads(cfg.run.threads if 0 < cfg.run.threads <= numba.config.NUMBA_NUM_THREADS
+                          else numba.config.NUMBA_NUM_THREADS)
     m = cfg.model
     Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
     SH = Sq * H
@@ -562,7 +692,6 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         if s.cfg.rounding == "sr":
             keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)[1]
     A64 = np.asarray(wl.params["A"], dtype=np.float64)
-    A32 = torch.as_tensor(A64).to(torch.float32)
     D = wl.params.get("D")
     D64 = torch.as_tensor(D, dtype=torch.float64) if D is not None else None
     readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
@@ -570,6 +699,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
     bufdt = cfg.replay.buffer_dtype
     floor, scope_none = cfg.formats.scale_floor == "normal", cfg.formats.tensor_scope == "none"
+    recip = cfg.formats.nvfp4_scale == "reciprocal"
     bar = progress_bar(cfg, progress)
     names = ["truth", *(s.name for s in schemes)]
     recorded: dict[str, list] = {n: [] for n in names}
@@ -590,12 +720,13 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         x_t = torch.from_numpy(raw["x"]).to(torch.float32)
         B_t = torch.from_numpy(raw["B"]).to(torch.float32)
         C_t = torch.from_numpy(raw["C"]).to(torch.float32)
-        a32 = decays("mamba2", raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
-                     cfg.model.decay_exp)["a"].reshape(n, SH)  # the torch engine's decay
+        dec = decays("mamba2", raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
+                     cfg.model.decay_exp)  # the torch engine's decays
+        a32 = dec["a"].reshape(n, SH)
         xb, Bb = x_t, B_t
         if bufdt not in ("fp32", "fp64"):
             xb, Bb = pf.quantize(x_t, bufdt, "rne"), pf.quantize(B_t, bufdt, "rne")
-        gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), xb, Bb, C_t, A32, t0, L, Sq, H)
+        gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), dec["la"], xb, Bb, C_t, L, Sq, H)
         y64 = np.empty((n, SH, P))
         y32 = np.empty((ns, n, SH, P), dtype=np.float32)
         tk = time.perf_counter()
@@ -603,7 +734,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 B64, C64, y64, a32.numpy(), dt_t.reshape(n, SH).numpy(),
                 x_t.reshape(n, SH, P).numpy(), B_t.reshape(n, SH, N).numpy(),
                 C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32, t0,
-                steps, L, floor, scope_none, _EL)
+                steps, L, floor, scope_none, recip, _EL)
         t_kernel += time.perf_counter() - tk
         y_ref = torch.from_numpy(y64).view(n, Sq, H, P)
         if D64 is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -57,8 +58,9 @@ def _hard_values(shape, seed=0) -> np.ndarray:
 CASES = [(f, r, ov, {}) for f in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp4",
                                   "mxfp8")
          for r in ("rne", "sr") for ov in ("satfinite", "ieee")]
-CASES += [("nvfp4", r, "satfinite", {"scale_floor": sf, "tensor_scope": ts})
-          for r in ("rne", "sr") for sf in ("subnormal", "normal") for ts in ("matrix", "none")]
+CASES += [("nvfp4", r, "satfinite", {"scale_floor": sf, "tensor_scope": ts, "scale_mode": sm})
+          for r in ("rne", "sr") for sf in ("subnormal", "normal") for ts in ("matrix", "none")
+          for sm in ("reciprocal", "divide")]
 
 
 @pytest.mark.parametrize("fmt,rounding,overflow,opts", [
@@ -72,6 +74,27 @@ def test_quantize_bit_equal(fmt, rounding, overflow, opts):
         nan = np.isnan(want)
         np.testing.assert_array_equal(np.isnan(got), nan)
         np.testing.assert_array_equal(got.view(np.int32)[~nan], want.view(np.int32)[~nan])
+
+
+@pytest.mark.parametrize("scale_mode", ["reciprocal", "divide"])
+@pytest.mark.parametrize("scope", ["none", "matrix"])
+def test_nvfp4_scale_mode_on_ties(scale_mode, scope):
+    """One block per normal E4M3 scale ``c``: max ``6 c`` and the E2M1 halfway points ``±h c``.
+    ``x / c`` is exact there and ``x * (1/c)`` is not always, so RNE tells the two scale modes
+    apart on some elements (random values almost never do); the compiled quantiser follows
+    either bit for bit."""
+    c = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    c = c[np.isfinite(c) & (c >= 2.0**-6)]
+    h = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32)
+    blk = np.ones((len(c), 16), dtype=np.float32)
+    blk[:, 0], blk[:, 1:8], blk[:, 8:15] = 6.0, h, -h
+    x = (blk * c[:, None]).astype(np.float32)[None]
+    opts = dict(tensor_scope=scope, scale_mode=scale_mode)
+    want = pf.quantize(x, "nvfp4", "rne", **opts)
+    other = "divide" if scale_mode == "reciprocal" else "reciprocal"
+    assert (want != pf.quantize(x, "nvfp4", "rne", **{**opts, "scale_mode": other})).sum() > 20
+    np.testing.assert_array_equal(quantize(x, "nvfp4", "rne", **opts).view(np.int32),
+                                  want.view(np.int32))
 
 
 def test_event_keys_match_formats_streams():
@@ -158,14 +181,14 @@ def test_nonfinite_scheme_dies_others_run_on(monkeypatch):
     cfg = _cfg(sch, steps=256)
     from precsim import workload as wmod
 
-    orig = wmod.RandomWorkload._block
+    orig = wmod.RandomWorkload.chunk
 
-    def big(self, b):  # x large enough that an FP16 state overflows after a few steps
-        out = dict(orig(self, b))
+    def big(self, t0, t1):  # x large enough that an FP16 state overflows after a few steps
+        out = dict(orig(self, t0, t1))
         out["x"] = out["x"] * 1e5
         return out
 
-    monkeypatch.setattr(wmod.RandomWorkload, "_block", big)
+    monkeypatch.setattr(wmod.RandomWorkload, "chunk", big)
     rn = run_numba(cfg, progress=False)
     rt = run_torch(cfg, "cpu", progress=False)
     assert rn.schemes["conventional_fp16_ieee"]["dead_at"] is not None
@@ -180,9 +203,23 @@ def test_supports_and_dispatch():
     assert "gdn" in supports(to_config(tiny_cfg("gdn")))
     assert "drafts" in supports(_cfg(SEED_TABLE, replay__drafts=2))
     assert "tensor" in supports(_cfg(SEED_TABLE, formats__tensor_scope="tensor"))
-    cfg = _cfg({"split_fp32_nvfp4": SEED_TABLE["split_fp32_nvfp4"]}, steps=64)
+    assert "sr_source" in supports(_cfg(SEED_TABLE, formats__sr_source="philox7"))
+    assert "rotate" in supports(_cfg(SEED_TABLE, formats__rotate=True))
+    cfg = _cfg({"split_fp32_nvfp4": SEED_TABLE["split_fp32_nvfp4"]}, steps=128)
     cfg.run.engine = "numba"
-    assert run(cfg, progress=False).engine == "numba"
+    res = run(cfg, progress=False)
+    assert res.engine == "numba" and res.info["threads"] == cfg.run.threads == 1
     g = to_config(tiny_cfg("gdn", steps=32, run__engine="numba"))
     res = run(g, progress=False)  # falls back to the torch engine with the reason
     assert res.engine == "torch" and "gdn" in res.info["numba_fallback"]
+
+
+def test_auto_picks_numba_on_cpu_when_it_covers_the_config(monkeypatch):
+    from precsim.engines import numba as nb_engine
+    from precsim.engines import resolve_engine
+
+    assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE)) == "numba"
+    assert resolve_engine("auto", "cpu", to_config(tiny_cfg("gdn"))) == "torch"
+    assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE, formats__rotate=True)) == "torch"
+    monkeypatch.setattr(nb_engine, "available", lambda: False)  # numba not installed
+    assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE)) == "torch"
