@@ -35,7 +35,7 @@ import torch
 
 from precsim import formats as pf
 
-PEAK = {"fp32": 67e12, "fp64": 34e12}  # H200 SXM vendor figures (DESIGN.md §9)
+PEAK = {"fp32": 67e12, "fp64": 34e12}  # H200 SXM vendor figures
 
 
 def make_cfg(steps, smoke, kl=True, only=None):

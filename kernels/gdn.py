@@ -4,7 +4,7 @@ Same layout as :mod:`precsim.kernels.mamba2` (grid ``(seqs * heads, slots)``, a 
 and slot, tiles ``[V, NB, BLK]`` with the key axis blocked, states in global memory between
 launches, launches cover whole ReplaySSM segments). Here ``P`` names the value dim V.
 
-Recurrence (DESIGN.md §2): ``u_t = beta_t (v_t - alpha_t S_{t-1} k_t)``,
+Recurrence: ``u_t = beta_t (v_t - alpha_t S_{t-1} k_t)``,
 ``S_t = alpha_t S_{t-1} + u_t k_t^T``, ``o_t = S_t q_t``. ReplaySSM evaluates it output-only from
 a buffer of the segment's ``(u_j, k_j)`` (buffer dtype), as the torch engine does:
 ``alpha_t S_{t-1} k_t = gamma_t (M k_t) + sum_{j<t} w_j(t) (k_j . k_t) u_j`` with ``M`` the read

@@ -12,7 +12,7 @@ start empty and live in registers only.
 Tiles are ``[P, NB, BLK]`` (``N = NB * BLK``, BLK the block of the scheme's block format) so
 block scales are a reduction over the last axis without reshapes.
 
-ReplaySSM (DESIGN.md §3) is evaluated output-only from a buffer of the segment's inputs, as the
+ReplaySSM is evaluated output-only from a buffer of the segment's inputs, as the
 torch engine does: ``y_t = gamma_t (R C_t) + sum_j w_j(t) (C_t . B_j) x_j`` with the decays
 from the float32 cumulative log-decay ``Lc_t = sum_{i<=t} dt_i A`` since the checkpoint:
 ``gamma_t = exp(Lc_t)``, ``w_j(t) = exp(Lc_t - Lc_j) dt_j`` (a product of per-step decays would

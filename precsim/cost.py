@@ -1,4 +1,4 @@
-"""Cost model (DESIGN.md §8): bytes moved per decode step per head and sequence.
+"""Cost model: bytes moved per decode step per head and sequence.
 
 Counted per step, averaged over one buffer window of ``L`` steps:
 

@@ -1,4 +1,4 @@
-"""Precision schemes (registry): how the state is stored, read and written (DESIGN.md §4).
+"""Precision schemes (registry): how the state is stored, read and written.
 
 * conventional(F, R): state in F; output from the unrounded updated state; Q_F,R every step.
 * shared(F, R): checkpoint in F; output from checkpoint + buffer; Q_F,R(fold) at each flush.

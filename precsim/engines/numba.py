@@ -653,7 +653,7 @@ def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
 
 
 def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs: bool = False):
-    """Run ``cfg`` on the fused CPU engine; the same ``Result`` as ``precsim.engine.run_torch``.
+    """Run ``cfg`` on the fused CPU engine; the same ``Result`` as the torch engine's.
 
     ``record_outputs`` keeps every output in ``info["outputs"]`` (tests, small runs).
     """

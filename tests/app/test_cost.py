@@ -1,4 +1,4 @@
-"""Cost model (DESIGN.md §8) against byte counts worked out by hand.
+"""Cost model against byte counts worked out by hand.
 
 The reference layer: one Mamba-2 head, P = 64, N = 128 (8192 state elements), L = 16, FP32 buffer.
 
@@ -85,7 +85,7 @@ def test_split_fp32_update_nvfp4_read():
 
 
 def test_replay_state_traffic_bound():
-    """DESIGN.md §3: with an FP32 checkpoint, state traffic drops 32/17 = 1.88x at L = 16."""
+    """with an FP32 checkpoint, state traffic drops 32/17 = 1.88x at L = 16."""
     conv = scheme_cost("conventional", "fp32", None, **SHAPE)
     shared = scheme_cost("shared", "fp32", None, **SHAPE)
     state = shared["state_read"] + shared["state_write"]

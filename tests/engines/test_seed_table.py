@@ -1,4 +1,4 @@
-"""The article's table (DESIGN.md §7): the shape of error vs length on its workload."""
+"""The article's table: the shape of error vs length on its workload."""
 
 from __future__ import annotations
 

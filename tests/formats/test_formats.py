@@ -1,4 +1,4 @@
-"""Acceptance tests for ``precsim.formats`` (DESIGN.md §5).
+"""Acceptance tests for ``precsim.formats``.
 
 Every reference here is independent of the implementation:
 
