@@ -298,7 +298,8 @@ def plot_mamba2_vs_gdn(rows, path):
         u = f", S·k from {r['gdn_u_source']}" if r["gdn_u_source"] else ""
         return f"{r['label']}{u}"
     curves(rows, path, key, _title(rows, "Mamba-2 vs GDN"),
-           panels=(("rel_err", "relative output error (window mean)"),),
+           panels=(("rel_err", "relative output error (window mean)"),
+                   ("state_drift", "state drift ‖S−S_ref‖/‖S_ref‖ (split: master)")),
            style_of=lambda r: "--" if r["gdn_u_source"] == "master" else "-",
            split_by=_shape, color_of=lambda r: r["label"])
 
@@ -336,7 +337,8 @@ def plot_precision_table(rows, path):
                                s=30, zorder=3)
                     ax.annotate(r["label"], (r["bytes_per_step"], _pos(r[metric])),
                                 fontsize=6.5, xytext=(4, -10), textcoords="offset points",
-                                bbox=dict(fc="white", ec="none", alpha=0.7, pad=0.5))
+                                zorder=5)  # above the markers of the crowded 4-bit corner,
+                                # no box, so that the markers stay visible through it
             front = _front([(r["bytes_per_step"], _pos(r[metric])) for r in sub
                             if not math.isnan(_pos(r[metric]))])
             ax.plot([p[0] for p in front], [p[1] for p in front], "-", color="0.5", lw=1,
