@@ -623,7 +623,8 @@ STUDIES = [
           "How do shared and split error and KL change with the replay buffer length "
           "L ∈ {4, 8, 16, 32, 64}, against the bytes per step each L costs; where is the knee?",
           "shared's error falls with L (fewer checkpoint roundings) while buffer traffic grows as "
-          "(L+1)/2 entries per step; split is flat in L (its error is the read copy's).",
+          "(L+1)/2 entries per step; split was expected to be flat in L (its error is the read "
+          "copy's).",
           "None published for L; the article and ReplaySSM use L = 16.",
           plot_buffer_len, table_buffer_len, gpu_jobs=5,
           expected_gpu_s="~60 s (5 jobs side by side, one compile per L)"),
@@ -666,7 +667,7 @@ STUDIES = [
           "How much of a 'FP32 baseline' error is the float32 exp of the decay (fast, as real "
           "kernels compute it) rather than the FP32 state, over 131,072 steps?",
           "conventional FP32 with the exact vs the fast exp (ratio), against the FP16 states.",
-          ARTICLE + " (the article's FP32 row comes from a real kernel's fast exp.)",
+          ARTICLE + " (Which exp the article's FP32 row used is not stated; the study tests both.)",
           plot_decay_exp, table_decay_exp, gpu_jobs=2, expected_gpu_s="~40 s",
           notes=["On the GPU the fast exp is the kernels' own `tl.exp` (ex2.approx); on the CPU "
                  "it is emulated as the exactly rounded exp2 of the float32 product."]),

@@ -70,8 +70,10 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.axhline(budget[1], color="k", ls=(0, (4, 3)), lw=1.2,
                        label=f"budget {key} ≤ {budget[1]:g}")
         ax.set_xscale("log", base=2)
-        if lin:
-            ax.set_ylim(-0.03, 1.03)
+        if lin:  # a share: zoom on the data, keep 1 (full agreement) in view
+            seen = [v for s in schemes for v in _series(rows, s, key)[1] if ok(v)]
+            lo_v = min(seen, default=0.0)
+            ax.set_ylim(max(-0.03, lo_v - 0.05 * (1.0 - lo_v) - 0.01), 1.01)
         else:
             ax.set_yscale("log")
         if below:
