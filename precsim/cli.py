@@ -191,7 +191,7 @@ def _main(args: list[str]) -> int:
 def _warm_up(c) -> None:
     """Start, in a daemon thread, the one-off costs the run will pay later, so they overlap the
     main thread's work (Hydra's setup, the run directory, the engine's setup): CUDA's context,
-    Triton's per-process cache key (a hash of its installation, ~0.4 s on the H200 machine) and
+    cuBLAS's libraries, Triton's per-process cache key (a hash of its installation, ~0.4 s on the H200 machine) and
     matplotlib. Nothing starts that the run does not need (no CUDA for a CPU run)."""
     import threading
 
@@ -201,6 +201,9 @@ def _warm_up(c) -> None:
 
             if c.run.device != "cpu" and torch.cuda.is_available():
                 torch.cuda.init()
+                for dt in (torch.float32, torch.float64):  # load cuBLAS (the KL's matmuls)
+                    x = torch.ones(8, 8, dtype=dt, device="cuda")
+                    (x @ x).sum().item()
                 from triton.runtime.cache import triton_key
 
                 triton_key()

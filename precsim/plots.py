@@ -76,6 +76,10 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.set_ylim(max(-0.03, lo_v - 0.05 * (1.0 - lo_v) - 0.01), 1.01)
         else:
             ax.set_yscale("log")
+            top = [v for s in schemes for k in (key, key + "_p90")
+                   for v in _series(rows, s, k)[1] if ok(v) and v > 0]
+            if top:  # headroom: a curve at the top is not drawn on the frame
+                ax.set_ylim(top=max(top) * 1.8)
         if below:
             ax.set_ylim(bottom=floor)
             for j, (c, lab, v) in enumerate(below):
