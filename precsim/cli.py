@@ -192,7 +192,8 @@ def _warm_up(c) -> None:
     """Start, in a daemon thread, the one-off costs the run will pay later, so they overlap the
     main thread's work (Hydra's setup, the run directory, the engine's setup): CUDA's context,
     cuBLAS's libraries, Triton's per-process cache key (a hash of its installation, ~0.4 s on the
-    H200 machine) and matplotlib. Nothing starts that the run does not need (no CUDA for a CPU run)."""
+    H200 machine) and matplotlib. Nothing starts that the run does not need (no CUDA for a CPU
+    run)."""
     import threading
 
     def work():
