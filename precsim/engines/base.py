@@ -9,6 +9,7 @@ reduces the outputs with ``precsim.metrics.Accumulator``, then builds its
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -69,3 +70,17 @@ def buffer_rounder(dtype_name: str, compute_bits: int):
     if dtype_name == "fp64" or (dtype_name == "fp32" and compute_bits == 32):
         return lambda x: x
     return lambda x: pf.quantize(x, dtype_name, "rne")
+
+
+def launch_ends(steps: int, window: int, L: int) -> list[int]:
+    """Ends of the windows a fused engine runs at once (the Triton and numba engines): the first
+    flush at or after each metrics window end, so the ReplaySSM buffers start empty in every
+    window and state drift is sampled where the torch engine samples it."""
+    ends = []
+    k = 1
+    while not ends or ends[-1] < steps:
+        e = min(steps, L * math.ceil(k * window / L))
+        if not ends or e > ends[-1]:
+            ends.append(e)
+        k += 1
+    return ends

@@ -35,7 +35,7 @@ from ..metrics import Accumulator, Readout
 from ..result import make_result
 from ..schemes import build_schemes
 from ..workload import expand_groups, make_workload
-from .base import flush_schedule, progress_bar
+from .base import flush_schedule, launch_ends, progress_bar
 
 NAME = "numba"
 
@@ -601,18 +601,6 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
 # host driver
 
 
-def window_ends(steps: int, window: int, L: int) -> list[int]:
-    """Ends of the engine windows: the first flush at or after each metrics window end."""
-    ends: list[int] = []
-    k = 1
-    while not ends or ends[-1] < steps:
-        e = min(steps, L * math.ceil(k * window / L))
-        if not ends or e > ends[-1]:
-            ends.append(e)
-        k += 1
-    return ends
-
-
 def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
     """Input-only ReplaySSM terms of a window (torch, float32, the torch engine's operations):
     ``gam (n, SH)`` = exp(Lc_t), ``Yb (n, SH, P)`` = the buffer's part of each output and
@@ -707,7 +695,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     seg_ends = np.cumsum(list(flush_schedule(cfg)))
     t_kernel = 0.0
     t0 = 0
-    for t1 in window_ends(steps, cfg.metrics.window, L):
+    for t1 in launch_ends(steps, cfg.metrics.window, L):
         n = t1 - t0
         raw_t = expand_groups(wl.chunk(t0, t1), H)
         raw = {k: v.numpy() for k, v in raw_t.items()}

@@ -35,7 +35,7 @@ from ..metrics import DeviceAccumulator, Readout, kl_rows
 from ..result import Result, make_result
 from ..schemes import build_schemes
 from ..workload import make_workload
-from .base import progress_bar
+from .base import launch_ends, progress_bar
 
 NAME = "triton"
 log = logging.getLogger("precsim.engines.triton")
@@ -101,18 +101,6 @@ def unsupported_reason(cfg: Config) -> str | None:
         except PrecsimError as e:
             return f"{name}: {e}"
     return None
-
-
-def launch_ends(steps: int, window: int, L: int) -> list[int]:
-    """Ends of the launch windows: the first flush at or after each metrics window end."""
-    ends = []
-    k = 1
-    while not ends or ends[-1] < steps:
-        e = min(steps, L * math.ceil(k * window / L))
-        if not ends or e > ends[-1]:
-            ends.append(e)
-        k += 1
-    return ends
 
 
 def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
