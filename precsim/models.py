@@ -501,7 +501,7 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     """
     from .config import SchemeConfig
     from .metrics import _bands
-    from .result import Result
+    from .result import make_result
 
     t_start = time.perf_counter()
     if cfg.replay.drafts:
@@ -612,17 +612,7 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
                                 "state": np.asarray([d[1] for d in v])}
                             for n, v in drift.items()},
             "flushes": (len(ids) + n_gen - 1) // cfg.replay.buffer_len}
-    return Result(
-        rows=rows, per_step_rel_err=per_step,
-        schemes={n: {"kind": h.sc.kind, "label": h.sc.label or _describe(h.sc),
-                     "dead_at": min([ls.s.dead_at for ls in h.layers.values()
-                                     if ls.s.dead_at is not None], default=None),
-                     "fmt": h.sc.fmt, "rounding": h.sc.rounding, "read_fmt": h.sc.read_fmt}
-                 for n, h in runs.items()},
-        engine="model", device=dev, wall_s=time.perf_counter() - t_start, steps=n_gen, info=info)
-
-
-def _describe(sc) -> str:
-    from .schemes import describe
-
-    return describe(sc)
+    dead = {n: min([ls.s.dead_at for ls in h.layers.values() if ls.s.dead_at is not None],
+                   default=None) for n, h in runs.items()}
+    return make_result(cfg, None, dead, engine="model", device=dev, t_start=t_start, info=info,
+                       rows=rows, per_step=per_step, steps=n_gen)

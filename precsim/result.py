@@ -25,19 +25,24 @@ class Result:
 
 
 def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: float,
-                info: dict | None = None) -> Result:
-    """The Result of a finished run: ``acc`` a finished ``metrics.Accumulator``, ``dead_at`` the
-    first non-finite step of each scheme (None: finite throughout)."""
+                info: dict | None = None, rows: list | None = None,
+                per_step: dict | None = None, steps: int | None = None) -> Result:
+    """The Result of a finished run: ``acc`` a finished ``metrics.Accumulator`` (or None, with
+    the ``rows`` and ``per_step`` rel_err a run reduced itself, e.g. whole-model mode),
+    ``dead_at`` the first non-finite step of each scheme (None: finite throughout)."""
     from .schemes import describe
 
+    if acc is not None:
+        rows = acc.rows()
+        per_step = {n: np.concatenate(v) for n, v in acc.per_step_rel_err.items() if v}
     return Result(
-        rows=acc.rows(),
-        per_step_rel_err={n: np.concatenate(v) for n, v in acc.per_step_rel_err.items() if v},
+        rows=rows, per_step_rel_err=per_step or {},
         schemes={n: {"kind": s.kind, "label": s.label or describe(s), "dead_at": dead_at.get(n),
                      "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt}
                  for n, s in cfg.schemes.items()},
         engine=engine, device=str(device), wall_s=time.perf_counter() - t_start,
-        steps=cfg.run.steps, info={"workload": cfg.workload.kind, **(info or {})})
+        steps=cfg.run.steps if steps is None else steps,
+        info={"workload": cfg.workload.kind, **(info or {})})
 
 
 def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
