@@ -224,7 +224,7 @@ def plot(rows: list[dict], path: Path) -> None:
                         label=f"{lab}, {lay.split(' (')[0]}")
         rs._loglog(ax, "decode step (tokens)", "KL(p_ref ‖ p_sim), window mean, nats/token",
                    f"study 8 schemes, {sub[0]['model_class']}")
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=6.5, loc="best", framealpha=0.85)
     fig.suptitle("Traces recorded from tiny RANDOM-weight models (not trained): "
                  f"{rows[0]['steps']:,} steps, window {_window(rows)}", fontsize=10)
     fig.tight_layout()
