@@ -1,8 +1,8 @@
 """Study 9 (issue 14): studies 4 and 8 on traces recorded from tiny random models.
 
-One command (CPU, ~minutes):
+One command (CPU, 1-3 minutes):
 
-    python experiments/study_real_traces/run.py [--tokens 1024] [--out experiments/study_real_traces]
+    python experiments/study_real_traces/run.py [--tokens 2048] [--window 128] [--out DIR]
 
 It builds a tiny random Mamba-2 (``Mamba2ForCausalLM``) and Qwen3-Next (GDN) checkpoint offline
 (weights N(0, 0.2^2), slowly decaying heads as ``tests/app/test_models.py::kl_ckpt``; state dims
@@ -28,7 +28,6 @@ import datetime as dt
 import importlib.util
 import json
 import math
-import os
 import shlex
 import subprocess
 import sys
@@ -304,7 +303,6 @@ def table_kl(rows: list[dict]) -> str:
 
 
 def results_block(folder: Path) -> str:
-    rs = _rs()
     info = json.loads((folder / "run_info.json").read_text())
     rows = read_csv(folder / "results.csv")
     rec = "; ".join(f"{k}: {v['steps']} steps, {v['s_per_token'] * 1e3:.1f} ms/token in the model, "

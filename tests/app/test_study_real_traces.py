@@ -1,4 +1,4 @@
-"""Study 9's CSV and tables from its committed results (no model run: a 64-token run takes ~30 s)."""
+"""Study 9's CSV and tables from its committed results (no model run: 64 tokens take ~30 s)."""
 
 from __future__ import annotations
 
