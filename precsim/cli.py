@@ -216,7 +216,20 @@ def _warm_up(c) -> None:
         except Exception:  # noqa: BLE001 - a warm-up only; the run itself reports errors
             pass
 
-    threading.Thread(target=work, name="precsim-warm-up", daemon=True).start()
+    t = threading.Thread(target=work, name="precsim-warm-up", daemon=True)
+    t.start()
+    _WARM_UP.append(t)
+
+
+_WARM_UP: list = []  # the warm-up thread of this process, joined before the engine starts
+
+
+def _join_warm_up(timeout: float = 30.0) -> None:
+    """Let the warm-up finish before the engine runs: its one-off work then overlaps Hydra's
+    setup only, instead of racing the engine's first kernels (two threads hashing Triton's
+    installation at once)."""
+    while _WARM_UP:
+        _WARM_UP.pop().join(timeout)
 
 
 def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
@@ -404,6 +417,7 @@ def _run_app(cfg) -> None:
         say(f"precsim: {out} already holds a complete result of this config; reused")
         summary = stored
     else:
+        _join_warm_up()
         result = run(c, progress=not multirun)
         summary = write_outputs(c, result, out)
         say(format_table(summary))
