@@ -30,8 +30,28 @@ class FormatError(ValueError):
     """Bad format name, rounding mode or option. The message names the key, value and choices."""
 
 
+class _Format:
+    """What every format shares: ``fmt.quantize(x, ...)`` is ``formats.quantize(x, fmt, ...)``."""
+
+    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
+        return quantize(x, self, rounding, seed=seed, **options)
+
+
+class _ElementFormat(_Format):
+    """An element format: no scales, so its storage is its own bits."""
+
+    @property
+    def bits_per_element(self) -> float:
+        """Storage cost in bits per element, scales included (none for element formats)."""
+        return float(self.bits)
+
+    @property
+    def tensor_overhead_bits(self) -> int:
+        return 0
+
+
 @dataclass(frozen=True)
-class FloatFormat:
+class FloatFormat(_ElementFormat):
     """A binary floating-point element format (sign, ``ebits`` exponent, ``mbits`` mantissa)."""
 
     name: str
@@ -55,14 +75,6 @@ class FloatFormat:
     def bits(self) -> int:
         return int(self.signed) + self.ebits + self.mbits
 
-    @property
-    def bits_per_element(self) -> float:
-        """Storage cost in bits per element, scales included (none for element formats)."""
-        return float(self.bits)
-
-    @property
-    def tensor_overhead_bits(self) -> int:
-        return 0
 
     @property
     def emin(self) -> int:
@@ -86,8 +98,6 @@ class FloatFormat:
             return self.default_sr_bits
         return max(1, min(32, x_dtype_bits - self.mbits))
 
-    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
-        return quantize(x, self, rounding, seed=seed, **options)
 
     # --- bit codecs (formats of at most 8 bits; used by exhaustive tests and docs) ---
     def decode(self, codes) -> np.ndarray:
@@ -138,7 +148,7 @@ class FloatFormat:
 
 
 @dataclass(frozen=True)
-class BlockFormat:
+class BlockFormat(_Format):
     """Elements of ``element`` sharing one ``scale`` per ``block`` contiguous elements (last axis).
 
     ``two_level`` adds one FP32 scale per tensor (NVFP4): ``amax / (element.max * scale.max)``.
@@ -184,12 +194,10 @@ class BlockFormat:
     def default_sr_bits(self) -> int:
         return self.element.default_sr_bits
 
-    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
-        return quantize(x, self, rounding, seed=seed, **options)
 
 
 @dataclass(frozen=True)
-class IntFormat:
+class IntFormat(_ElementFormat):
     """A symmetric saturating integer element format: the integers ``-qmax .. qmax`` (step 1).
 
     Without a scale the grid is the plain integers (``int8`` holds -127..127, no -128: symmetric
@@ -217,13 +225,6 @@ class IntFormat:
     def max_value(self) -> float:
         return float(self.qmax)
 
-    @property
-    def bits_per_element(self) -> float:
-        return float(self.bits)
-
-    @property
-    def tensor_overhead_bits(self) -> int:
-        return 0
 
     @property
     def min_subnormal(self) -> float:
@@ -234,12 +235,10 @@ class IntFormat:
             return self.default_sr_bits
         return min(32, x_dtype_bits)
 
-    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
-        return quantize(x, self, rounding, seed=seed, **options)
 
 
 @dataclass(frozen=True)
-class ScaledFormat:
+class ScaledFormat(_Format):
     """``<element>_b<B>``: one FP32 scale per ``block`` contiguous elements of the last axis.
 
     Scale arithmetic (float32, deterministic, in this order): ``bmax = float32(max |x| over the
@@ -298,12 +297,10 @@ class ScaledFormat:
     def default_sr_bits(self) -> int:
         return self.element.default_sr_bits
 
-    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
-        return quantize(x, self, rounding, seed=seed, **options)
 
 
 @dataclass(frozen=True)
-class IdentityFormat:
+class IdentityFormat(_Format):
     """fp64: the carrier itself (no rounding)."""
 
     name: str = "fp64"
@@ -318,8 +315,6 @@ class IdentityFormat:
     has_nan = True
     default_sr_bits = 0
 
-    def quantize(self, x, rounding: str = "rne", *, seed: int | None = None, **options):
-        return quantize(x, self, rounding, seed=seed, **options)
 
 
 def _ff(name, e, m, bias, maxv, inf, nan, **kw) -> FloatFormat:
