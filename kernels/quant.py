@@ -90,6 +90,19 @@ def rint_pos(y):
 
 
 @triton.jit
+def round_pos(y, RND: tl.constexpr, SRB: tl.constexpr, k0, k1, base_lo, base_hi, off):
+    """A non-negative tile rounded to an integer: RNE, or SR with ``SRB % 64`` random bits
+    (``SRB // 64``: the random source) — the last step of every element rounding."""
+    if RND == 0:
+        r = rint_pos(y)
+    else:
+        lo = tl.floor(y)
+        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))
+        r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
+    return r
+
+
+@triton.jit
 def copysign_f32(a, b):
     ab = a.to(tl.uint32, bitcast=True) & 0x7FFFFFFF
     sb = b.to(tl.uint32, bitcast=True) & 0x80000000
@@ -109,12 +122,7 @@ def round_float(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
     else:  # bf16: q may be subnormal and 1/q beyond float32
         q = pow2_f32(e - MB)
         y = tl.math.div_rn(ax, q)
-    if RND == 0:
-        r = rint_pos(y)
-    else:
-        lo = tl.floor(y)
-        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))  # SRB: bits + 64 * source
-        r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
+    r = round_pos(y, RND, SRB, k0, k1, base_lo, base_hi, off)
     out = r * q
     over = out > MAXV
     if OVF == 1:
@@ -161,12 +169,7 @@ def round_int(x, QMAX: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: 
         y = ax
     else:
         y = tl.minimum(ax, QMAX, propagate_nan=tl.PropagateNan.ALL)
-    if RND == 0:
-        r = rint_pos(y)
-    else:
-        lo = tl.floor(y)
-        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))  # SRB: bits + 64 * source
-        r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
+    r = round_pos(y, RND, SRB, k0, k1, base_lo, base_hi, off)
     if OVF == 1:
         r = tl.where(r > QMAX, float("nan"), r)
     return copysign_f32(r, x)

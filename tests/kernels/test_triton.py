@@ -1,25 +1,18 @@
 """The Triton engine (precsim.kernels) against precsim.formats, the torch engine and the oracle.
 
-Without CUDA the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set here before
-Triton is imported), so sizes stay tiny. Skipped cleanly when Triton is not importable.
+Without CUDA the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
+tests/conftest.py before Triton is imported), so sizes stay tiny. Skipped cleanly when Triton is not importable.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
-if "precsim.kernels.quant" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1" and \
-        not type(sys.modules["precsim.kernels.quant"]._quantize_kernel).__name__.startswith(
-            "Interpreted"):  # pragma: no cover - an earlier import compiled for a GPU
-    pytest.skip("precsim.kernels imported before TRITON_INTERPRET was set", allow_module_level=True)
+pytest.importorskip("triton")  # on the CPU the kernels run in the interpreter (tests/conftest.py)
 
 from conftest import tiny_cfg  # noqa: E402
 from precsim.kernels import available  # noqa: E402
