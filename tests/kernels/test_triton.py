@@ -1,7 +1,8 @@
 """The Triton engine (precsim.kernels) against precsim.formats, the torch engine and the oracle.
 
 Without CUDA the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
-tests/conftest.py before Triton is imported), so sizes stay tiny. Skipped cleanly when Triton is not importable.
+tests/conftest.py before Triton is imported), so sizes stay tiny. Skipped cleanly when Triton
+is not importable.
 """
 
 from __future__ import annotations
