@@ -147,14 +147,6 @@ def drift_from_partials(parts: torch.Tensor):
     return torch.sqrt(tot[..., 0]) / rn, torch.sqrt(tot[..., 1]) / rn
 
 
-def drift_norms(ref, st, rd, k: int, S: int):
-    """State drift of ``k`` scheme slots: ``|st_i - ref| / |ref|`` and ``|rd_i - ref| / |ref|``
-    per sequence (``(k, S)`` each, float64) for ``ref (S, ...)`` float64 and ``st``/``rd``
-    ``(>=k, S, ...)`` float32, as ``DeviceAccumulator.record_drift_stacked`` computes them but
-    in one read of the states (no float64 copies, no snapshot of the states)."""
-    return drift_from_partials(drift_partials(ref, st, rd, k, S))
-
-
 @triton.jit(do_not_specialize=["ROWS"])
 def _kl_kernel(ref_ptr, prod_ptr, scale_ptr, out_ptr, agree_ptr, ROWS, V, BV: tl.constexpr):
     """KL of one row of one scheme slot, ``Readout.kl`` operation for operation in float64:

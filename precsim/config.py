@@ -21,6 +21,7 @@ WORKLOADS = ("synthetic", "seed_article", "trace")
 BUFFER_DTYPES = ("fp32", "bf16", "fp16", "fp64")
 COMPUTE_DTYPES = ("fp32", "fp64")
 U_SOURCES = ("read", "master")
+DECAY_EXPS = ("exact", "fast")  # model.decay_exp (precsim.families.decays)
 
 
 @dataclass
@@ -217,7 +218,7 @@ def validate(cfg: Config) -> None:
         v = getattr(m, key)
         check(isinstance(v, int) and v > 0, f"model.{key}", v, "a positive integer")
     check(m.heads % m.groups == 0, "model.groups", m.groups, f"a divisor of model.heads={m.heads}")
-    check_choice("model.decay_exp", m.decay_exp, ("exact", "fast"))
+    check_choice("model.decay_exp", m.decay_exp, DECAY_EXPS)
     r = cfg.replay
     check(isinstance(r.buffer_len, int) and r.buffer_len > 0, "replay.buffer_len", r.buffer_len,
           "an integer >= 1")

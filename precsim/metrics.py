@@ -427,8 +427,8 @@ class DeviceAccumulator(Accumulator):
 
     def record_drift_norms(self, pos: int, d_st: torch.Tensor, d_rd: torch.Tensor,
                            names: list[str], has_read: list[bool]) -> None:
-        """record_drift from drifts already reduced (:func:`drift_norms`): ``d_st``/``d_rd``
-        ``(k, S)``, row i of scheme ``names[i]``."""
+        """record_drift from drifts already reduced (``kernels.metrics.drift_from_partials``):
+        ``d_st``/``d_rd`` ``(k, S)``, row i of scheme ``names[i]``."""
         out = {name: {"state": d_st[i], **({"read": d_rd[i]} if has_read[i] else {})}
                for i, name in enumerate(names)}
         self._store_drift(pos, out)

@@ -29,7 +29,6 @@ from . import gdn, mamba2
 from .base import decay_matrices
 
 FAMILIES = {"mamba2": mamba2, "gdn": gdn}
-DECAY_EXPS = ("exact", "fast")
 LOG2E_F32 = float(torch.tensor(1.0 / math.log(2.0), dtype=torch.float32))
 
 
@@ -73,13 +72,5 @@ def decays(family: str, inp64: dict, params64: dict, dtype: torch.dtype,
     return {"a": a, "la": la}
 
 
-def decays_numpy(family: str, inp64: dict, params: dict, dtype, decay_exp: str = "exact"):
-    """:func:`decays` for NumPy float64 inputs (the NumPy engine); same values."""
-    t = {k: torch.from_numpy(v) for k, v in inp64.items()}
-    p = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in params.items()}
-    tdt = torch.float64 if dtype is None or str(dtype).endswith("64") else torch.float32
-    return {k: v.numpy() for k, v in decays(family, t, p, tdt, decay_exp).items()}
-
-
-__all__ = ["FAMILIES", "DECAY_EXPS", "get_family", "family_of", "family_params", "decays",
-           "decays_numpy", "fast_exp32", "decay_matrices"]
+__all__ = ["FAMILIES", "get_family", "family_of", "family_params", "decays",
+           "fast_exp32", "decay_matrices"]

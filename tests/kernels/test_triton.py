@@ -210,7 +210,7 @@ def test_trace_with_skip_and_a_dead_scheme(trace_file):
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_fused_metrics_match_torch_ops(family):
-    """The fused window metrics (kernels.metrics.row_stats / drift_norms) against the torch-ops
+    """The fused window metrics (kernels.metrics.row_stats / drift_partials) against the torch-ops
     path of DeviceAccumulator on the same kernel outputs: 2 sequences, a partial last window."""
     sch = {k: SEED_TABLE[k] for k in ("conventional_fp32", "conventional_nvfp4_sr",
                                       "split_fp16sr_nvfp4")}
