@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 torch.set_num_threads(2)
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
@@ -54,3 +56,28 @@ def trace_file(tmp_path):
         np.savez(path, **tr)
         return path, tr
     return _make
+
+
+# the article's five configurations, as the preset the CLI uses
+SEED_TABLE = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "schemes" /
+                             "seed_table.yaml").read_text())
+
+
+def torchao_nvfp4(x: torch.Tensor, scope: str) -> torch.Tensor:
+    """torchao's NVFP4 fake quantisation of a float32 ``(m, k)`` tensor (``scope``: "tensor" with
+    a per-tensor FP32 scale, "none" without), dequantised; the test is skipped without torchao
+    or with an API this helper does not know."""
+    nvt = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    kern = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+    if not all(hasattr(m, a) for m, a in ((nvt, "nvfp4_quantize"),
+                                          (nvt, "per_tensor_amax_to_scale"),
+                                          (kern, "unpack_uint4"), (kern, "f4_unpacked_to_f32"))):
+        pytest.skip("torchao's nvfp4 API differs from the one this helper knows")
+    m, k = x.shape
+    pts = None if scope == "none" else nvt.per_tensor_amax_to_scale(x.abs().max())
+    scales, packed = nvt.nvfp4_quantize(x, 16, pts)
+    q = kern.f4_unpacked_to_f32(kern.unpack_uint4(packed)).view(m, k // 16, 16)
+    total = scales.to(torch.float32).view(m, k // 16, 1)
+    if pts is not None:
+        total = pts * total
+    return (q * total).view(m, k)

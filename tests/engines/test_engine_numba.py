@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from conftest import make_trace, tiny_cfg  # noqa: E402
+from conftest import SEED_TABLE, make_trace, tiny_cfg  # noqa: E402
 
 from precsim import formats as pf  # noqa: E402
 from precsim import oracle  # noqa: E402
@@ -20,14 +20,6 @@ from precsim.engines.numba import event_keys, quantize, supports  # noqa: E402
 from precsim.engines.numba import run as run_numba  # noqa: E402
 from precsim.engines.torch import run as run_torch  # noqa: E402
 
-SEED_TABLE = {
-    "conventional_fp32": {"kind": "conventional", "fmt": "fp32"},
-    "conventional_nvfp4_sr": {"kind": "conventional", "fmt": "nvfp4", "rounding": "sr"},
-    "shared_nvfp4_sr": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
-    "split_fp32_nvfp4": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"},
-    "split_fp16sr_nvfp4": {"kind": "split", "fmt": "fp16", "rounding": "sr",
-                           "read_fmt": "nvfp4"},
-}
 # every format but nvfp4 on element and MX paths, satfinite and IEEE overflow
 OTHERS = {
     "conventional_fp8_sr": {"kind": "conventional", "fmt": "fp8_e4m3", "rounding": "sr"},

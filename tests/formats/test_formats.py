@@ -24,6 +24,7 @@ import numpy as np
 import precsim.formats as pf
 import pytest
 import torch
+from conftest import torchao_nvfp4
 from scipy import stats
 
 NAMES = pf.names()
@@ -674,22 +675,9 @@ def test_nvfp4_options_change_bits_where_they_should():
 
 
 def test_nvfp4_normal_floor_matches_torchao():
-    nvt = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
-    kern = pytest.importorskip("torchao.prototype.mx_formats.kernels")
-    if not all(hasattr(m, a) for m, a in ((nvt, "nvfp4_quantize"),
-                                          (nvt, "per_tensor_amax_to_scale"),
-                                          (kern, "unpack_uint4"), (kern, "f4_unpacked_to_f32"))):
-        pytest.skip("torchao's nvfp4 API differs from the one this test knows")
     x = torch.from_numpy(block_case("octaves", "nvfp4", np.float32).reshape(-1, 41 * 16).copy())
-    m, k = x.shape
     for scope in ("tensor", "none"):
-        pts = None if scope == "none" else nvt.per_tensor_amax_to_scale(x.abs().max())
-        scales, packed = nvt.nvfp4_quantize(x, 16, pts)
-        q = kern.f4_unpacked_to_f32(kern.unpack_uint4(packed)).view(m, k // 16, 16)
-        total = scales.to(torch.float32).view(m, k // 16, 1)
-        if pts is not None:
-            total = pts * total
-        want = (q * total).view(m, k)
+        want = torchao_nvfp4(x, scope)
         got = pf.quantize(x, "nvfp4", scale_floor="normal", tensor_scope=scope)
         assert_same_bits(got, want, x, f"tensor_scope={scope}")
 

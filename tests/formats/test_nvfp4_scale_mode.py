@@ -12,6 +12,7 @@ import numpy as np
 import precsim.formats as pf
 import pytest
 import torch
+from conftest import torchao_nvfp4
 
 f32 = np.float32
 MIDPOINTS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
@@ -180,19 +181,10 @@ def test_config_key_validated_and_passed_through():
 
 
 def test_matches_torchao_when_installed():
-    nvt = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
-    kern = pytest.importorskip("torchao.prototype.mx_formats.kernels")
     x = torch.from_numpy(midpoint_case(seed=6, M=1, R=8, C=64)[0].copy())
-    m, k = x.shape
     differs = 0
     for scope in ("tensor", "none"):
-        pts = None if scope == "none" else nvt.per_tensor_amax_to_scale(x.abs().max())
-        scales, packed = nvt.nvfp4_quantize(x, 16, pts)
-        q = kern.f4_unpacked_to_f32(kern.unpack_uint4(packed)).view(m, k // 16, 16)
-        total = scales.to(torch.float32).view(m, k // 16, 1)
-        if pts is not None:
-            total = pts * total
-        want = (q * total).view(m, k)
+        want = torchao_nvfp4(x, scope)
         got = pf.quantize(x, "nvfp4", scale_floor="normal", tensor_scope=scope)
         assert same_bits(got, want), scope
         div = pf.quantize(x, "nvfp4", scale_floor="normal", tensor_scope=scope,

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton")  # on the CPU the kernels run in the interpreter (tests/conftest.py)
 
-from conftest import tiny_cfg  # noqa: E402
+from conftest import SEED_TABLE, tiny_cfg  # noqa: E402
 from precsim.kernels import available  # noqa: E402
 from precsim.kernels.quant import quantize_tiles  # noqa: E402
 from precsim.kernels.rng import event_keys  # noqa: E402
@@ -29,14 +29,6 @@ from precsim.oracle import decode  # noqa: E402
 from precsim.workload import make_workload  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-SEED_TABLE = {
-    "conventional_fp32": {"kind": "conventional", "fmt": "fp32"},
-    "conventional_nvfp4_sr": {"kind": "conventional", "fmt": "nvfp4", "rounding": "sr"},
-    "shared_nvfp4_sr": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
-    "split_fp32_nvfp4": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"},
-    "split_fp16sr_nvfp4": {"kind": "split", "fmt": "fp16", "rounding": "sr",
-                           "read_fmt": "nvfp4"},
-}
 
 
 @pytest.fixture(autouse=True)
