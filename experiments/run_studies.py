@@ -119,13 +119,14 @@ def tidy_rows(study: str, sweep_dir: Path, thin: bool = True) -> list[dict]:
     return out
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
+def write_csv(rows: list[dict], path: Path, cols=TIDY_COLS) -> None:
+    """Tidy CSV of ``rows`` with the columns ``cols`` (floats as %.6e, None as empty)."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=TIDY_COLS)
+        w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if r.get(k) is None else
-                            f"{r[k]:.6e}" if isinstance(r[k], float) else r[k]) for k in TIDY_COLS})
+                            f"{r[k]:.6e}" if isinstance(r[k], float) else r[k]) for k in cols})
 
 
 def read_csv(path: Path) -> list[dict]:

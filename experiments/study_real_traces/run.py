@@ -149,12 +149,7 @@ def tidy(study: str, sweep: Path, rec: dict) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else f"{r[k]:.6e}" if isinstance(r[k], float)
-                            else r[k]) for k in COLS})
+    _rs().write_csv(rows, path, COLS)
 
 
 def read_csv(path: Path) -> list[dict]:
