@@ -30,7 +30,7 @@ from precsim import formats as pf
 
 from ..config import Config
 from ..errors import PrecsimError
-from ..families import decays, get_family
+from ..families import decays, fast_exp32, get_family
 from ..metrics import DeviceAccumulator, Readout, kl_rows
 from ..result import Result, make_result
 from ..schemes import build_schemes
@@ -189,7 +189,6 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
 
     dev = torch.device(device)
     family = get_family(cfg.model.family)
-    src = wl
     m = cfg.model
     Sq, H = cfg.run.seqs, m.heads
     P, N = family.state_dims(m)
@@ -308,14 +307,16 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         """Inputs of steps [a, b) on the device, with the decays the kernels read:
         ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
         (``families.decays``; with ``decay_exp=fast`` ``_a32`` is the kernels' ``tl.exp``)."""
-        inp = src.chunk(a, b)
+        inp = wl.chunk(a, b)
         n = b - a
-        d64 = decays(family.name, inp, params, torch.float64)
-        d32 = decays(family.name, inp, params, torch.float32)
-        a32 = exp_f32(d32["la"]) if fast and cuda else (
-            decays(family.name, inp, params, torch.float32, "fast")["a"] if fast else d32["a"])
+        d64 = decays(family.name, inp, params, torch.float64)  # the float32 ones round these
+        la32 = d64["la"].to(torch.float32)
+        if fast:
+            a32 = exp_f32(la32) if cuda else fast_exp32(la32)
+        else:
+            a32 = d64["a"].to(torch.float32)
         inp.update({"_a64": d64["a"].reshape(n, SH), "_a32": a32.reshape(n, SH),
-                    "_dA32": d32["la"].reshape(n, SH)})
+                    "_dA32": la32.reshape(n, SH)})
         return inp
 
     # launches on a high-priority stream: when a launch's programs and the metrics (side
