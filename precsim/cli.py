@@ -78,7 +78,7 @@ budget (default): metrics.budget_metric=rel_err metrics.budget=0.0625, i.e. the 
   RMS error at the last step <= 1/16 of its RMS (output SNR >= 24 dB)
 
 output files (in outputs/NAME/DATE_ID/, or hydra.run.dir=DIR, or run.out_dir=DIR):
-  metrics.csv          per scheme and window: rel_err, kl (mean, p10/p50/p90), drift
+  metrics.csv          per scheme and window: rel_err, kl, top1 (mean, p10/p50/p90), drift
   summary.json         headline figures, bytes per step, config; written last (= complete)
   error_vs_length.png  error, KL and drift vs length, with the budget line
   per_step.npz         per-step rel_err of every scheme
