@@ -37,6 +37,22 @@ class _Format:
         return quantize(x, self, rounding, seed=seed, **options)
 
 
+class _BlockFormat(_Format):
+    """A format whose elements share scales: elements of ``element`` (no Inf: a scaled element
+    saturates), SR bits as the element's."""
+
+    kind = "block"
+    has_inf = False
+
+    @property
+    def bits(self) -> int:
+        return self.element.bits
+
+    @property
+    def default_sr_bits(self) -> int:
+        return self.element.default_sr_bits
+
+
 class _ElementFormat(_Format):
     """An element format: no scales, so its storage is its own bits."""
 
@@ -148,7 +164,7 @@ class FloatFormat(_ElementFormat):
 
 
 @dataclass(frozen=True)
-class BlockFormat(_Format):
+class BlockFormat(_BlockFormat):
     """Elements of ``element`` sharing one ``scale`` per ``block`` contiguous elements (last axis).
 
     ``two_level`` adds one FP32 scale per tensor (NVFP4): ``amax / (element.max * scale.max)``.
@@ -162,13 +178,6 @@ class BlockFormat(_Format):
     description: str = ""
     options: tuple = field(default=("scale_floor", "tensor_scope", "scale_mode"))
 
-    @property
-    def kind(self) -> str:
-        return "block"
-
-    @property
-    def bits(self) -> int:
-        return self.element.bits
 
     @property
     def bits_per_element(self) -> float:
@@ -183,17 +192,8 @@ class BlockFormat(_Format):
         return self.element.max_value * (1.0 if self.two_level else self.scale.max_value)
 
     @property
-    def has_inf(self) -> bool:
-        return False
-
-    @property
     def has_nan(self) -> bool:
         return self.element.has_nan
-
-    @property
-    def default_sr_bits(self) -> int:
-        return self.element.default_sr_bits
-
 
 
 @dataclass(frozen=True)
@@ -236,9 +236,8 @@ class IntFormat(_ElementFormat):
         return min(32, x_dtype_bits)
 
 
-
 @dataclass(frozen=True)
-class ScaledFormat(_Format):
+class ScaledFormat(_BlockFormat):
     """``<element>_b<B>``: one FP32 scale per ``block`` contiguous elements of the last axis.
 
     Scale arithmetic (float32, deterministic, in this order): ``bmax = float32(max |x| over the
@@ -262,16 +261,8 @@ class ScaledFormat(_Format):
     options = ()
 
     @property
-    def kind(self) -> str:
-        return "block"
-
-    @property
     def scale(self) -> FloatFormat:
         return FP32
-
-    @property
-    def bits(self) -> int:
-        return self.element.bits
 
     @property
     def bits_per_element(self) -> float:
@@ -286,17 +277,8 @@ class ScaledFormat(_Format):
         return self.element.max_value * float(np.finfo(np.float32).max)
 
     @property
-    def has_inf(self) -> bool:
-        return False
-
-    @property
     def has_nan(self) -> bool:
         return True
-
-    @property
-    def default_sr_bits(self) -> int:
-        return self.element.default_sr_bits
-
 
 
 @dataclass(frozen=True)
@@ -314,7 +296,6 @@ class IdentityFormat(_Format):
     has_inf = True
     has_nan = True
     default_sr_bits = 0
-
 
 
 def _ff(name, e, m, bias, maxv, inf, nan, **kw) -> FloatFormat:
