@@ -1,6 +1,6 @@
 """``python -m precsim``: runs the command line of :mod:`precsim.cli`."""
 
-from precsim.cli import main
+from precsim.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -20,6 +20,26 @@ LINEAR = {"top1"}  # panels on a linear y axis (a share in [0, 1])
 DECADES = 3  # the y range shown per panel; a scheme far below it is marked at the bottom edge
 
 
+_SUP = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _tokens(x, _pos=None) -> str:
+    """A length on the x axis: 256, 1K, 32K, 1M (plain text: no mathtext to parse)."""
+    if x >= 1 << 20 and x % (1 << 20) == 0:
+        return f"{int(x) >> 20}M"
+    if x >= 1024 and x % 1024 == 0:
+        return f"{int(x) >> 10}K"
+    return f"{x:g}"
+
+
+def _power10(y, _pos=None) -> str:
+    """A decade on a log y axis as 10⁻³ (plain text: no mathtext to parse)."""
+    if y <= 0:
+        return ""
+    e = math.log10(y)
+    return f"10{str(round(e)).translate(_SUP)}" if abs(e - round(e)) < 1e-9 else ""
+
+
 def _series(rows, scheme, key):
     pts = [(r["step"], r.get(key, math.nan)) for r in rows if r["scheme"] == scheme]
     return [p[0] for p in pts], [p[1] for p in pts]
@@ -70,12 +90,16 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.axhline(budget[1], color="k", ls=(0, (4, 3)), lw=1.2,
                        label=f"budget {key} ≤ {budget[1]:g}")
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(_tokens))
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         if lin:  # a share: zoom on the data, keep 1 (full agreement) in view
             seen = [v for s in schemes for v in _series(rows, s, key)[1] if ok(v)]
             lo_v = min(seen, default=0.0)
             ax.set_ylim(max(-0.03, lo_v - 0.05 * (1.0 - lo_v) - 0.01), 1.01)
         else:
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(plt.FuncFormatter(_power10))
+            ax.yaxis.set_minor_formatter(plt.NullFormatter())
             top = [v for s in schemes for k in (key, key + "_p90")
                    for v in _series(rows, s, k)[1] if ok(v) and v > 0]
             if top:  # headroom: a curve at the top is not drawn on the frame
