@@ -432,12 +432,12 @@ class LayerScheme:
         if self.s.dead_at is not None:
             return torch.full(val.shape[2:], math.nan, dtype=self.dtype, device=val.device)
         if not self.s.replay:
-            y = self.s.run_segment(self.family, inp, params, self.pos, True)[-1, 0]
+            y = self.s.run_segment(self.family, inp, params, True)[-1, 0]
         else:
             self.buf.append(inp)
             seg = {k: torch.cat([b[k] for b in self.buf]) for k in inp}
             flush = len(self.buf) == self.L
-            y = self.s.run_segment(self.family, seg, params, self.pos, flush, out_from_fold=flush,
+            y = self.s.run_segment(self.family, seg, params, flush, out_from_fold=flush,
                                    buffer_round=self.br, u_from_master=self.u_master)[-1, 0]
             if flush:
                 self.buf.clear()
