@@ -100,9 +100,14 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return save_png(fig, path, dpi=130)
+
+
+def save_png(fig, path: Path, **savefig_kw) -> Path:
+    """Write ``fig`` to ``path`` atomically (a temporary name, then a rename) and close it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=130)
+    fig.savefig(tmp, **savefig_kw)
     plt.close(fig)
     tmp.replace(path)
     return path
