@@ -85,9 +85,7 @@ class TorchOps:
 
     @staticmethod
     def rint(x):
-        import torch
-
-        return torch.round(x)  # half to even
+        return x.round()  # half to even (torch.round)
 
     @staticmethod
     def where(c, a, b):
@@ -113,9 +111,7 @@ class TorchOps:
 
     @staticmethod
     def copysign(a, b):
-        import torch
-
-        return torch.copysign(a, b)
+        return a.copysign(b)
 
     @staticmethod
     def clip(x, m):
