@@ -544,12 +544,11 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
                 # drift where the layer-level engine samples it: after a flush (every step for
                 # conventional schemes, whose state is always current)
                 if h.sc.kind == "conventional" or (t + 1) % cfg.replay.buffer_len == 0:
-                    held = [h.held(k) for k in layers]
-                    drift[n].append((len(kl[n]) - 1, [
-                        _rel(hd["state"], ref_states[k]) for hd, k in zip(held, layers,
-                                                                          strict=True)], [
-                        _rel(hd["read"], ref_states[k]) if "read" in hd else math.nan
-                        for hd, k in zip(held, layers, strict=True)]))
+                    held = {k: h.held(k) for k in layers}
+                    drift[n].append((len(kl[n]) - 1,
+                                     [_rel(held[k]["state"], ref_states[k]) for k in layers],
+                                     [_rel(held[k]["read"], ref_states[k]) if "read" in held[k]
+                                      else math.nan for k in layers]))
             if t >= len(ids) - 1:
                 tokens.append(int(torch.argmax(lr)))
                 if bar is not None:
