@@ -90,13 +90,12 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
         ax.set_title(ttl, fontsize=10)
         ax.grid(True, which="major", alpha=0.35)
         ax.grid(True, which="minor", alpha=0.12)
-    h, lab = [], []
+    legend: dict = {}  # label -> handle, each label once across the panels
     for ax in axes[0]:
         for hh, ll in zip(*ax.get_legend_handles_labels(), strict=True):
-            if ll not in lab:
-                h.append(hh)
-                lab.append(ll)
-    fig.legend(h, lab, loc="lower center", ncol=min(4, len(lab)), fontsize=8, frameon=False)
+            legend.setdefault(ll, hh)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(4, len(legend)),
+               fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))

@@ -214,8 +214,7 @@ def load_trace_arrays(path) -> dict:
                 with open(path, "rb") as f:
                     f.seek(info.header_offset)
                     local = f.read(30)
-                    n, m = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30],
-                                                                                 "little")
+                    n, m = (int.from_bytes(local[i:i + 2], "little") for i in (26, 28))
                     f.seek(info.header_offset + 30 + n + m)
                     fmt = np.lib.format
                     version = fmt.read_magic(f)
