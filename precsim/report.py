@@ -190,12 +190,10 @@ def summary_rows(jobs: list[Job]) -> list[dict]:
         replay = s.get("config", {}).get("replay", {})
         for scheme, figs in s.get("figures", {}).items():
             info = s.get("schemes", {}).get(scheme, {})
-            row = {**base, "scheme": scheme, "label": info.get("label", scheme)}
-            for k in ("kind", "fmt", "rounding", "read_fmt"):
-                row[k] = info.get(k)
-            row["buffer_len"] = replay.get("buffer_len")
-            row["steps"] = s.get("steps")
-            row["dead_at"] = info.get("dead_at")
+            row = {**base, "scheme": scheme, "label": info.get("label", scheme),
+                   **{k: info.get(k) for k in ("kind", "fmt", "rounding", "read_fmt")},
+                   "buffer_len": replay.get("buffer_len"), "steps": s.get("steps"),
+                   "dead_at": info.get("dead_at")}
             for L in [*lengths, "final"]:
                 f = figs.get(str(L), {})
                 for m in METRICS:
