@@ -7,6 +7,8 @@ paths are the same arithmetic step for step, and RNE results are bit-identical b
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .rng import random_uint_numpy, random_uint_torch
@@ -15,15 +17,9 @@ from .rng import random_uint_numpy, random_uint_torch
 class NumpyOps:
     name = "numpy"
 
-    @staticmethod
-    def is_mine(x) -> bool:
-        return isinstance(x, np.ndarray)
-
     abs = staticmethod(np.abs)
     floor = staticmethod(np.floor)
     rint = staticmethod(np.rint)  # round half to even
-    isnan = staticmethod(np.isnan)
-    isinf = staticmethod(np.isinf)
     where = staticmethod(np.where)
     minimum = staticmethod(np.minimum)
     maximum = staticmethod(np.maximum)
@@ -75,19 +71,9 @@ class NumpyOps:
         r = random_uint_numpy(n, bits, seed, stream, offset, source=source)
         return r.reshape(shape).astype(like.dtype)
 
-    @staticmethod
-    def as_dtype(x, dtype_name):
-        return x.astype(dtype_name)
-
 
 class TorchOps:
     name = "torch"
-
-    @staticmethod
-    def is_mine(x) -> bool:
-        import torch
-
-        return isinstance(x, torch.Tensor)
 
     @staticmethod
     def abs(x):
@@ -99,17 +85,7 @@ class TorchOps:
 
     @staticmethod
     def rint(x):
-        import torch
-
-        return torch.round(x)  # half to even
-
-    @staticmethod
-    def isnan(x):
-        return x.isnan()
-
-    @staticmethod
-    def isinf(x):
-        return x.isinf()
+        return x.round()  # half to even (torch.round)
 
     @staticmethod
     def where(c, a, b):
@@ -135,9 +111,7 @@ class TorchOps:
 
     @staticmethod
     def copysign(a, b):
-        import torch
-
-        return torch.copysign(a, b)
+        return a.copysign(b)
 
     @staticmethod
     def clip(x, m):
@@ -207,9 +181,7 @@ class TorchOps:
 
     @staticmethod
     def random_u(shape, bits, seed, stream, offset, like, source="hash"):
-        n = 1
-        for s in shape:
-            n *= int(s)
+        n = math.prod(int(s) for s in shape)
         if like.device.type == "cpu":  # NumPy's uint32 hash is ~3x faster than torch int64 here
             import torch
 

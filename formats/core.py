@@ -39,7 +39,8 @@ class _Format:
 
 class _BlockFormat(_Format):
     """A format whose elements share scales: elements of ``element`` (no Inf: a scaled element
-    saturates), SR bits as the element's."""
+    saturates), SR bits as the element's, one ``scale`` per ``block`` elements (and with
+    ``two_level`` an FP32 scale per tensor, which replaces the block scale's range)."""
 
     kind = "block"
     has_inf = False
@@ -47,6 +48,18 @@ class _BlockFormat(_Format):
     @property
     def bits(self) -> int:
         return self.element.bits
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.element.bits + self.scale.bits / self.block
+
+    @property
+    def tensor_overhead_bits(self) -> int:
+        return 32 if self.two_level else 0
+
+    @property
+    def max_value(self) -> float:
+        return self.element.max_value * (1.0 if self.two_level else self.scale.max_value)
 
     @property
     def default_sr_bits(self) -> int:
@@ -82,15 +95,11 @@ class FloatFormat(_ElementFormat):
     default_sr_bits: int = 0  # 0 = exact SR (as many random bits as the input drops)
     nan_note: str = ""
     description: str = ""
-
-    @property
-    def kind(self) -> str:
-        return "float"
+    kind = "float"
 
     @property
     def bits(self) -> int:
         return int(self.signed) + self.ebits + self.mbits
-
 
     @property
     def emin(self) -> int:
@@ -113,7 +122,6 @@ class FloatFormat(_ElementFormat):
         if self.default_sr_bits:
             return self.default_sr_bits
         return max(1, min(32, x_dtype_bits - self.mbits))
-
 
     # --- bit codecs (formats of at most 8 bits; used by exhaustive tests and docs) ---
     def decode(self, codes) -> np.ndarray:
@@ -178,19 +186,6 @@ class BlockFormat(_BlockFormat):
     description: str = ""
     options: tuple = field(default=("scale_floor", "tensor_scope", "scale_mode"))
 
-
-    @property
-    def bits_per_element(self) -> float:
-        return self.element.bits + self.scale.bits / self.block
-
-    @property
-    def tensor_overhead_bits(self) -> int:
-        return 32 if self.two_level else 0
-
-    @property
-    def max_value(self) -> float:
-        return self.element.max_value * (1.0 if self.two_level else self.scale.max_value)
-
     @property
     def has_nan(self) -> bool:
         return self.element.has_nan
@@ -216,15 +211,11 @@ class IntFormat(_ElementFormat):
     has_nan = False
     signed = True
     has_zero = True
-
-    @property
-    def kind(self) -> str:
-        return "int"
+    kind = "int"
 
     @property
     def max_value(self) -> float:
         return float(self.qmax)
-
 
     @property
     def min_subnormal(self) -> float:
@@ -259,26 +250,11 @@ class ScaledFormat(_BlockFormat):
     description: str = ""
     two_level = False
     options = ()
+    has_nan = True
 
     @property
     def scale(self) -> FloatFormat:
         return FP32
-
-    @property
-    def bits_per_element(self) -> float:
-        return self.element.bits + 32.0 / self.block
-
-    @property
-    def tensor_overhead_bits(self) -> int:
-        return 0
-
-    @property
-    def max_value(self) -> float:
-        return self.element.max_value * float(np.finfo(np.float32).max)
-
-    @property
-    def has_nan(self) -> bool:
-        return True
 
 
 @dataclass(frozen=True)
@@ -372,7 +348,7 @@ def get(name):
     one FP32 scale per ``B`` contiguous elements of the last axis.
     """
     if not isinstance(name, str):
-        if isinstance(name, (FloatFormat, BlockFormat, IdentityFormat, IntFormat, ScaledFormat)):
+        if isinstance(name, _Format):
             return name
         raise FormatError(f"format: expected a name, got {name!r}; known: {', '.join(REGISTRY)}")
     key = ALIASES.get(name.lower(), name.lower())
@@ -389,6 +365,8 @@ def get(name):
 # rounding
 
 _COMMON_OPTIONS = ("stream", "offset", "sr_bits", "overflow", "sr_source", "rotate")
+_CHOICES = {"overflow": OVERFLOWS, "scale_floor": SCALE_FLOORS, "tensor_scope": TENSOR_SCOPES,
+            "sr_source": SR_SOURCES, "scale_mode": SCALE_MODES}
 
 
 def _check_options(fmt, rounding, options):
@@ -400,25 +378,12 @@ def _check_options(fmt, rounding, options):
             raise FormatError(
                 f"option {k!r} is not accepted by format {fmt.name!r}; allowed: "
                 f"{', '.join(sorted(allowed))}")
-    ov = options.get("overflow", "satfinite")
-    if ov not in OVERFLOWS:
-        raise FormatError(f"overflow={ov!r} is unknown; allowed: {', '.join(OVERFLOWS)}")
-    sf = options.get("scale_floor", "subnormal")
-    if sf not in SCALE_FLOORS:
-        raise FormatError(f"scale_floor={sf!r} is unknown; allowed: {', '.join(SCALE_FLOORS)}")
-    ts = options.get("tensor_scope", "matrix")
-    if ts not in TENSOR_SCOPES:
-        raise FormatError(
-            f"tensor_scope={ts!r} is unknown; allowed: {', '.join(TENSOR_SCOPES)}")
+    for k, choices in _CHOICES.items():  # the defaults are valid: check what is given
+        if k in options and options[k] not in choices:
+            raise FormatError(f"{k}={options[k]!r} is unknown; allowed: {', '.join(choices)}")
     rot = options.get("rotate", False)
     if not isinstance(rot, (bool, np.bool_)):
         raise FormatError(f"rotate={rot!r} is invalid; allowed: true, false")
-    src = options.get("sr_source", "hash")
-    if src not in SR_SOURCES:
-        raise FormatError(f"sr_source={src!r} is unknown; allowed: {', '.join(SR_SOURCES)}")
-    sm = options.get("scale_mode", "reciprocal")
-    if sm not in SCALE_MODES:
-        raise FormatError(f"scale_mode={sm!r} is unknown; allowed: {', '.join(SCALE_MODES)}")
     sb = options.get("sr_bits")
     if sb is not None and not (isinstance(sb, (int, np.integer)) and 1 <= sb <= 32):
         raise FormatError(f"sr_bits={sb!r} is out of range; allowed: an integer 1..32")
@@ -439,6 +404,18 @@ def _dtype_bits(x) -> int:
     raise FormatError(f"x.dtype={name} is not supported; allowed: float32, float64")
 
 
+def _round_to_int(y, x, fmt, rounding, ops, seed, stream, offset, sr_bits, sr_source):
+    """``y >= 0`` (x's shape) to an integer: RNE, or SR keyed by x's element counters that rounds
+    up with probability floor(frac · 2^bits) / 2^bits (hardware SR with ``bits`` bits)."""
+    if rounding == "rne":
+        return ops.rint(y)
+    lo = ops.floor(y)
+    bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
+    thr = ops.floor((y - lo) * float(2**bits))
+    u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
+    return lo + (u < thr)
+
+
 def round_float(x, fmt: FloatFormat, rounding: str, ops, *, seed, stream=0, offset=0,
                 sr_bits=None, overflow="satfinite", sr_source="hash"):
     """Round every element of ``x`` to ``fmt`` (result in x's dtype). SR keyed by counters."""
@@ -446,15 +423,7 @@ def round_float(x, fmt: FloatFormat, rounding: str, ops, *, seed, stream=0, offs
     e = ops.maximum(ops.exponent(ax), fmt.emin)  # below the normal range the quantum is fixed
     q = ops.pow2(e - fmt.mbits, ax)  # spacing of representable values around |x|
     y = ax / q  # exact: division by a power of two
-    if rounding == "rne":
-        r = ops.rint(y)
-    else:
-        lo = ops.floor(y)
-        bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
-        # round up with probability floor(frac * 2^bits) / 2^bits: hardware SR with `bits` bits
-        thr = ops.floor((y - lo) * float(2**bits))
-        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
-        r = lo + (u < thr)
+    r = _round_to_int(y, x, fmt, rounding, ops, seed, stream, offset, sr_bits, sr_source)
     out = r * q
     if not fmt.has_zero:  # e8m0: no zero; below 2^-127 clamps up, 0 and negatives are NaN
         out = ops.maximum(out, fmt.min_normal)
@@ -526,14 +495,7 @@ def round_int(x, fmt: IntFormat, rounding: str, ops, *, seed, stream=0, offset=0
     ax = ops.abs(x)
     # satfinite clamps first (NaN stays NaN); "ieee" rounds |x| as is and flags results > qmax
     y = ops.minimum(ax, fmt.max_value) if overflow != "ieee" else ax
-    if rounding == "rne":
-        r = ops.rint(y)
-    else:
-        lo = ops.floor(y)
-        bits = int(sr_bits or fmt.sr_bits_for(_dtype_bits(x)))
-        thr = ops.floor((y - lo) * float(2**bits))
-        u = ops.random_u(tuple(x.shape), bits, seed, stream, offset, x, sr_source)
-        r = lo + (u < thr)
+    r = _round_to_int(y, x, fmt, rounding, ops, seed, stream, offset, sr_bits, sr_source)
     if overflow == "ieee":
         r = ops.where(r > fmt.max_value, ops.full_like(r, math.nan), r)
     return ops.copysign(r, x)
@@ -733,9 +695,7 @@ def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, *
     if rounding == "sr" and seed is None:
         seed = secrets.randbits(63)
     seed = 0 if seed is None else int(seed)
-    if fmt.kind == "identity":
-        return x.copy() if ops is not TORCH else x.clone()
-    if fmt.kind == "float" and fmt.name == "fp32" and "float32" in str(x.dtype):
+    if fmt.kind == "identity" or (fmt.name == "fp32" and "float32" in str(x.dtype)):
         return x.copy() if ops is not TORCH else x.clone()
     with np.errstate(all="ignore"):  # NaN/Inf are handled explicitly, never warned about
         if fmt.kind in ("float", "int"):

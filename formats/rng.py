@@ -104,13 +104,7 @@ def _philox_words_torch(n: int, k0: int, k1: int, offset: int, rounds: int, devi
 
 def mix32_int(x: int) -> int:
     """lowbias32 on a Python int (host-side key derivation)."""
-    x &= M32
-    x ^= x >> 16
-    x = (x * _C1) & M32
-    x ^= x >> 15
-    x = (x * _C2) & M32
-    x ^= x >> 16
-    return x
+    return _mix_int(x & M32)
 
 
 def stream_keys(seed: int, stream: int) -> tuple[int, int]:
@@ -155,7 +149,8 @@ def random_bits_numpy(n: int, seed: int, stream: int = 0, offset: int = 0,
         return _mix_np(x ^ hi ^ np.uint32(k1))
 
 
-def _mix_torch(x):
+def _mix_int(x):
+    """lowbias32 of uint32 values held in Python ints or int64 tensors (masked to 32 bits)."""
     x = x ^ (x >> 16)
     x = (x * _C1) & M32
     x = x ^ (x >> 15)
@@ -174,8 +169,8 @@ def random_bits_torch(n: int, seed: int, stream: int = 0, offset: int = 0, devic
     idx = torch.arange(offset, offset + n, dtype=torch.int64, device=device)
     lo = idx & M32
     hi = idx >> 32
-    x = _mix_torch(lo ^ k0)
-    return _mix_torch(x ^ hi ^ k1)
+    x = _mix_int(lo ^ k0)
+    return _mix_int(x ^ hi ^ k1)
 
 
 def lane_layout(bits: int) -> tuple[int, int]:

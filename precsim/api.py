@@ -82,7 +82,8 @@ def reported_lengths(cfg: Config, steps: int) -> tuple[list[int], list[int]]:
 def build_summary(cfg: Config, result: Result) -> dict:
     from .cost import scheme_costs
 
-    summary = {
+    lengths, skipped = reported_lengths(cfg, result.steps)
+    return {
         "complete": True,
         "name": cfg.name,
         "engine": result.engine,
@@ -91,15 +92,13 @@ def build_summary(cfg: Config, result: Result) -> dict:
         "steps": result.steps,
         "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
-        "figures": summary_figures(result.rows, reported_lengths(cfg, result.steps)[0],
-                                   result.steps),
-        "lengths_skipped": reported_lengths(cfg, result.steps)[1],
+        "figures": summary_figures(result.rows, lengths, result.steps),
+        "lengths_skipped": skipped,
         "schemes": result.schemes,
         "cost": scheme_costs(cfg),
         "info": result.info,
         "config": asdict(cfg),
     }
-    return summary
 
 
 def write_outputs(cfg: Config, result: Result, out: Path) -> dict:

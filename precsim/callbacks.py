@@ -136,8 +136,7 @@ class SweepCallback(Callback):
         bad = [j for j in agg.jobs if j.status != "complete"]
         if bad:
             for j in bad:
-                why = j.error or j.status
-                print(f"precsim: job {j.name} {j.status}: {why}", file=sys.stderr)
+                print(f"precsim: job {j.name} {j.status}: {j.error or j.status}", file=sys.stderr)
             print(f"precsim: error: {len(bad)} of {len(agg.jobs)} jobs did not finish (see "
                   f"{ERROR_FILE} and the log in each); re-run the same command to redo only "
                   "those", file=sys.stderr)

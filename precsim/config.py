@@ -142,8 +142,7 @@ def schema_keys() -> list[str]:
         out = []
         for f in dataclasses.fields(cls):
             key = prefix + f.name
-            if dataclasses.is_dataclass(f.default_factory if f.default_factory is not
-                                        dataclasses.MISSING else None):
+            if dataclasses.is_dataclass(f.default_factory):  # MISSING is not a dataclass
                 out += walk(f.default_factory, key + ".")
             else:
                 out.append(key)
@@ -172,7 +171,7 @@ def check_key(key: str) -> None:
                     f"a scheme has: {', '.join(fields)}")
             raise PrecsimError(f"unknown key {key}; {hint}")
     keys = schema_keys()
-    if key in keys or key in GROUPS or (len(parts) == 1 and key in ("name",)):
+    if key in keys or key in GROUPS or key == "name":
         return
     if any(k.startswith(key + ".") for k in keys):  # a whole section, e.g. run={...}
         return
@@ -299,12 +298,10 @@ def validate(cfg: Config) -> None:
                                f"(this scheme is kind={s.kind})")
         if s.sr_bits is not None:
             check(1 <= s.sr_bits <= 32, f"{key}.sr_bits", s.sr_bits, "an integer 1..32")
-        for f in (s.fmt, s.read_fmt):
-            fo = pf.get(f) if f else None
-            if fo is not None and fo.kind == "block":
-                blk = fo.block
-                check(m.state_dim % blk == 0, "model.state_dim", m.state_dim,
-                      f"a multiple of {blk} (the {fo.name} block, scheme {name})")
+        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt) if f):
+            if fo.kind == "block":
+                check(m.state_dim % fo.block == 0, "model.state_dim", m.state_dim,
+                      f"a multiple of {fo.block} (the {fo.name} block, scheme {name})")
 
 
 def _check_fmt(key: str, name) -> None:

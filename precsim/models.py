@@ -229,43 +229,29 @@ class Hook:
         return dispatch
 
 
-def _one_token(a: dict, key: str, where: str) -> None:
-    t = a[key]
-    if t.shape[0] != 1 or t.shape[1] != 1:
-        raise PrecsimError(f"{where}: {key} has shape {tuple(t.shape)}; the hook needs batch 1 and "
-                           "one token per call (precsim runs the model token by token)")
-
-
 def _mamba2_step(a: dict, recurrent: bool, layer: int) -> Step:
     """The per-head inputs the Mamba-2 function is about to use (its own dt arithmetic)."""
+    bias, D = a.get("dt_bias"), a.get("D")
     if recurrent:  # state (b,H,P,N), hidden_states (b,H,P), dt (b,H,P), A (H,P,N), B/C (b,G,N)
-        x = a["hidden_states"][0]
-        dt = a["dt"][0, :, 0]
-        if a.get("dt_bias") is not None:
-            dt = dt + a["dt_bias"][:, 0].to(dt.dtype)
-        if a.get("dt_softplus"):
-            dt = F.softplus(dt)
-        A = a["A"][:, 0, 0]
+        x, dt, A = a["hidden_states"][0], a["dt"][0, :, 0], a["A"][:, 0, 0]
+        bias, D = (None if t is None else t[:, 0] for t in (bias, D))
         Bg, Cg = a["B"][0], a["C"][0]
-        D = a["D"][:, 0] if a.get("D") is not None else None
         state = a["state"][0]
     else:  # hidden_states (b,l,H,P), dt (b,l,H), A (H,), B/C (b,l,G,N), initial_states (b,H,P,N)
         if a["hidden_states"].shape[1] != 1:
             raise PrecsimError(f"layer {layer}: the Mamba-2 hook saw {a['hidden_states'].shape[1]}"
                                " tokens in one call; allowed: 1 (run token by token)")
-        x = a["hidden_states"][0, 0]
-        dt = a["dt"][0, 0]
-        if a.get("dt_bias") is not None:
-            dt = dt + a["dt_bias"].to(dt.dtype)
-        if a.get("dt_softplus"):
-            dt = F.softplus(dt)
-        lim = a.get("dt_limit", (0.0, float("inf")))
-        dt = torch.clamp(dt, min=lim[0], max=lim[1])
-        A = a["A"]
+        x, dt, A = a["hidden_states"][0, 0], a["dt"][0, 0], a["A"]
         Bg, Cg = a["B"][0, 0], a["C"][0, 0]
-        D = a.get("D")
         st = a.get("initial_states")
         state = st[0] if st is not None else None
+    if bias is not None:
+        dt = dt + bias.to(dt.dtype)
+    if a.get("dt_softplus"):
+        dt = F.softplus(dt)
+    if not recurrent:  # the chunked function also clamps dt to dt_limit
+        lim = a.get("dt_limit", (0.0, float("inf")))
+        dt = torch.clamp(dt, min=lim[0], max=lim[1])
     H = x.shape[0]
     rep = H // Bg.shape[0]
     inp = {"dt": dt.float() if dt.dtype != torch.float64 else dt,
@@ -383,8 +369,9 @@ def record(model, ids: list[int], n_tokens: int, progress=None) -> tuple[list[in
 
 def trace_arrays(steps: list[Step]) -> dict[str, np.ndarray]:
     """A layer's recorded steps as a trace dict (README schema)."""
-    fam = steps[0].family
-    keys = ("dt", "x", "B", "C") if fam == "mamba2" else ("g", "beta", "q", "k", "v")
+    from .families import get_family
+
+    keys = get_family(steps[0].family).KEYS
     out = {k: torch.stack([s.inp[k] for s in steps]).cpu().numpy() for k in keys}
     for k, v in steps[0].const.items():
         out[k] = v.detach().cpu().numpy()
@@ -432,12 +419,12 @@ class LayerScheme:
         if self.s.dead_at is not None:
             return torch.full(val.shape[2:], math.nan, dtype=self.dtype, device=val.device)
         if not self.s.replay:
-            y = self.s.run_segment(self.family, inp, params, self.pos, True)[-1, 0]
+            y = self.s.run_segment(self.family, inp, params, True)[-1, 0]
         else:
             self.buf.append(inp)
             seg = {k: torch.cat([b[k] for b in self.buf]) for k in inp}
             flush = len(self.buf) == self.L
-            y = self.s.run_segment(self.family, seg, params, self.pos, flush, out_from_fold=flush,
+            y = self.s.run_segment(self.family, seg, params, flush, out_from_fold=flush,
                                    buffer_round=self.br, u_from_master=self.u_master)[-1, 0]
             if flush:
                 self.buf.clear()
@@ -473,11 +460,7 @@ class SchemeHandler:
         return y, ls.s.state[0]
 
     def held(self, layer: int) -> dict:
-        s = self.layers[layer].s
-        out = {"state": s.state[0]}
-        if s.kind == "split":
-            out["read"] = s.read[0]
-        return out
+        return {k: v[0] for k, v in self.layers[layer].s.held().items()}
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -500,6 +483,7 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     in ``run.compute_dtype`` (fp64 under a float64 model).
     """
     from .config import SchemeConfig
+    from .engines.base import progress_bar
     from .metrics import _bands
     from .result import make_result
 
@@ -534,11 +518,7 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     top1 = {n: [] for n in runs}
     rel = {n: [] for n in runs}
     drift = {n: [] for n in runs}  # (generated index, per-layer state drift, read drift)
-    bar = None
-    if progress and cfg.run.progress:
-        from .engines.base import progress_bar as _progress
-
-        bar = _progress(cfg, True)
+    bar = progress_bar(cfg, progress)
     with torch.no_grad(), Hook(model) as hook:
         for t in range(len(ids) + n_gen - 1):
             hook.handler = ref_handler
@@ -564,12 +544,11 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
                 # drift where the layer-level engine samples it: after a flush (every step for
                 # conventional schemes, whose state is always current)
                 if h.sc.kind == "conventional" or (t + 1) % cfg.replay.buffer_len == 0:
-                    held = [h.held(k) for k in layers]
-                    drift[n].append((len(kl[n]) - 1, [
-                        _rel(hd["state"], ref_states[k]) for hd, k in zip(held, layers,
-                                                                          strict=True)], [
-                        _rel(hd["read"], ref_states[k]) if "read" in hd else math.nan
-                        for hd, k in zip(held, layers, strict=True)]))
+                    held = {k: h.held(k) for k in layers}
+                    drift[n].append((len(kl[n]) - 1,
+                                     [_rel(held[k]["state"], ref_states[k]) for k in layers],
+                                     [_rel(held[k]["read"], ref_states[k]) if "read" in held[k]
+                                      else math.nan for k in layers]))
             if t >= len(ids) - 1:
                 tokens.append(int(torch.argmax(lr)))
                 if bar is not None:

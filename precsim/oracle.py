@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .families import FAMILIES, family_of
-from .workload import validate_trace
+from .workload import trace_dims, validate_trace
 
 
 def decode(trace: dict, form: str = "u", return_state: bool = False):
@@ -32,8 +32,7 @@ def decode(trace: dict, form: str = "u", return_state: bool = False):
     fam = FAMILIES[family_of(d)]
     step = fam.step_delta if form == "delta" and fam.name == "gdn" else fam.step
     T, H = d[fam.KEYS[0]].shape
-    Dv, Dk = (d["x"].shape[2], d["B"].shape[2]) if fam.name == "mamba2" else \
-        (d["v"].shape[2], d["k"].shape[2])
+    _, Dv, Dk = trace_dims(d, fam.name)
     a = np.exp(fam.log_decay(d, d))
     S = np.zeros((H, Dv, Dk))
     y = np.empty((T, H, Dv))

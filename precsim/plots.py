@@ -114,19 +114,23 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
         ax.set_title(ttl, fontsize=10)
         ax.grid(True, which="major", alpha=0.35)
         ax.grid(True, which="minor", alpha=0.12)
-    h, lab = [], []
+    legend: dict = {}  # label -> handle, each label once across the panels
     for ax in axes[0]:
         for hh, ll in zip(*ax.get_legend_handles_labels(), strict=True):
-            if ll not in lab:
-                h.append(hh)
-                lab.append(ll)
-    fig.legend(h, lab, loc="lower center", ncol=min(4, len(lab)), fontsize=8, frameon=False)
+            legend.setdefault(ll, hh)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(4, len(legend)),
+               fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return save_png(fig, path, dpi=130)
+
+
+def save_png(fig, path: Path, **savefig_kw) -> Path:
+    """Write ``fig`` to ``path`` atomically (a temporary name, then a rename) and close it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=130)
+    fig.savefig(tmp, **savefig_kw)
     plt.close(fig)
     tmp.replace(path)
     return path

@@ -33,8 +33,7 @@ def record_model(model_path, tokens: int, out, prompt: str | None = None,
 
     if not isinstance(tokens, int) or tokens < 1:
         raise PrecsimError(f"--tokens={tokens!r} is invalid; allowed: an integer >= 1")
-    models.require_transformers()
-    model, tok = models.load_model(model_path, device)
+    model, tok = models.load_model(model_path, device)  # one-line error without transformers
     vocab = model.get_output_embeddings().weight.shape[0]
     ids, source = models.prompt_ids(tok, prompt, vocab)
     t0 = time.perf_counter()

@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -189,12 +190,10 @@ def summary_rows(jobs: list[Job]) -> list[dict]:
         replay = s.get("config", {}).get("replay", {})
         for scheme, figs in s.get("figures", {}).items():
             info = s.get("schemes", {}).get(scheme, {})
-            row = {**base, "scheme": scheme, "label": info.get("label", scheme)}
-            for k in ("kind", "fmt", "rounding", "read_fmt"):
-                row[k] = info.get(k)
-            row["buffer_len"] = replay.get("buffer_len")
-            row["steps"] = s.get("steps")
-            row["dead_at"] = info.get("dead_at")
+            row = {**base, "scheme": scheme, "label": info.get("label", scheme),
+                   **{k: info.get(k) for k in ("kind", "fmt", "rounding", "read_fmt")},
+                   "buffer_len": replay.get("buffer_len"), "steps": s.get("steps"),
+                   "dead_at": info.get("dead_at")}
             for L in [*lengths, "final"]:
                 f = figs.get(str(L), {})
                 for m in METRICS:
@@ -405,15 +404,9 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
                 lines.append(f"  near miss: {cname} ({cb:,.0f} B) {margin_text(cv, budget)}; "
                              f"what would change the answer: "
                              f"{knob(cname, cinfo, summary.get('config', {}))}")
-    lines.append(f"over a sweep: python -m precsim.report {_shell(str(run_dir))} "
+    lines.append(f"over a sweep: python -m precsim.report {shlex.quote(str(run_dir))} "
                  f"--metric {metric} --budget {budget:g}")
     return "\n".join(lines)
-
-
-def _shell(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
 
 
 # -- plots -----------------------------------------------------------------------------------
@@ -425,19 +418,11 @@ def _short_tags(jobs: list[Job]) -> dict[str, str]:
             for j in jobs}
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
     """rel_err and KL vs length of every (job, scheme); a scheme with the same curve in every
     job (the baseline) is drawn once. Line style by scheme kind."""
-    plt = _pyplot()
+    from .plots import plt, save_png
+
     done = [j for j in jobs if j.summary is not None]
     tags = _short_tags(done)
     series, seen = [], {}
@@ -461,8 +446,7 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
     # the configurations on the Pareto front (bytes vs final rel_err) are drawn in colour; the
     # others are faded, without a legend entry, so 25 configurations stay readable
     front_labels = {(c.tag + ": " if c.tag and n_label[c.label] > 1 else "") + c.label
-                    for c in pareto_front([c for c in candidates(done, panels[0])
-                                           if math.isfinite(c.value) and c.value > 0])}
+                    for c in pareto_front(_drawable(candidates(done, panels[0])))}
     hi = [x for x in series if x[1] in front_labels] or series[:10]
     ncol = 1 if len(hi) <= 6 else 2
     extra = 0.22 * math.ceil((len(hi) + 1) / ncol)
@@ -498,24 +482,23 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
         labels.append(f"{len(series) - len(hi)} other configurations (not on the Pareto front)")
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False,
                title="Pareto front (bytes/step vs final " + panels[0] + ")", title_fontsize=8)
-    return _save(fig, path)
+    return save_png(fig, path, dpi=120, bbox_inches="tight")
 
 
 def plot_pareto(jobs: list[Job], path: Path) -> Path:
     """rel_err and KL at the last reported length vs bytes per step. The front is drawn as a
     staircase, numbered and listed under each panel; points off the front get a short grey
     label; x ticks cover the whole range."""
-    plt = _pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    fronts = {m: pareto_front([c for c in candidates(jobs, m)
-                               if math.isfinite(c.value) and c.value > 0])
-              for m in ("rel_err", "kl")}
+    from .plots import plt, save_png
+
+    drawn = {m: _drawable(candidates(jobs, m)) for m in ("rel_err", "kl")}
+    fronts = {m: pareto_front(cs) for m, cs in drawn.items()}
     extra = 0.17 * max(len(f) for f in fronts.values()) + 0.5
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.2 + extra), squeeze=False)
     for ax, m in zip(axes[0], fronts, strict=True):
-        cs = [c for c in candidates(jobs, m) if math.isfinite(c.value) and c.value > 0]
-        front = fronts[m]
+        cs, front = drawn[m], fronts[m]
         off = [c for c in cs if c not in front]
         ax.scatter([c.bytes_per_step for c in off], [c.value for c in off], s=18, alpha=0.6,
                    color="0.55", label="off the front", zorder=2)
@@ -559,7 +542,7 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
         ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=2,
                   frameon=False)
     fig.tight_layout(rect=(0, extra / (5.2 + extra), 1, 1))
-    return _save(fig, path)
+    return save_png(fig, path, dpi=120, bbox_inches="tight")
 
 
 def _clip_low(ax, values, named, decades: float = 3.0) -> None:
@@ -598,15 +581,9 @@ def _pos(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
 
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+def _drawable(cands: list[Candidate]) -> list[Candidate]:
+    """The candidates a log axis can show (a finite, positive metric)."""
+    return [c for c in cands if _pos(c.value)]
 
 
 # -- the whole report ------------------------------------------------------------------------

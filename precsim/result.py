@@ -51,25 +51,18 @@ def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
     ``first_flip``, the mean over sequences of the first step whose top-1 differs from the
     truth's, a sequence that never flips counted as the run length (censored), and ``flipped``,
     how many sequences flipped (``precsim.metrics.Accumulator.rows``)."""
-    out: dict[str, dict] = {}
-    for r in rows:
-        out.setdefault(r["scheme"], {})
-    for name in out:
+    keys = ("rel_err", "kl", "top1", "state_drift", "read_drift")
+    out: dict[str, dict] = {r["scheme"]: {} for r in rows}
+    for name, figs in out.items():
         mine = [r for r in rows if r["scheme"] == name]
         for L in lengths:
-            if L > steps:
-                continue
             cand = [r for r in mine if r["step"] >= L]
-            if not cand:
-                continue
-            r = min(cand, key=lambda r: r["step"])
-            out[name][str(L)] = {k: r.get(k, math.nan) for k in
-                                 ("rel_err", "kl", "top1", "state_drift", "read_drift")}
-        last = mine[-1] if mine else None
-        if last:
-            out[name]["final"] = {k: last.get(k, math.nan) for k in
-                                  ("step", "rel_err", "kl", "top1", "state_drift", "read_drift")}
-            if "first_flip" in last:
-                out[name]["final"]["first_flip"] = last["first_flip"]
-                out[name]["final"]["flipped"] = int(last["flipped"])
+            if L <= steps and cand:
+                r = min(cand, key=lambda r: r["step"])
+                figs[str(L)] = {k: r.get(k, math.nan) for k in keys}
+        last = mine[-1]  # every scheme in ``out`` has rows
+        figs["final"] = {k: last.get(k, math.nan) for k in ("step", *keys)}
+        if "first_flip" in last:
+            figs["final"]["first_flip"] = last["first_flip"]
+            figs["final"]["flipped"] = int(last["flipped"])
     return out

@@ -58,11 +58,7 @@ def _clean(v):
 
 
 def rows_to_csv(rows: list[dict]) -> str:
-    cols: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in cols:
-                cols.append(k)
+    cols = list(dict.fromkeys(k for r in rows for k in r))  # every key, in first-seen order
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()

@@ -61,7 +61,7 @@ class Scheme:
 class Conventional(Scheme):
     kind = "conventional"
 
-    def run_segment(self, family, inp, params, t0: int, flush: bool) -> torch.Tensor:
+    def run_segment(self, family, inp, params, flush: bool) -> torch.Tensor:
         m = next(iter(inp.values())).shape[0]
         ys = []
         for i in range(m):
@@ -74,37 +74,35 @@ class Conventional(Scheme):
 
 
 class Shared(Scheme):
+    """Outputs from the read copy (for shared, the checkpoint itself) plus the buffer; at a flush
+    the folded master is rounded and the read copy renewed (:meth:`new_read`)."""
+
     kind = "shared"
     replay = True
 
-    def run_segment(self, family, inp, params, t0: int, flush: bool, *, out_from_fold=True,
-                    buffer_round=None, u_from_master=False) -> torch.Tensor:
-        Y, fold = family.segment(self.state, self.state, inp, params, out_from_fold=out_from_fold,
-                                 buffer_round=buffer_round, u_from_master=u_from_master)
-        if flush:
-            self.state = self._q(fold, self.cfg.fmt, self.cfg.rounding, UPDATE)
-            self.read = self.state
-            self.events += 1
-        return Y
-
-
-class Split(Scheme):
-    kind = "split"
-    replay = True
-
-    def init(self, shape, device, dtype) -> None:
-        super().init(shape, device, dtype)
-        self.read = torch.zeros(shape, device=device, dtype=dtype)
-
-    def run_segment(self, family, inp, params, t0: int, flush: bool, *, out_from_fold=True,
+    def run_segment(self, family, inp, params, flush: bool, *, out_from_fold=True,
                     buffer_round=None, u_from_master=False) -> torch.Tensor:
         Y, fold = family.segment(self.read, self.state, inp, params, out_from_fold=out_from_fold,
                                  buffer_round=buffer_round, u_from_master=u_from_master)
         if flush:
             self.state = self._q(fold, self.cfg.fmt, self.cfg.rounding, UPDATE)
-            self.read = self._q(self.state, self.cfg.read_fmt, "rne", READ)
+            self.read = self.new_read()
             self.events += 1
         return Y
+
+    def new_read(self) -> torch.Tensor:
+        return self.state
+
+
+class Split(Shared):
+    kind = "split"
+
+    def init(self, shape, device, dtype) -> None:
+        super().init(shape, device, dtype)
+        self.read = torch.zeros(shape, device=device, dtype=dtype)
+
+    def new_read(self) -> torch.Tensor:
+        return self._q(self.state, self.cfg.read_fmt, "rne", READ)
 
     def held(self) -> dict[str, torch.Tensor]:
         return {"state": self.state, "read": self.read}

@@ -20,6 +20,7 @@ from precsim import formats as pf
 
 from .config import Config
 from .errors import PrecsimError
+from .families import FAMILIES, family_of
 
 TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4, "g": 5, "beta": 6, "q": 7, "k": 8, "v": 9}
 
@@ -148,12 +149,13 @@ class TraceWorkload(Workload):
             raise PrecsimError(f"workload.path={str(path)!r} is not a readable .npz file "
                                f"({type(e).__name__})") from None
         self.data = validate_trace(data, where=f"trace {path.name}")
-        self.family = "mamba2" if "dt" in self.data else "gdn"
-        self.max_steps = self.data["dt" if self.family == "mamba2" else "g"].shape[0]
+        self.family = family_of(self.data)
+        self.keys = FAMILIES[self.family].KEYS
+        self.max_steps = self.data[self.keys[0]].shape[0]
         # the trace fixes the layer: its family and shape replace model.* (then re-validated)
         m = cfg.model
         m.family = self.family
-        m.heads, m.head_dim, m.state_dim = _trace_dims(self.data, self.family)
+        m.heads, m.head_dim, m.state_dim = trace_dims(self.data, self.family)
         m.groups = 1
         from .config import validate
 
@@ -176,9 +178,8 @@ class TraceWorkload(Workload):
         memory-mapped file the rows are read once into a pinned staging buffer and copied to the
         GPU asynchronously (on the caller's stream), so the file is never held twice in host
         memory and the copy overlaps the kernels already queued."""
-        keys = ("dt", "x", "B", "C") if self.family == "mamba2" else ("g", "beta", "q", "k", "v")
         out = {}
-        for k in keys:
+        for k in self.keys:
             rows = self.data[k][t0:t1, None]
             if self.device.type == "cuda":
                 stage = torch.empty(rows.shape, dtype=torch.from_numpy(rows[:0]).dtype,
@@ -213,8 +214,7 @@ def load_trace_arrays(path) -> dict:
                 with open(path, "rb") as f:
                     f.seek(info.header_offset)
                     local = f.read(30)
-                    n, m = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30],
-                                                                                 "little")
+                    n, m = (int.from_bytes(local[i:i + 2], "little") for i in (26, 28))
                     f.seek(info.header_offset + 30 + n + m)
                     fmt = np.lib.format
                     version = fmt.read_magic(f)
@@ -232,7 +232,8 @@ def load_trace_arrays(path) -> dict:
     return out
 
 
-def _trace_dims(d: dict, family: str) -> tuple[int, int, int]:
+def trace_dims(d: dict, family: str) -> tuple[int, int, int]:
+    """``(heads, Dv, Dk)`` of a trace dict: Mamba-2 ``(H, P, N)``, GDN ``(H, V, K)``."""
     if family == "mamba2":
         return d["x"].shape[1], d["x"].shape[2], d["B"].shape[2]
     return d["v"].shape[1], d["v"].shape[2], d["k"].shape[2]

@@ -15,7 +15,6 @@ import importlib
 from ..config import Config
 from ..errors import PrecsimError
 from ..result import Result
-from .base import flush_schedule
 
 ENGINES = {"numpy": "precsim.engines.numpy", "torch": "precsim.engines.torch",
            "triton": "precsim.engines.triton", "numba": "precsim.engines.numba"}
@@ -79,5 +78,4 @@ def run(cfg: Config, progress: bool = True) -> Result:
     return engine_module(engine).run(cfg, device, progress=progress)
 
 
-__all__ = ["ENGINES", "AUTO", "engine_module", "resolve_device", "resolve_engine", "run",
-           "flush_schedule"]
+__all__ = ["ENGINES", "AUTO", "engine_module", "resolve_device", "resolve_engine", "run"]

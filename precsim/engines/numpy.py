@@ -104,7 +104,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                     R = state[n] if sc.kind == "shared" else read[n]
                     ys[n][i] = _replay_step(fam, buf[n], R, state[n], inp, i, bround, u_master)
                     if last:  # flush: fold the buffer into the master, write back once
-                        fold = _fold(fam, buf[n], state[n], dt_)
+                        fold = _fold(buf[n], state[n], dt_)
                         if not spec:
                             c = inp["C"][i] if fam == "mamba2" else inp["q"][i]
                             ys[n][i] = _out(fold, c)
@@ -125,17 +125,12 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
             recorded["truth"].append(y_ref)
             for n in names:
                 recorded[n].append(ys[n])
-        if acc.want_drift(pos):
-            held = {}
-            for n in names:
-                if dead[n] is not None:
-                    held[n] = None
-                    continue
-                h = {"state": torch.from_numpy(state[n])}
-                if cfg.schemes[n].kind == "split":
-                    h["read"] = torch.from_numpy(read[n])
-                held[n] = h
-            acc.record_drift(pos, torch.from_numpy(S_ref), held)
+        if acc.want_drift(pos):  # what each live scheme holds: its state (and split's read copy)
+            held = {n: {"state": state[n], "read": read[n]} if cfg.schemes[n].kind == "split"
+                    else {"state": state[n]} for n in names}
+            acc.record_drift(pos, torch.from_numpy(S_ref), {
+                n: None if dead[n] is not None else {k: torch.from_numpy(v) for k, v in h.items()}
+                for n, h in held.items()})
         if bar is not None:
             bar.update(m)
     acc.finish()
@@ -152,48 +147,42 @@ def _at(inp: dict, i: int) -> dict:
 
 
 def _replay_step(fam, buf, R, M, inp, i, bround, u_master):
-    """Append step i to the buffer and return its output by output-only evaluation."""
+    """Append step i to the buffer and return its output by output-only evaluation.
+
+    A buffer entry is ``(log-decay, weight, value, key)``: Mamba-2 ``(dt A, dt, x, B)``, GDN
+    ``(g, None, u, k)`` (no weight).
+    """
+    la = inp["la"][i]
     if fam == "mamba2":
-        buf.append((inp["la"][i], inp["dt"][i], bround(inp["x"][i]),
-                    bround(inp["B"][i])))
-        c = inp["C"][i]
-        logs = np.stack([e[0] for e in buf])  # (m, S, H)
-        after = np.cumsum(logs[::-1], axis=0)[::-1] - logs  # log-decay after each entry
-        y = np.exp(logs.sum(0))[..., None] * _out(R, c)
-        for j, (_, dt, x, B) in enumerate(buf):
-            w = dt * np.exp(after[j])
-            y = y + (w * np.einsum("shn,shn->sh", B, c))[..., None] * x
-        return y
+        buf.append((la, inp["dt"][i], bround(inp["x"][i]), bround(inp["B"][i])))
+        return _read(R, inp["C"][i], np.stack([e[0] for e in buf]), buf)
     k = bround(inp["k"][i])
-    g = inp["la"][i]
-    logs = np.stack([e[0] for e in buf] + [g])
-    after = np.cumsum(logs[::-1], axis=0)[::-1] - logs
+    logs = np.stack([e[0] for e in buf] + [la])  # the buffer's log-decays, then this step's
     # alpha_t S_{t-1} k_t from the checkpoint and the buffer, without building the state
-    src = M if u_master else R
-    Sk = np.exp(logs.sum(0))[..., None] * _out(src, k)
-    for j, (_, u_j, k_j) in enumerate(buf):
-        Sk = Sk + (np.exp(after[j]) * np.einsum("shk,shk->sh", k_j, k))[..., None] * u_j
-    u = bround(inp["beta"][i][..., None] * (inp["v"][i] - Sk))
-    buf.append((g, u, k))
-    q = inp["q"][i]
-    logs = np.stack([e[0] for e in buf])
-    after = np.cumsum(logs[::-1], axis=0)[::-1] - logs
-    y = np.exp(logs.sum(0))[..., None] * _out(R, q)
-    for j, (_, u_j, k_j) in enumerate(buf):
-        y = y + (np.exp(after[j]) * np.einsum("shk,shk->sh", k_j, q))[..., None] * u_j
+    Sk = _read(M if u_master else R, k, logs, buf)
+    buf.append((la, None, bround(inp["beta"][i][..., None] * (inp["v"][i] - Sk)), k))
+    return _read(R, inp["q"][i], logs, buf)
+
+
+def _weights(logs, buf):
+    """Per buffer entry: its decay over the later steps of ``logs``, times its weight (if any)."""
+    after = np.cumsum(logs[::-1], axis=0)[::-1] - logs  # log-decay after each entry
+    return [np.exp(after[j]) if w is None else w * np.exp(after[j])
+            for j, (_, w, _, _) in enumerate(buf)]
+
+
+def _read(S0, c, logs, buf):
+    """``S c`` of the state the buffer would build from ``S0``, without building it."""
+    y = np.exp(logs.sum(0))[..., None] * _out(S0, c)
+    for w, (_, _, val, key) in zip(_weights(logs, buf), buf, strict=True):
+        y = y + (w * np.einsum("shk,shk->sh", key, c))[..., None] * val
     return y
 
 
-def _fold(fam, buf, M, dt_):
+def _fold(buf, M, dt_):
+    """The master ``M`` with the buffer folded in (unrounded, then cast to the compute dtype)."""
     logs = np.stack([e[0] for e in buf])
-    after = np.cumsum(logs[::-1], axis=0)[::-1] - logs
     S = np.exp(logs.sum(0))[..., None, None] * M
-    for j, e in enumerate(buf):
-        if fam == "mamba2":
-            _, dt, x, B = e
-            w = (dt * np.exp(after[j]))[..., None, None]
-            S = S + w * (x[..., :, None] * B[..., None, :])
-        else:
-            _, u, k = e
-            S = S + np.exp(after[j])[..., None, None] * (u[..., :, None] * k[..., None, :])
+    for w, (_, _, val, key) in zip(_weights(logs, buf), buf, strict=True):
+        S = S + w[..., None, None] * (val[..., :, None] * key[..., None, :])
     return S.astype(dt_)

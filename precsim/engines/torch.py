@@ -75,10 +75,10 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                 ys[s.name] = None
                 continue
             if s.replay:
-                y = s.run_segment(family, inp, pc, pos, True, out_from_fold=not spec,
+                y = s.run_segment(family, inp, pc, True, out_from_fold=not spec,
                                   buffer_round=br, u_from_master=u_master)
             else:
-                y = s.run_segment(family, inp, pc, pos, True)
+                y = s.run_segment(family, inp, pc, True)
             if Dc is not None:
                 y = y + Dc[:, None] * inp["x"]
             finite = torch.isfinite(y).reshape(m, -1).all(dim=1)

@@ -26,7 +26,6 @@ import torch
 
 from ..errors import check_choice
 from . import gdn, mamba2
-from .base import decay_matrices
 
 FAMILIES = {"mamba2": mamba2, "gdn": gdn}
 LOG2E_F32 = float(torch.tensor(1.0 / math.log(2.0), dtype=torch.float32))
@@ -72,5 +71,4 @@ def decays(family: str, inp64: dict, params64: dict, dtype: torch.dtype,
     return {"a": a, "la": la}
 
 
-__all__ = ["FAMILIES", "get_family", "family_of", "family_params", "decays",
-           "fast_exp32", "decay_matrices"]
+__all__ = ["FAMILIES", "get_family", "family_of", "family_params", "decays", "fast_exp32"]
