@@ -121,14 +121,52 @@ def engine_first_run(out: Path, extra: list[str]) -> dict:
             "kernel_s": [r1.info.get("kernel_s"), r2.info.get("kernel_s")]}
 
 
+VARIANT = """
+import gc, json, sys, time
+from precsim.cli import _compose_config, _join_warm_up, _warm_up, register_configs
+from precsim.engines import triton
+over = json.loads(sys.argv[1])
+_warm_up(over)
+register_configs()
+c = _compose_config(over)
+_join_warm_up()
+gc.freeze()
+t = time.perf_counter()
+r = triton.run(c, "cuda", progress=False, inflight=int(sys.argv[2]))
+print(json.dumps({"inflight": int(sys.argv[2]), "run_s": round(time.perf_counter() - t, 3),
+                  "wall_s": round(r.wall_s, 3), "phases": r.info["phases_s"],
+                  "kernel_s": round(r.info["kernel_s"], 3)}))
+"""
+
+
+def variants(extra: list[str], values: list[int], repeats: int = 2) -> list:
+    """The engine's first run in fresh processes (after the CLI's warm-up) per ``inflight``."""
+    over = [*CMD[3:], *extra, "run.progress=false"]
+    rows = []
+    for _ in range(repeats):
+        for k in values:
+            p = subprocess.run([sys.executable, "-c", VARIANT, json.dumps(over), str(k)],
+                               capture_output=True, text=True)
+            rows.append(json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0
+                        else {"inflight": k, "error": p.stderr.strip().splitlines()[-3:]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--warm", type=int, default=3)
+    ap.add_argument("--variants", default="", help="e.g. 5,16,32: the engine's first run in "
+                    "fresh processes per Options.inflight, then exit")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.variants:
+        rows = variants(a.extra, [int(v) for v in a.variants.split(",")])
+        (out / "gpu_process_variants.json").write_text(json.dumps(rows, indent=1))
+        return 0
     rec: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "command": " ".join(["python -m precsim", *CMD[3:], *a.extra]),
                  "installation": installation(), "floor": floor()}

@@ -469,6 +469,9 @@ def _run_app(cfg) -> None:
         summary = stored
     else:
         _join_warm_up()
+        import gc
+
+        gc.freeze()  # the imports' objects: later collections skip them (no multi-ms pauses)
         age = process_age()
         result = run(c, progress=not multirun)
         if age is not None and not multirun:  # a sweep's jobs share one process

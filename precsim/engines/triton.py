@@ -138,7 +138,9 @@ class Options:
     matmuls in one Triton pass. ``prefetch`` (CUDA): the next batch's inputs are drawn on a side
     stream while the current kernel runs. ``metrics_batch``: launch windows whose inputs and
     fused window metrics are drawn and reduced together. ``priority`` (CUDA): the kernels run on a
-    high-priority stream.
+    high-priority stream. ``inflight``: launches the host may queue ahead of the GPU (it then
+    waits for the oldest); a deeper queue absorbs the host's one-off pauses in a process's first
+    run (the first use of each kernel and torch op) instead of idling the GPU.
     """
 
     num_warps: int | None = None
@@ -154,6 +156,7 @@ class Options:
     prefetch: bool = True
     metrics_batch: int = 8
     priority: bool = True
+    inflight: int = 16
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
@@ -163,10 +166,10 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     (``Result.info["triton_fallback"]``)."""
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
-     maxnreg, kl_fused, prefetch, metrics_batch, priority) = (
+     maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight) = (
         opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
         opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
-        opt.metrics_batch, opt.priority)
+        opt.metrics_batch, opt.priority, max(1, opt.inflight))
     phases = {"start": time.perf_counter()}
     wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
@@ -210,9 +213,12 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         if s.cfg.rounding == "sr":
             k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)
     k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
-    readout = _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev) \
-        if cfg.metrics.kl else None
-    acc = DeviceAccumulator([s.name for s in schemes], cfg.metrics.window, readout)
+    # the readout head is drawn when the first window's metrics need it: by then the first
+    # launches are queued, and drawing it (the first in a process: ~0.1 s of one-off host work)
+    # overlaps them instead of delaying them
+    want_kl = bool(cfg.metrics.kl)
+    readout = None
+    acc = DeviceAccumulator([s.name for s in schemes], cfg.metrics.window, None)
     acc.tf32 = kl_tf32
     params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
               for k, v in wl.params.items()}
@@ -238,8 +244,11 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     def process(item) -> None:
         """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
         schemes at once (few device ops per window: the host must stay ahead of the GPU)."""
-        nonlocal dead, dead_at
+        nonlocal dead, dead_at, readout
         t0, t1, inp, y64, y32, states, done = item
+        if want_kl and readout is None:
+            readout = acc.readout = _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale,
+                                             dev)
         n = t1 - t0
         ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
         with ctx:
@@ -249,7 +258,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                     t.record_stream(side)
             if fused:  # one Triton pass per window: rel_err, non-finite flags, KL inputs
                 err, bad, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, dead, n * Sq, P,
-                                             readout is not None and not skip_metrics)
+                                             want_kl and not skip_metrics)
                 bad = bad.view(ns, n, Sq).any(dim=2)
                 anyb = bad.any(dim=1)
                 first = t0 + 1 + torch.argmax(bad.to(torch.int8), dim=1)
@@ -356,9 +365,9 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             t0 = T0
             for t1 in bends:
                 n = t1 - t0
-                if len(timed) > 4:  # the host runs ahead without syncs: bound the launches
+                if len(timed) >= inflight:  # the host runs ahead without syncs: bound it
                     w0 = time.perf_counter()
-                    timed[-5][1].synchronize()
+                    timed[-inflight][1].synchronize()
                     host_wait += time.perf_counter() - w0
                 if cuda:
                     e0 = torch.cuda.Event(enable_timing=True)
