@@ -132,23 +132,27 @@ c = _compose_config(over)
 _join_warm_up()
 gc.freeze()
 t = time.perf_counter()
-r = triton.run(c, "cuda", progress=False, inflight=int(sys.argv[2]))
-print(json.dumps({"inflight": int(sys.argv[2]), "run_s": round(time.perf_counter() - t, 3),
+opts = json.loads(sys.argv[2])
+r = triton.run(c, "cuda", progress=False, **opts)
+print(json.dumps({**opts, "run_s": round(time.perf_counter() - t, 3),
                   "wall_s": round(r.wall_s, 3), "phases": r.info["phases_s"],
-                  "kernel_s": round(r.info["kernel_s"], 3)}))
+                  "kernel_s": round(r.info["kernel_s"], 3),
+                  "final": {x["scheme"]: [x["rel_err"], x.get("kl"), x.get("state_drift")]
+                            for x in r.rows if x["step"] == r.steps}}))
 """
 
 
-def variants(extra: list[str], values: list[int], repeats: int = 2) -> list:
-    """The engine's first run in fresh processes (after the CLI's warm-up) per ``inflight``."""
+def variants(extra: list[str], values: list[dict], repeats: int = 2) -> list:
+    """The engine's first run in fresh processes (after the CLI's warm-up) per set of
+    ``Options`` fields."""
     over = [*CMD[3:], *extra, "run.progress=false"]
     rows = []
     for _ in range(repeats):
         for k in values:
-            p = subprocess.run([sys.executable, "-c", VARIANT, json.dumps(over), str(k)],
+            p = subprocess.run([sys.executable, "-c", VARIANT, json.dumps(over), json.dumps(k)],
                                capture_output=True, text=True)
             rows.append(json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0
-                        else {"inflight": k, "error": p.stderr.strip().splitlines()[-3:]})
+                        else {**k, "error": p.stderr.strip().splitlines()[-3:]})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -157,14 +161,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--warm", type=int, default=3)
-    ap.add_argument("--variants", default="", help="e.g. 5,16,32: the engine's first run in "
-                    "fresh processes per Options.inflight, then exit")
+    ap.add_argument("--variants", default="", help="e.g. 'inflight=5,metrics_lag=1;"
+                    "inflight=32': the engine's first run in fresh processes per set of "
+                    "Options fields, then exit")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.variants:
-        rows = variants(a.extra, [int(v) for v in a.variants.split(",")])
+        sets = [{k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
+                for spec in a.variants.split(";")]
+        rows = variants(a.extra, sets)
         (out / "gpu_process_variants.json").write_text(json.dumps(rows, indent=1))
         return 0
     rec: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -141,6 +141,8 @@ class Options:
     high-priority stream. ``inflight``: launches the host may queue ahead of the GPU (it then
     waits for the oldest); a deeper queue absorbs the host's one-off pauses in a process's first
     run (the first use of each kernel and torch op) instead of idling the GPU.
+    ``metrics_lag`` (with ``overlap``): a batch's metrics are reduced once this many later
+    batches are queued behind it.
     """
 
     num_warps: int | None = None
@@ -156,7 +158,8 @@ class Options:
     prefetch: bool = True
     metrics_batch: int = 8
     priority: bool = True
-    inflight: int = 16
+    inflight: int = 32
+    metrics_lag: int = 2
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
@@ -166,10 +169,10 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     (``Result.info["triton_fallback"]``)."""
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
-     maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight) = (
+     maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag) = (
         opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
         opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
-        opt.metrics_batch, opt.priority, max(1, opt.inflight))
+        opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag))
     phases = {"start": time.perf_counter()}
     wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
@@ -299,7 +302,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     bar = progress_bar(cfg, progress)
     phases["setup"] = time.perf_counter()
     t_loop = time.perf_counter()
-    pending, timed, kern, side_done, host_wait, compile_s = None, [], {}, [], 0.0, 0.0
+    pending: list = []  # batches whose metrics wait (overlap: metrics_lag batches behind)
+    timed, kern, side_done, host_wait, compile_s = [], {}, [], 0.0, 0.0
     ends = launch_ends(steps, cfg.metrics.window, L)
     # launch windows per metrics batch: the inputs and window metrics of G launches are drawn
     # and reduced together (a few dozen small device ops per batch: the host stays ahead of
@@ -409,14 +413,14 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 t0 = t1
             item = (T0, T1, inp, y64, y32, states, e1 if cuda else None)
             if overlap:
-                if pending is not None:
-                    process(pending)
-                pending = item
+                pending.append(item)
+                if len(pending) > metrics_lag:
+                    process(pending.pop(0))
             else:
                 process(item)
             T0 = T1
-        if pending is not None:
-            process(pending)
+        while pending:
+            process(pending.pop(0))
     if cuda:
         torch.cuda.synchronize(dev)
     if drift_parts:  # every fused drift sample finished at once, one copy to the host
