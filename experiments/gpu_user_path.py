@@ -156,7 +156,8 @@ def main(argv=None) -> int:
 
     res["triton"] = triton.__version__
     runs = [whole([], out, "cold"), whole([], out, "warm1"), whole([], out, "warm2"),
-            whole(["run.steps=131072"], out, "131k")]
+            whole([], out, "warm3"), whole(["run.steps=131072"], out, "131k"),
+            whole(["run.steps=131072"], out, "131k_2")]
     res["whole"] = runs
     for r in runs:
         print(json.dumps(r), flush=True)
