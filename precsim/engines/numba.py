@@ -405,17 +405,24 @@ if numba is not None:
     @njit(cache=True)
     def _quant(M, out, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
         """Fake-quantise one C-contiguous float32 matrix ``M (P, N)`` into ``out`` (may alias M):
-        element formats per element, block formats along the last axis (NVFP4's FP32 scale over
-        the matrix unless ``scope_none``; its scales applied as reciprocals if ``recip``, else
-        divided). Elements are numbered ``base + p*N + n`` for SR; the
-        random words come in one pass and are read back as lanes (little-endian: lane ``j`` of a
-        word is its ``j``-th 8/16-bit slot in memory)."""
-        P, N = M.shape
+        a copy, then :func:`_quant_in` on ``out``."""
         if not (out.ctypes.data == M.ctypes.data):
             out[:, :] = M
+        _quant_in(out, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el)
+
+    @njit(cache=True)
+    def _quant_in(X, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
+        """Fake-quantise one C-contiguous float32 matrix ``X (P, N)`` in place: element formats
+        per element, block formats along the last axis (NVFP4's FP32 scale over the matrix
+        unless ``scope_none``; its scales applied as reciprocals if ``recip``, else divided).
+        Elements are numbered ``base + p*N + n`` for SR; the random words come in one pass and
+        are read back as lanes (little-endian: lane ``j`` of a word is its ``j``-th 8/16-bit
+        slot in memory). One array argument: with a second one that may alias it (the former
+        ``_quant(M, out)`` body) NVFP4-SR on a 64 x 128 state took 9.5 us, here 5.3 us."""
+        P, N = X.shape
         if f == 0:
             return
-        x = out.reshape(P * N)
+        x = X.reshape(P * N)
         slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
         lanes = 32 // slot
         uoff = base % lanes
@@ -535,8 +542,8 @@ if numba is not None:
             y = y32[i, sh]
             if kind == 0:
                 _update(st, a32[i, sh], dt32[i, sh], x32[i, sh], B32[i, sh], C32[i, sh], y)
-                _quant(st, st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
-                       np.int64(keys[i]), el)
+                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
+                          np.int64(keys[i]), el)
                 continue
             j = t % L
             Cv = C32[i, sh]
@@ -549,8 +556,8 @@ if numba is not None:
                     for n in range(N):
                         row[n] = g * row[n] + fr[n]
                     y[p] = _dot(row, Cv)
-                _quant(st, st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
-                       np.int64(keys[i]), el)
+                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
+                          np.int64(keys[i]), el)
                 if kind == 2:
                     _quant(st, rd, rf, False, 0, False, floor, scope_none, recip, base, 0, 0, el)
             else:  # output-only: the checkpoint (read copy) is only read
