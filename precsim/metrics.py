@@ -78,7 +78,7 @@ class Readout:
         d = (self.normalise(ys) - yh_ref).to(torch.float32)
         prod = d @ self.W32.T
         ref = ref_stats(logp_ref)
-        out = [kl_top1(logp_ref, self.scale * prod[i].to(torch.float64), ref)
+        out = [_kl_top1_into(logp_ref, prod[i].to(torch.float64).mul_(self.scale), ref)
                for i in range(ys.shape[0])]
         if not out:
             empty = logp_ref.new_zeros((0, *logp_ref.shape[:-1]))
@@ -107,6 +107,17 @@ def kl_top1(logp_ref: torch.Tensor, diff: torch.Tensor,
     b = logp_ref + diff
     logp_sim = torch.log_softmax(b, dim=-1)
     kl = torch.sum(p_ref * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
+    agree = (torch.argmax(b, dim=-1) == top_ref) & _finite_rows(b)
+    return kl, agree.to(torch.float64)
+
+
+def _kl_top1_into(logp_ref, diff, ref) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kl_top1` overwriting ``diff`` and its own temporaries (the same operations,
+    operands of ``+`` and ``*`` swapped: the same values)."""
+    p_ref, top_ref = ref
+    b = diff.add_(logp_ref)
+    t = torch.log_softmax(b, dim=-1)
+    kl = torch.sub(logp_ref, t, out=t).mul_(p_ref).sum(dim=-1).clamp_(min=0.0)
     agree = (torch.argmax(b, dim=-1) == top_ref) & _finite_rows(b)
     return kl, agree.to(torch.float64)
 
