@@ -730,6 +730,8 @@ def run_study(st: Study, work: Path, dest: Path, device: str, smoke: bool,
     sweep = work / st.name
     if sweep.exists():
         shutil.rmtree(sweep)
+    if concurrent > 1 and device == "cpu":  # studies side by side: one core each
+        extra = (*extra, "run.threads=1")
     cmd = study_command(st, sweep, device, smoke, extra)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     started = dt.datetime.now(dt.timezone.utc)

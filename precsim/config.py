@@ -96,8 +96,11 @@ class RunConfig:
     device: str = "auto"
     engine: str = "auto"
     compute_dtype: str = "fp32"
-    threads: int = 1  # CPU engines: torch intra-op threads (0 = torch's default); 1 avoids
-    # OpenMP oversubscription when sweeps run jobs side by side
+    # CPU threads: "auto" = the numba engine on all cores for a single run, shared out among
+    # the jobs of a joblib sweep (1 each at n_jobs = cores), torch ops on one thread (its
+    # OpenMP workers spin: 3-20x slower with 2 on a shared machine); 0 = all cores (torch's
+    # default); n = n threads for both. Results do not depend on it.
+    threads: Any = "auto"
     progress: bool = True
     out_dir: str | None = None  # default: Hydra's run directory (cwd when no Hydra)
 
@@ -250,8 +253,9 @@ def validate(cfg: Config) -> None:
     check_choice("run.device", run.device, DEVICES)
     check_choice("run.engine", run.engine, ENGINES)
     check_choice("run.compute_dtype", run.compute_dtype, COMPUTE_DTYPES)
-    check(isinstance(run.threads, int) and run.threads >= 0, "run.threads", run.threads,
-          "an integer >= 0 (0 = torch's default)")
+    check(run.threads == "auto" or (isinstance(run.threads, int) and not isinstance(
+        run.threads, bool) and run.threads >= 0), "run.threads", run.threads,
+          "auto or an integer >= 0 (0 = all cores)")
     mc = cfg.metrics
     check(isinstance(mc.window, int) and mc.window > 0, "metrics.window", mc.window,
           "an integer >= 1")

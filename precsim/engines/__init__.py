@@ -15,6 +15,7 @@ import importlib
 from ..config import Config
 from ..errors import PrecsimError
 from ..result import Result
+from .base import torch_threads
 
 ENGINES = {"numpy": "precsim.engines.numpy", "torch": "precsim.engines.torch",
            "triton": "precsim.engines.triton", "numba": "precsim.engines.numba"}
@@ -73,8 +74,9 @@ def run(cfg: Config, progress: bool = True) -> Result:
 
         return run_model_kl(cfg, device, progress=progress)
     engine = resolve_engine(cfg.run.engine, device, cfg)
-    if cfg.run.threads > 0 and torch.get_num_threads() != cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+    nt = torch_threads(cfg.run.threads)
+    if nt is not None and torch.get_num_threads() != nt:
+        torch.set_num_threads(nt)
     return engine_module(engine).run(cfg, device, progress=progress)
 
 

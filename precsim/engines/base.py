@@ -10,6 +10,7 @@ reduces the outputs with ``precsim.metrics.Accumulator``, then builds its
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -84,3 +85,46 @@ def launch_ends(steps: int, window: int, L: int) -> list[int]:
             ends.append(e)
         k += 1
     return ends
+
+
+def side_by_side_jobs() -> int:
+    """How many jobs of a Hydra sweep run side by side on this machine: the joblib launcher's
+    ``n_jobs`` in a multirun job (-1 = all cores, -2 all but one, ...), else 1 (a single run, the
+    API, or Hydra's basic launcher, which runs the jobs in turn)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        from omegaconf import OmegaConf
+    except ImportError:  # pragma: no cover
+        return 1
+    if not HydraConfig.initialized():
+        return 1
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return 1
+    if "joblib" not in str(OmegaConf.select(hc, "launcher._target_", default="") or "").lower():
+        return 1
+    n = OmegaConf.select(hc, "launcher.n_jobs", default=-1)
+    cores = os.cpu_count() or 1
+    n = int(n) if n is not None else -1
+    return max(1, n if n > 0 else cores + 1 + n)
+
+
+def cpu_threads(threads, cores: int | None = None) -> int:
+    """The threads a CPU engine's own compiled code uses for ``run.threads``: ``auto`` = all
+    cores for a single run, the cores shared out among the jobs of a joblib sweep that run
+    side by side (1 each when ``n_jobs`` = cores); 0 = all cores; n = n (at most the cores).
+    Results do not depend on it (tests/engines/test_engine_numba.py)."""
+    cores = cores or os.cpu_count() or 1
+    if threads == "auto":
+        return max(1, cores // side_by_side_jobs())
+    return cores if threads == 0 else max(1, min(int(threads), cores))
+
+
+def torch_threads(threads) -> int | None:
+    """torch's intra-op threads for ``run.threads`` (None: leave torch's default): ``auto`` = 1,
+    because torch's OpenMP workers spin (with 2 threads on a shared 2-core machine the torch
+    engine ran 3-20x slower than with one; README, CPU section); 0 = torch's default; n = n."""
+    if threads == "auto":
+        return 1
+    return None if threads == 0 else int(threads)

@@ -273,3 +273,60 @@ def test_trace_members_are_memory_mapped_when_stored(tmp_path, save):
     cfg2 = to_config(tiny_cfg("mamba2", steps=48, workload__kind="trace",
                               workload__path=str(tmp_path / "u.npz")))
     assert run_torch(cfg2, "cpu", progress=False).rows == rows
+
+
+@pytest.mark.parametrize("S", [1, 3])
+def test_accumulator_window_equals_per_scheme_reduction(S):
+    """Accumulator._reduce reduces every scheme of a window at once (one stacked copy, one
+    readout matmul, the reference's softmax and argmax once); statistic for statistic it equals
+    the per-scheme definition (Readout.kl_top1 and the rel_err norm of one scheme at a time),
+    bit for bit, with a dead scheme (None: NaN), a scheme with one non-finite output and a
+    scheme equal to the truth."""
+    import torch
+
+    from precsim.metrics import Accumulator, Readout, first_flips
+
+    H, P, n = 2, 8, 24
+    rng = np.random.default_rng(S)
+    ro = Readout(H * P, 64, 3.0, "cpu")
+    acc = Accumulator(["near", "far", "same", "bad", "dead"], n, ro)
+    y_ref = torch.from_numpy(rng.standard_normal((n, S, H, P)))
+    ys = {"near": (y_ref * (1 + 1e-6 * torch.from_numpy(rng.standard_normal((n, S, H, P)))))
+          .to(torch.float32),
+          "far": torch.from_numpy(rng.standard_normal((n, S, H, P))).to(torch.float32),
+          "same": y_ref.to(torch.float32), "bad": y_ref.to(torch.float32).clone(),
+          "dead": None}
+    ys["bad"][5, 0, 1, 3] = math.inf
+    acc.push(y_ref[:10], {k: (v[:10] if v is not None else None) for k, v in ys.items()})
+    acc.push(y_ref[10:], {k: (v[10:] if v is not None else None) for k, v in ys.items()})
+    (w,) = acc.windows
+    yr = y_ref.reshape(n, S, -1)
+    yh_ref, logp_ref = ro.ref(yr)
+    for name, y in ys.items():
+        y = (y if y is not None else torch.full_like(y_ref, math.nan)).reshape(n, S, -1)
+        y = y.to(torch.float64)
+        err = (torch.linalg.vector_norm(y - yr, dim=-1)
+               / torch.linalg.vector_norm(yr, dim=-1)).numpy()
+        kl, top1 = ro.kl_top1(yh_ref, logp_ref, y)
+        want = {"rel_err": err.mean(axis=0), "rel_err_max": err.max(axis=0),
+                "kl": kl.numpy().mean(axis=0), "top1": top1.numpy().mean(axis=0),
+                "flip": first_flips(top1, 0).numpy()}
+        for key, v in want.items():
+            np.testing.assert_array_equal(w[name][key], v, err_msg=f"{name} {key}")
+    assert w["bad"]["top1"][0] < 1 and np.isnan(w["dead"]["kl"]).all()
+
+
+def test_finite_rows_is_isfinite_all():
+    """metrics._finite_rows (row sums first, entries only where a sum is not finite) equals
+    torch.isfinite(b).all(-1), also for finite rows whose sum overflows."""
+    import torch
+
+    from precsim.metrics import _finite_rows
+
+    b = torch.zeros(6, 5, dtype=torch.float64)
+    b[1, 2] = math.inf
+    b[2, 0], b[2, 4] = math.inf, -math.inf
+    b[3, 1] = math.nan
+    b[4, :2] = 1.7e308  # finite entries, infinite sum
+    assert _finite_rows(b).tolist() == torch.isfinite(b).all(dim=-1).tolist() == [
+        True, False, False, False, True, True]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-pytest.importorskip("numba")
+numba = pytest.importorskip("numba")
 
 from conftest import SEED_TABLE, make_trace, tiny_cfg  # noqa: E402
 
@@ -190,6 +191,76 @@ def test_nonfinite_scheme_dies_others_run_on(monkeypatch):
     assert not np.isfinite(last["conventional_fp16_ieee"]["rel_err"])
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threads_do_not_change_results(monkeypatch, threads):
+    """One thread (window after window) and several (the host overlapping the kernel, tasks
+    handed out one at a time): the same rows, per-step errors, outputs, drift and dead steps,
+    bit for bit, with a scheme that dies mid-run."""
+    sch = {**SEED_TABLE,
+           "conventional_fp16_ieee": {"kind": "conventional", "fmt": "fp16", "overflow": "ieee"}}
+    from precsim import workload as wmod
+
+    orig = wmod.RandomWorkload.chunk
+
+    def big(self, t0, t1):  # x grows until an FP16 state overflows in the third window
+        out = dict(orig(self, t0, t1))
+        out["x"] = out["x"] * (1.0 if t0 < 256 else 1e5)
+        return out
+
+    monkeypatch.setattr(wmod.RandomWorkload, "chunk", big)
+    res = {}
+    for t in (1, threads):
+        cfg = _cfg(sch, steps=512, run__threads=t)
+        res[t] = run_numba(cfg, progress=False, record_outputs=True)
+    a, b = res[1], res[threads]
+    assert a.info["threads"] == 1 and b.info["threads"] == min(
+        threads, os.cpu_count(), numba.config.NUMBA_NUM_THREADS)
+    assert a.schemes == b.schemes and a.schemes["conventional_fp16_ieee"]["dead_at"] > 256
+    assert len(a.rows) == len(b.rows) == 4 * len(sch)
+    for ra, rb in zip(a.rows, b.rows, strict=True):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            assert ra[k] == rb[k] or (ra[k] != ra[k] and rb[k] != rb[k]), (ra["scheme"], k)
+    for k in a.info["outputs"]:
+        np.testing.assert_array_equal(a.info["outputs"][k], b.info["outputs"][k])
+    for k in a.per_step_rel_err:
+        np.testing.assert_array_equal(a.per_step_rel_err[k], b.per_step_rel_err[k])
+
+
+def test_cpu_threads_auto():
+    """run.threads=auto: all cores for a single run, shared out among a joblib sweep's jobs;
+    torch ops on one thread."""
+    from precsim.engines import base
+
+    assert base.cpu_threads("auto", 8) == 8 and base.cpu_threads(0, 8) == 8
+    assert base.cpu_threads(3, 8) == 3 and base.cpu_threads(16, 8) == 8
+    assert base.torch_threads("auto") == 1 and base.torch_threads(0) is None
+    assert base.torch_threads(2) == 2
+
+
+@pytest.mark.parametrize("launcher,n_jobs,want", [
+    ("hydra._internal.core_plugins.basic_launcher.BasicLauncher", None, 8),
+    ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", -1, 1),
+    ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", 2, 4),
+    ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", -7, 4)])
+def test_cpu_threads_in_a_sweep(monkeypatch, launcher, n_jobs, want):
+    """A multirun job: Hydra's basic launcher runs the jobs in turn (all cores each); joblib's
+    jobs side by side share the cores (n_jobs -1 = one job per core)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from precsim.engines import base
+
+    hc = OmegaConf.create({"mode": RunMode.MULTIRUN,
+                           "launcher": {"_target_": launcher, "n_jobs": n_jobs}})
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hc))
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert base.cpu_threads("auto") == want
+    assert base.cpu_threads(2) == 2
+
+
 def test_supports_and_dispatch():
     assert supports(_cfg(SEED_TABLE)) is None
     assert "gdn" in supports(to_config(tiny_cfg("gdn")))
@@ -200,7 +271,8 @@ def test_supports_and_dispatch():
     cfg = _cfg({"split_fp32_nvfp4": SEED_TABLE["split_fp32_nvfp4"]}, steps=128)
     cfg.run.engine = "numba"
     res = run(cfg, progress=False)
-    assert res.engine == "numba" and res.info["threads"] == cfg.run.threads == 1
+    assert res.engine == "numba" and cfg.run.threads == "auto"
+    assert res.info["threads"] == min(os.cpu_count(), numba.config.NUMBA_NUM_THREADS)
     g = to_config(tiny_cfg("gdn", steps=32, run__engine="numba"))
     res = run(g, progress=False)  # falls back to the torch engine with the reason
     assert res.engine == "torch" and "gdn" in res.info["numba_fallback"]
