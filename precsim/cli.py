@@ -153,8 +153,11 @@ def entry() -> None:
     """The process entry point (``python -m precsim``, the ``precsim`` script): :func:`main`,
     then, once every file is written and the streams and logs are flushed, ``os._exit``: the
     interpreter's teardown (CUDA's context, torch's and Triton's modules) took 0.5-0.7 s of each
-    GPU process and has nothing left to write. Errors still exit through ``SystemExit``."""
+    GPU process and has nothing left to write. Errors still exit through ``SystemExit``; so does
+    a sweep (``-m``), whose launcher's exit handlers stop its worker processes (joblib's loky)."""
     code = main()
+    if any(a in _MULTIRUN_FLAGS for a in sys.argv[1:]):
+        return sys.exit(code)  # a sweep: its launchers' exit handlers stop their workers
     import logging
 
     logging.shutdown()

@@ -466,10 +466,12 @@ _PRIMED: set = set()
 
 def _prime(cfg: Config, device: str, opt: Options) -> None:
     """Once per process and configuration (the run's length and seed aside): the run's first
-    launch window alone, its result dropped. CUDA loads each kernel on first use (lazy loading),
-    and a load may wait for the work in flight: the first use of the metrics' kernels and torch
-    ops in the middle of the pipeline drained it each time (a first run took 0.6 s against
-    0.35 s for a second one in the same process). Here they load while nothing is in flight."""
+    launch window alone, its result dropped. A process's first run pays ~0.3 s of one-off host
+    work on the H200 machine (Triton's first call of each kernel: binder, cache key, binary
+    load; CUDA's lazy load of each torch kernel). Paid here, it is the ``prime`` phase, the
+    kernels phase is the steady state, and no kernel is loaded while the pipeline is full. The
+    total is the same within noise: wall_s 0.65/0.70 s primed, 0.66/0.69 s not (fresh
+    processes, experiments/gpu_runs_2026-12-01b/gpu_process_variants.json)."""
     import copy
     from dataclasses import asdict, replace
 
