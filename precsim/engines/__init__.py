@@ -56,8 +56,11 @@ def resolve_engine(name: str, device: str, cfg: Config | None = None) -> str:
 
         why = why_unavailable(device)
         if why:
+            here = ["auto", "torch", *(["numpy"] if device == "cpu" else []),
+                    *(["numba"] if device == "cpu" and engine_module("numba").available()
+                      else [])]
             raise PrecsimError(f"run.engine='triton' is unavailable ({why}); allowed here: "
-                               "auto, torch, numpy")
+                               f"{', '.join(here)}")
     if name == "numpy" and device != "cpu":
         raise PrecsimError(f"run.engine='numpy' with run.device={device!r}; allowed: "
                            "run.device=cpu (or another engine)")
