@@ -113,7 +113,8 @@ def engine_first_run(out: Path, extra: list[str]) -> dict:
     second = time.perf_counter() - t
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s)
-    st.sort_stats("tottime").print_stats(40)
+    st.sort_stats("tottime").print_stats(60)
+    st.sort_stats("cumulative").print_stats(80)
     st.sort_stats("cumulative").print_stats(r"precsim|kernels|triton/runtime", 60)
     (out / "engine_first_run.txt").write_text(s.getvalue())
     return {"first_s": round(first, 3), "first_phases": r1.info.get("phases_s"),
@@ -164,10 +165,16 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="", help="e.g. 'inflight=5,metrics_lag=1;"
                     "inflight=32': the engine's first run in fresh processes per set of "
                     "Options fields, then exit")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="only part 5 (the engine's first run under cProfile), then exit")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.engine_only:
+        r = engine_first_run(out, a.extra)
+        print(json.dumps(r, indent=1))
+        return 0
     if a.variants:
         sets = [{k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
                 for spec in a.variants.split(";")]
