@@ -142,8 +142,8 @@ class Options:
     waits for the oldest); a deeper queue absorbs the host's one-off pauses in a process's first
     run (the first use of each kernel and torch op) instead of idling the GPU.
     ``metrics_lag`` (with ``overlap``): a batch's metrics are reduced once this many later
-    batches are queued behind it. ``prime`` (CUDA): the first run of a configuration in a
-    process first runs its first launch window alone (see :func:`_prime`).
+    batches are queued behind it. ``prime`` (CUDA, diagnosis): the first run of a configuration
+    in a process first runs its first launch window alone (see :func:`_prime`).
     """
 
     num_warps: int | None = None
@@ -161,7 +161,7 @@ class Options:
     priority: bool = True
     inflight: int = 32
     metrics_lag: int = 2
-    prime: bool = True
+    prime: bool = False
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
@@ -466,12 +466,13 @@ _PRIMED: set = set()
 
 def _prime(cfg: Config, device: str, opt: Options) -> None:
     """Once per process and configuration (the run's length and seed aside): the run's first
-    launch window alone, its result dropped. A process's first run pays ~0.3 s of one-off host
-    work on the H200 machine (Triton's first call of each kernel: binder, cache key, binary
-    load; CUDA's lazy load of each torch kernel). Paid here, it is the ``prime`` phase, the
-    kernels phase is the steady state, and no kernel is loaded while the pipeline is full. The
-    total is the same within noise: wall_s 0.65/0.70 s primed, 0.66/0.69 s not (fresh
-    processes, experiments/gpu_runs_2026-12-01b/gpu_process_variants.json)."""
+    launch window alone, its result dropped (``Options(prime=True)``, for diagnosis). A process's
+    first run pays one-off host work (Triton's first call of each kernel: binder, cache lookup,
+    binary load; CUDA's lazy load of each torch kernel). Primed, that work is its own ``prime``
+    phase and the kernels phase is the steady state (0.313 s against the GPU's 0.308 s on the
+    H200 machine). Off by default: with the CLI's warm-up doing the imports, the prime (0.20-0.28
+    s) cost more than the same work inside the pipeline (wall_s 0.58/0.62 s primed, 0.53/0.57 s
+    not; fresh processes, experiments/gpu_runs_2026-12-01b/gpu_process_variants.json)."""
     import copy
     from dataclasses import asdict, replace
 
