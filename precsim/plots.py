@@ -63,7 +63,9 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
     below (e.g. FP32 at 1e-7 beside NVFP4 at 1e-1) is marked at the bottom edge with its value."""
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     panels = [p for p in PANELS if any(_shown(p[0], r.get(p[0])) for r in rows)] or [PANELS[0]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False)
+    n_leg = math.ceil((len(schemes) + bool(budget)) / 4)  # legend rows under the panels
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.23 + 0.17 * n_leg),
+                             squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, ttl, ylabel) in zip(axes[0], panels, strict=True):
         lin = key in LINEAR
@@ -134,7 +136,8 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
         fig.suptitle(title, fontsize=10)
     # fixed margins in inches (tight_layout drew the whole figure once more: ~40% of the time)
     w, h = fig.get_size_inches()
-    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=1 - 0.55 / h, bottom=1.05 / h,
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=1 - 0.55 / h,
+                        bottom=(0.88 + 0.17 * n_leg) / h,
                         wspace=0.95 / (w / len(panels) - 0.95))
     return save_png(fig, path, dpi=130)
 
