@@ -14,11 +14,8 @@ time goes, and the real-model path on the GPU.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
 import subprocess
 import sys
 import time
@@ -39,28 +36,12 @@ def floor() -> dict:
     return out
 
 
-def engine_profile() -> dict:
-    from precsim.cli import _compose_config, register_configs
-    from precsim.engines import run
+def engine_profile(out: Path) -> dict:
+    """The engine's first run in this process under cProfile, then a second run
+    (``gpu_process.engine_first_run``: after the CLI's warm-up; profile in OUT)."""
+    from gpu_process import engine_first_run
 
-    register_configs()
-    c = _compose_config(["experiment=seed_table", "model=nemotron3_super", "run.device=cuda",
-                         "run.progress=false"])
-    prof = cProfile.Profile()
-    t = time.perf_counter()
-    prof.enable()
-    r1 = run(c, progress=False)
-    prof.disable()
-    first = time.perf_counter() - t
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(30)
-    t = time.perf_counter()
-    r2 = run(c, progress=False)
-    second = time.perf_counter() - t
-    return {"first_s": first, "first_wall_s": r1.wall_s, "first_phases": r1.info.get("phases_s"),
-            "second_s": second, "second_wall_s": r2.wall_s,
-            "second_phases": r2.info.get("phases_s"), "kernel_s": r2.info.get("kernel_s"),
-            "profile": s.getvalue()}
+    return engine_first_run(out, [])
 
 
 def models_on_gpu(root: Path, device: str = "cuda", tokens: int = 64) -> dict:
@@ -132,7 +113,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     res = {"floor_s": floor()}
     print(json.dumps(res["floor_s"]), flush=True)
-    res["engine"] = engine_profile()
+    res["engine"] = engine_profile(out)
     print(json.dumps({k: v for k, v in res["engine"].items() if k != "profile"}), flush=True)
     print(res["engine"]["profile"][:6000], flush=True)
     if not a.skip_models:
