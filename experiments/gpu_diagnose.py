@@ -114,8 +114,8 @@ def main(argv=None) -> int:
     res = {"floor_s": floor()}
     print(json.dumps(res["floor_s"]), flush=True)
     res["engine"] = engine_profile(out)
-    print(json.dumps({k: v for k, v in res["engine"].items() if k != "profile"}), flush=True)
-    print(res["engine"]["profile"][:6000], flush=True)
+    print(json.dumps(res["engine"]), flush=True)
+    print((out / "engine_first_run.txt").read_text()[:6000], flush=True)
     if not a.skip_models:
         import tempfile
 
