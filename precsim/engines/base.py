@@ -1,4 +1,5 @@
-"""What every engine shares: the flush schedule, the progress bar, the buffer rounder.
+"""What every engine shares: the flush schedule, the progress bar and the slow-start notice, the
+buffer rounder.
 
 An engine is one module in this package with ``NAME``, ``supports(cfg, device) -> str | None``
 (None, or why it cannot run ``cfg`` there) and ``run(cfg, device, progress) -> Result``; it
@@ -62,6 +63,31 @@ def progress_bar(cfg: Config, enabled: bool):
         return None
     return tqdm(total=cfg.run.steps, unit="step", desc="precsim", mininterval=0.5,
                 leave=False, dynamic_ncols=True, disable=None)  # None: off when not a TTY
+
+
+def slow_notice(what: str, enabled: bool = True, after: float = 2.0):
+    """A context manager that says ``precsim: {what} ...`` on stderr if its block is still
+    running after ``after`` seconds (e.g. a first run's compilation: ~15-20 s during which the
+    progress bar cannot move), and nothing otherwise."""
+    import contextlib
+    import sys
+    import threading
+
+    if not enabled:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def notice():
+        timer = threading.Timer(after, lambda: print(f"precsim: {what} ...", file=sys.stderr,
+                                                     flush=True))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    return notice()
 
 
 def buffer_rounder(dtype_name: str, compute_bits: int):

@@ -42,7 +42,7 @@ from ..metrics import Accumulator, Readout
 from ..result import make_result
 from ..schemes import build_schemes
 from ..workload import expand_groups, make_workload
-from .base import cpu_threads, flush_schedule, launch_ends, progress_bar
+from .base import cpu_threads, flush_schedule, launch_ends, progress_bar, slow_notice
 
 NAME = "numba"
 
@@ -744,7 +744,10 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     def kernel(w: dict) -> None:
         tk = time.perf_counter()
         numba.set_num_threads(threads)  # per calling thread
-        with numba.parallel_chunksize(1):  # tasks of unequal cost: one at a time per thread
+        first = w["t0"] == 0  # a process's first call compiles, or loads the cache (~2 s)
+        with numba.parallel_chunksize(1), slow_notice(  # chunks of 1: tasks of unequal cost
+                "compiling the fused CPU engine (the first run after an install; numba caches "
+                "it on disk)", first and bar is not None, after=4.0):
             _window(*w["args"])
         t_kernel[0] += time.perf_counter() - tk
 

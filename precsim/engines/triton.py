@@ -35,7 +35,7 @@ from ..metrics import DeviceAccumulator, Readout, kl_rows
 from ..result import Result, make_result
 from ..schemes import build_schemes
 from ..workload import make_workload
-from .base import launch_ends, progress_bar
+from .base import launch_ends, progress_bar, slow_notice
 
 NAME = "triton"
 log = logging.getLogger("precsim.engines.triton")
@@ -322,6 +322,11 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     drift_parts: list[tuple[int, torch.Tensor]] = []
 
     fast = cfg.model.decay_exp == "fast"
+    launch_kw = dict(lpt=lpt, buf=BUF_IDS[cfg.replay.buffer_dtype],
+                     sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
+                     scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
+                     u_master=cfg.replay.gdn_u_source == "master",
+                     kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order)
 
     def prepare(a: int, b: int) -> dict:
         """Inputs of steps [a, b) on the device, with the decays the kernels read:
@@ -387,17 +392,13 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 a, b = t0 - T0, t1 - T0
                 win = {k: v[a:b] for k, v in inp.items()} if G > 1 else inp
                 c0 = time.perf_counter() if t0 == 0 else None  # first launches: compile/load
-                for gi, (blk, idx) in enumerate(groups):
-                    kern[gi] = _launch(family.name, win, S64, st, rd, y64[a:b], y32[:, a:b], k1,
-                                       _i32(k0), [slot[i] for i in idx], [codes[i] for i in idx],
-                                       gi == 0, t0, n, steps, L, H, blk, LB, nw, maxnreg,
-                                       lpt=lpt, buf=BUF_IDS[cfg.replay.buffer_dtype],
-                                       sfloor=scale_flags(cfg.formats.scale_floor,
-                                                          cfg.formats.nvfp4_scale),
-                                       scope=SCOPE_NONE if cfg.formats.tensor_scope == "none"
-                                       else SCOPE_MATRIX,
-                                       u_master=cfg.replay.gdn_u_source == "master",
-                                       kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order)
+                with slow_notice("compiling the Triton kernels for this configuration (once: "
+                                 "Triton caches them on disk)", c0 is not None and bar is not None):
+                    for gi, (blk, idx) in enumerate(groups):
+                        kern[gi] = _launch(family.name, win, S64, st, rd, y64[a:b], y32[:, a:b],
+                                           k1, _i32(k0), [slot[i] for i in idx],
+                                           [codes[i] for i in idx], gi == 0, t0, n, steps, L, H,
+                                           blk, LB, nw, maxnreg, **launch_kw)
                 if c0 is not None:
                     compile_s = time.perf_counter() - c0
                 if pre is not None and t0 == T0 and bi + 1 < len(batches):

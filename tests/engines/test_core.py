@@ -330,3 +330,20 @@ def test_finite_rows_is_isfinite_all():
     b[4, :2] = 1.7e308  # finite entries, infinite sum
     assert _finite_rows(b).tolist() == torch.isfinite(b).all(dim=-1).tolist() == [
         True, False, False, False, True, True]
+
+
+def test_slow_notice_speaks_only_when_the_block_is_slow(capsys):
+    """The first run's compilation is announced on stderr, a quick block says nothing."""
+    import time
+
+    from precsim.engines.base import slow_notice
+
+    with slow_notice("quick", after=0.5):
+        pass
+    with slow_notice("disabled", enabled=False, after=0.01):
+        time.sleep(0.1)
+    with slow_notice("compiling something", after=0.05):
+        time.sleep(0.3)
+    time.sleep(0.6)  # a cancelled timer would have fired by now
+    err = capsys.readouterr().err
+    assert err == "precsim: compiling something ...\n", err
