@@ -23,7 +23,7 @@ DECADES = 3  # the y range shown per panel; a scheme far below it is marked at t
 _SUP = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
-def _tokens(x, _pos=None) -> str:
+def token_labels(x, _pos=None) -> str:
     """A length on the x axis: 256, 1K, 32K, 1M (plain text: no mathtext to parse)."""
     if x >= 1 << 20 and x % (1 << 20) == 0:
         return f"{int(x) >> 20}M"
@@ -32,7 +32,7 @@ def _tokens(x, _pos=None) -> str:
     return f"{x:g}"
 
 
-def _power10(y, _pos=None) -> str:
+def power10_labels(y, _pos=None) -> str:
     """A decade on a log y axis as 10⁻³ (plain text: no mathtext to parse)."""
     if y <= 0:
         return ""
@@ -40,7 +40,7 @@ def _power10(y, _pos=None) -> str:
     return f"10{str(round(e)).translate(_SUP)}" if abs(e - round(e)) < 1e-9 else ""
 
 
-def _minor(ax, y, _pos=None) -> str:
+def minor_labels(ax, y, _pos=None) -> str:
     """Minor ticks of a log y axis spanning under ~1.5 decades are labelled (2e-3, 5e-3), so the
     axis never shows no value at all."""
     lo, hi = ax.get_ylim()
@@ -102,7 +102,7 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.axhline(budget[1], color="k", ls=(0, (4, 3)), lw=1.2,
                        label=f"budget {key} ≤ {budget[1]:g}")
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(plt.FuncFormatter(_tokens))
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(token_labels))
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
         if lin:  # a share: zoom on the data, keep 1 (full agreement) in view
             seen = [v for s in schemes for v in _series(rows, s, key)[1] if ok(v)]
@@ -110,8 +110,8 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.set_ylim(max(-0.03, lo_v - 0.05 * (1.0 - lo_v) - 0.01), 1.01)
         else:
             ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(plt.FuncFormatter(_power10))
-            ax.yaxis.set_minor_formatter(plt.FuncFormatter(functools.partial(_minor, ax)))
+            ax.yaxis.set_major_formatter(plt.FuncFormatter(power10_labels))
+            ax.yaxis.set_minor_formatter(plt.FuncFormatter(functools.partial(minor_labels, ax)))
             top = [v for s in schemes for k in (key, key + "_p90")
                    for v in _series(rows, s, k)[1] if ok(v) and v > 0]
             if top:  # headroom: a curve at the top is not drawn on the frame
