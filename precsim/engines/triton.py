@@ -139,11 +139,11 @@ class Options:
     stream while the current kernel runs. ``metrics_batch``: launch windows whose inputs and
     fused window metrics are drawn and reduced together. ``priority`` (CUDA): the kernels run on a
     high-priority stream. ``inflight``: launches the host may queue ahead of the GPU (it then
-    waits for the oldest); a deeper queue absorbs the host's one-off pauses in a process's first
-    run (the first use of each kernel and torch op) instead of idling the GPU.
-    ``metrics_lag`` (with ``overlap``): a batch's metrics are reduced once this many later
-    batches are queued behind it. ``prime`` (CUDA, diagnosis): the first run of a configuration
-    in a process first runs its first launch window alone (see :func:`_prime`).
+    waits for the oldest). ``metrics_lag`` (with ``overlap``): a batch's metrics are reduced once
+    this many later batches are queued behind it. Neither changed a first run's time on the H200
+    machine (5-64 launches, lags 1-4; README, GPU section). ``prime`` (CUDA, diagnosis): the
+    first run of a configuration in a process first runs its first launch window alone (see
+    :func:`_prime`).
     """
 
     num_warps: int | None = None
@@ -223,9 +223,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         if s.cfg.rounding == "sr":
             k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)
     k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
-    # the readout head is drawn when the first window's metrics need it: by then the first
-    # launches are queued, and drawing it (the first in a process: ~0.1 s of one-off host work)
-    # overlaps them instead of delaying them
+    # the readout head is drawn when the first window's metrics need it, after the first
+    # launches are queued (not before them)
     want_kl = bool(cfg.metrics.kl)
     readout = None
     acc = DeviceAccumulator([s.name for s in schemes], cfg.metrics.window, None)
