@@ -78,8 +78,8 @@ class Readout:
         d = (self.normalise(ys) - yh_ref).to(torch.float32)
         prod = d @ self.W32.T
         ref = ref_stats(logp_ref)
-        out = [_kl_top1_into(logp_ref, prod[i].to(torch.float64).mul_(self.scale), ref)
-               for i in range(ys.shape[0])]
+        out = [_kl_top1_of(logp_ref, prod[i].to(torch.float64).mul_(self.scale).add_(logp_ref),
+                           ref) for i in range(ys.shape[0])]
         if not out:
             empty = logp_ref.new_zeros((0, *logp_ref.shape[:-1]))
             return empty, empty
@@ -103,19 +103,13 @@ def kl_top1(logp_ref: torch.Tensor, diff: torch.Tensor,
     The simulated logits are ``logp_ref + diff`` (a per-row constant away from ``logits_ref +
     diff``, so the same argmax); agreement: their argmax equals ``logp_ref``'s (first index on
     ties, as NumPy and torch) and they are all finite (a dead scheme disagrees)."""
-    p_ref, top_ref = ref if ref is not None else ref_stats(logp_ref)
-    b = logp_ref + diff
-    logp_sim = torch.log_softmax(b, dim=-1)
-    kl = torch.sum(p_ref * (logp_ref - logp_sim), dim=-1).clamp(min=0.0)
-    agree = (torch.argmax(b, dim=-1) == top_ref) & _finite_rows(b)
-    return kl, agree.to(torch.float64)
+    return _kl_top1_of(logp_ref, logp_ref + diff, ref if ref is not None else ref_stats(logp_ref))
 
 
-def _kl_top1_into(logp_ref, diff, ref) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`kl_top1` overwriting ``diff`` and its own temporaries (the same operations,
-    operands of ``+`` and ``*`` swapped: the same values)."""
+def _kl_top1_of(logp_ref, b, ref) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kl_top1` from the simulated logits ``b = logp_ref + diff`` (which may be a
+    caller's temporary, computed in place) and ``ref = ref_stats(logp_ref)``."""
     p_ref, top_ref = ref
-    b = diff.add_(logp_ref)
     t = torch.log_softmax(b, dim=-1)
     kl = torch.sub(logp_ref, t, out=t).mul_(p_ref).sum(dim=-1).clamp_(min=0.0)
     agree = (torch.argmax(b, dim=-1) == top_ref) & _finite_rows(b)
@@ -184,20 +178,26 @@ class Accumulator:
             parts.append(tail)
         return head
 
-    def _reduce(self, n: int) -> None:
-        """One window: every scheme at once (one stacked float64 copy, one readout matmul for
-        all schemes, the reference's softmax and argmax once); row for row the values of a
-        per-scheme reduction (tests/engines/test_core.py)."""
+    def _stacked(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next ``n`` steps: the truth ``(n, S, width)``, every scheme stacked in float64
+        ``(k, n, S, width)`` and their rel_err ``(k, n, S)``."""
         y_ref = self._take(self._ref, n)
         S = y_ref.shape[1]
         yr = y_ref.reshape(n, S, -1)
-        ref_norm = torch.linalg.vector_norm(yr, dim=-1)
         if not self.names:  # no scheme: nothing to reduce
             ys = y_ref.new_zeros((0, *yr.shape))
         else:
             ys = torch.stack([self._take(self._sim[name], n).reshape(n, S, -1).to(
-                torch.float64) for name in self.names])  # (k, n, S, width)
-        errs = (torch.linalg.vector_norm(ys - yr, dim=-1) / ref_norm).cpu().numpy()  # (k, n, S)
+                torch.float64) for name in self.names])
+        return yr, ys, torch.linalg.vector_norm(ys - yr, dim=-1) / torch.linalg.vector_norm(
+            yr, dim=-1)
+
+    def _reduce(self, n: int) -> None:
+        """One window: every scheme at once (one stacked float64 copy, one readout matmul for
+        all schemes, the reference's softmax and argmax once); row for row the values of a
+        per-scheme reduction (tests/engines/test_core.py)."""
+        yr, ys, err = self._stacked(n)
+        errs = err.cpu().numpy()  # (k, n, S)
         if self.readout is not None:
             yh_ref, logp_ref = self.readout.ref(yr)
             kls, top1s = self.readout.kl_top1_many(yh_ref, logp_ref, ys)
@@ -394,16 +394,7 @@ class DeviceAccumulator(Accumulator):
     def _reduce(self, n: int) -> None:
         if getattr(self, "_err", None):
             return self._reduce_stats(n)
-        y_ref = self._take(self._ref, n)
-        S = y_ref.shape[1]
-        yr = y_ref.reshape(n, S, -1)
-        ref_norm = torch.linalg.vector_norm(yr, dim=-1)
-        if not self.names:  # no scheme: nothing to reduce
-            ys = y_ref.new_zeros((0, *yr.shape))
-        else:
-            ys = torch.stack([self._take(self._sim[name], n).reshape(n, S, -1)
-                          for name in self.names]).to(torch.float64)  # (k, n, S, width)
-        err = torch.linalg.vector_norm(ys - yr, dim=-1) / ref_norm  # (k, n, S)
+        yr, ys, err = self._stacked(n)
         kl = None
         if self.readout is not None:
             yh_ref, logp_ref = self.readout.ref(yr)
