@@ -227,7 +227,8 @@ def _warm_up(args: list[str]) -> None:
     """Start, in a daemon thread, the one-off costs the run will pay later, so they overlap the
     main thread's work (Hydra's import and setup, the run directory): ``import torch``, CUDA's
     context, cuBLAS's libraries, Triton's per-process cache key (a hash of its installation,
-    ~0.4 s on the H200 machine) and matplotlib. Nothing starts that the overrides rule out
+    ~0.4 s on the H200 machine), the Triton kernels (:func:`_warm_kernels`) and matplotlib.
+    Nothing starts that the overrides rule out
     (``run.device=cpu``: no CUDA; ``metrics.plot=false``: no matplotlib)."""
     import threading
 
@@ -501,8 +502,8 @@ def _run_app(cfg) -> None:
         age = process_age()
         result = run(c, progress=not multirun)
         if age is not None and not multirun:  # a sweep's jobs share one process
-            result.info.setdefault("phases_s", {})
-            result.info["phases_s"] = {"startup": round(age, 4), **result.info["phases_s"]}
+            result.info["phases_s"] = {"startup": round(age, 4),
+                                       **result.info.get("phases_s", {})}
         summary = write_outputs(c, result, out)
         say(format_table(summary))
         say(f"\nengine={result.engine} device={result.device} steps={result.steps} "

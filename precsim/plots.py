@@ -50,6 +50,17 @@ def minor_labels(ax, y, _pos=None) -> str:
     return f"{y:.0e}".replace("e-0", "e-").replace("e+0", "e")
 
 
+def plain_ticks(ax, x_tokens: bool = True, y_log: bool = True) -> None:
+    """Log-axis tick labels as plain text (10⁻³ on y; lengths as 256, 1K, 32K on x): no
+    mathtext to parse (~1 s of a process's first plot)."""
+    if x_tokens:
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(token_labels))
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    if y_log:
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(power10_labels))
+        ax.yaxis.set_minor_formatter(plt.FuncFormatter(functools.partial(minor_labels, ax)))
+
+
 def _series(rows, scheme, key):
     pts = [(r["step"], r.get(key, math.nan)) for r in rows if r["scheme"] == scheme]
     return [p[0] for p in pts], [p[1] for p in pts]
@@ -102,16 +113,12 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.axhline(budget[1], color="k", ls=(0, (4, 3)), lw=1.2,
                        label=f"budget {key} ≤ {budget[1]:g}")
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(plt.FuncFormatter(token_labels))
-        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         if lin:  # a share: zoom on the data, keep 1 (full agreement) in view
             seen = [v for s in schemes for v in _series(rows, s, key)[1] if ok(v)]
             lo_v = min(seen, default=0.0)
             ax.set_ylim(max(-0.03, lo_v - 0.05 * (1.0 - lo_v) - 0.01), 1.01)
         else:
             ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(plt.FuncFormatter(power10_labels))
-            ax.yaxis.set_minor_formatter(plt.FuncFormatter(functools.partial(minor_labels, ax)))
             top = [v for s in schemes for k in (key, key + "_p90")
                    for v in _series(rows, s, k)[1] if ok(v) and v > 0]
             if top:  # headroom: a curve at the top is not drawn on the frame
@@ -121,6 +128,7 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             for j, (c, lab, v) in enumerate(below):
                 ax.annotate(f"▼ {lab}: {v:.2g} (below the axis)", xy=(0.02, 0.02 + 0.06 * j),
                             xycoords="axes fraction", color=c, fontsize=7.5)
+        plain_ticks(ax, y_log=not lin)
         ax.set_xlabel("decode steps (tokens)")
         ax.set_ylabel(ylabel)
         ax.set_title(ttl, fontsize=10)

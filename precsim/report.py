@@ -421,7 +421,7 @@ def _short_tags(jobs: list[Job]) -> dict[str, str]:
 def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
     """rel_err and KL vs length of every (job, scheme); a scheme with the same curve in every
     job (the baseline) is drawn once. Line style by scheme kind."""
-    from .plots import plt, save_png
+    from .plots import plain_ticks, plt, save_png
 
     done = [j for j in jobs if j.summary is not None]
     tags = _short_tags(done)
@@ -467,7 +467,7 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
                     ls=styles.get(kind, "-."), marker="o" if len(rs) <= 12 else None, ms=3.5)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        _plain_ticks(ax, x_tokens=True)
+        plain_ticks(ax)
         _clip_low(ax, [r.get(m) for *_, rs in series for r in rs],
                   [(lab, rs[-1].get(m), "C0") for _k, lab, rs in series if rs])
         ax.set_xlabel("decode steps (tokens)")
@@ -492,7 +492,7 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
     label; x ticks cover the whole range."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    from .plots import plt, save_png
+    from .plots import plain_ticks, plt, save_png
 
     drawn = {m: _drawable(candidates(jobs, m)) for m in ("rel_err", "kl")}
     fronts = {m: pareto_front(cs) for m, cs in drawn.items()}
@@ -525,7 +525,7 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
                     family="monospace")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        _plain_ticks(ax)
+        plain_ticks(ax, x_tokens=False)
         xs = [c.bytes_per_step for c in cs]
         if xs:
             lo, hi = min(xs) / 1.25, max(xs) * 1.25
@@ -545,20 +545,6 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
                   frameon=False)
     fig.tight_layout(rect=(0, extra / (5.2 + extra), 1, 1))
     return save_png(fig, path, dpi=120, bbox_inches="tight")
-
-
-def _plain_ticks(ax, x_tokens: bool = False) -> None:
-    """Log-axis tick labels as plain text (10⁻³; lengths as 1K, 32K), as the run plots have
-    them: no mathtext to parse (~1 s of a process's first plot)."""
-    import functools
-
-    from .plots import minor_labels, plt, power10_labels, token_labels
-
-    ax.yaxis.set_major_formatter(plt.FuncFormatter(power10_labels))
-    ax.yaxis.set_minor_formatter(plt.FuncFormatter(functools.partial(minor_labels, ax)))
-    if x_tokens:
-        ax.xaxis.set_major_formatter(plt.FuncFormatter(token_labels))
-        ax.xaxis.set_minor_formatter(plt.NullFormatter())
 
 
 def _clip_low(ax, values, named, decades: float = 3.0) -> None:
