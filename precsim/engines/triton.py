@@ -141,9 +141,7 @@ class Options:
     high-priority stream. ``inflight``: launches the host may queue ahead of the GPU (it then
     waits for the oldest). ``metrics_lag`` (with ``overlap``): a batch's metrics are reduced once
     this many later batches are queued behind it. Neither changed a first run's time on the H200
-    machine (5-64 launches, lags 1-4; README, GPU section). ``prime`` (CUDA, diagnosis): the
-    first run of a configuration in a process first runs its first launch window alone (see
-    :func:`_prime`).
+    machine (5-64 launches, lags 1-4; README, GPU section).
     """
 
     num_warps: int | None = None
@@ -161,7 +159,6 @@ class Options:
     priority: bool = True
     inflight: int = 32
     metrics_lag: int = 2
-    prime: bool = False
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
@@ -196,11 +193,6 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     from precsim.kernels.rng import event_keys
 
     dev = torch.device(device)
-    prime_s = 0.0
-    if opt.prime and dev.type == "cuda":
-        p0 = time.perf_counter()
-        _prime(cfg, device, opt)
-        prime_s = time.perf_counter() - p0
     family = get_family(cfg.model.family)
     m = cfg.model
     Sq, H = cfg.run.seqs, m.heads
@@ -451,7 +443,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
             "wall_loop_s": time.perf_counter() - t_loop,
             "host_wait_s": host_wait,  # host blocked on the in-flight bounds (ahead of the GPU)
-            "phases_s": _phases(phases, compile_s, prime_s),
+            "phases_s": _phases(phases, compile_s),
             "registers": [getattr(k, "n_regs", None) for k in kern.values()],
             "spills": [getattr(k, "n_spills", None) for k in kern.values()],
             "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
@@ -461,38 +453,13 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                        device=device, t_start=t_start, info=info)
 
 
-_PRIMED: set = set()
-
-
-def _prime(cfg: Config, device: str, opt: Options) -> None:
-    """Once per process and configuration (the run's length and seed aside): the run's first
-    launch window alone, its result dropped (``Options(prime=True)``, for diagnosis). A process's
-    first run pays one-off host work (Triton's first call of each kernel: binder, cache lookup,
-    binary load; CUDA's lazy load of each torch kernel). Primed, that work is its own ``prime``
-    phase and the kernels phase is the steady state (0.313 s against the GPU's 0.308 s on the
-    H200 machine). Off by default: with the CLI's warm-up doing the imports, the prime (0.20-0.28
-    s) cost more than the same work inside the pipeline (wall_s 0.58/0.62 s primed, 0.53/0.57 s
-    not; fresh processes, experiments/gpu_runs_2026-12-01b/gpu_process_variants.json)."""
-    import copy
-    from dataclasses import asdict, replace
-
-    key = (device, repr({k: v for k, v in asdict(cfg).items() if k != "run"}),
-           cfg.run.seqs)
-    if key in _PRIMED:
-        return
-    _PRIMED.add(key)
-    c = copy.deepcopy(cfg)
-    c.run.steps = launch_ends(cfg.run.steps, cfg.metrics.window, cfg.replay.buffer_len)[0]
-    run(c, device, progress=False, options=replace(opt, prime=False))
-
-
-def _phases(marks: dict, compile_s: float, prime_s: float) -> dict:
-    """Seconds per phase from consecutive time marks; ``prime`` (:func:`_prime`) is taken out of
-    ``setup``, ``compile`` (the first launches' host time: Triton compiles, or loads from its
-    cache, each kernel there) out of ``kernels``."""
+def _phases(marks: dict, compile_s: float) -> dict:
+    """Seconds per phase from consecutive time marks; ``compile`` (the first launches' host
+    time: Triton compiles, or loads from its cache, each kernel there) is taken out of
+    ``kernels``."""
     ph = {k: marks[k] - marks[p] for p, k in zip(list(marks)[:-1], list(marks)[1:], strict=True)}
-    ph = {"setup": ph["setup"] - prime_s, "prime": prime_s, "compile": compile_s,
-          "kernels": ph["kernels"] - compile_s, "metrics": ph["metrics"]}
+    ph = {"setup": ph["setup"], "compile": compile_s, "kernels": ph["kernels"] - compile_s,
+          "metrics": ph["metrics"]}
     return {k: round(v, 4) for k, v in ph.items()}
 
 
