@@ -27,20 +27,21 @@ def _row_chunk(ys_row, yr_row, x_row, D_ptr, c, m, dead, P: tl.constexpr, HAS_D:
     return tl.where(dead, float("nan"), ys).to(tl.float64), yr
 
 
-@triton.jit(do_not_specialize=["ROWS", "W"])
-def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, dead_ptr, err_ptr, bad_ptr, d_ptr, yh_ptr,
-                      ROWS, W, P: tl.constexpr, HAS_D: tl.constexpr, KL: tl.constexpr,
+@triton.jit(do_not_specialize=["ROWS", "W", "T0", "SQ"])
+def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, first_ptr, err_ptr, d_ptr, yh_ptr,
+                      ROWS, W, T0, SQ, P: tl.constexpr, HAS_D: tl.constexpr, KL: tl.constexpr,
                       BW: tl.constexpr):
     """One output row (a step of one sequence, width W = H*P) of one scheme slot: rel_err, the
-    non-finite flag and, for the KL, the normalised difference ``yh_sim - yh_ref`` (float32) and
-    ``yh_ref`` (float64, slot 0 only). The skip term ``D x`` is added as the torch path does
-    (float64 for the truth, float32 for the schemes); a dead slot's outputs read as NaN."""
+    slot's first non-finite step (an atomic minimum into ``first``) and, for the KL, the
+    normalised difference ``yh_sim - yh_ref`` (float32) and ``yh_ref`` (float64, slot 0 only).
+    The skip term ``D x`` is added as the torch path does (float64 for the truth, float32 for the
+    schemes); a slot dead before this window (``first <= T0``) reads as NaN."""
     r = tl.program_id(0)
     k = tl.program_id(1)
     ys_row = y32_ptr + (k * ROWS + r).to(tl.int64) * W
     yr_row = y64_ptr + r.to(tl.int64) * W
     x_row = x_ptr + r.to(tl.int64) * W
-    dead = tl.load(dead_ptr + k) != 0
+    dead = tl.load(first_ptr + k) <= T0
     ss = tl.zeros([BW], tl.float64)
     rr = tl.zeros([BW], tl.float64)
     ee = tl.zeros([BW], tl.float64)
@@ -54,7 +55,8 @@ def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, dead_ptr, err_ptr, bad_ptr
     s_ss = tl.sum(ss, axis=0)
     s_rr = tl.sum(rr, axis=0)
     tl.store(err_ptr + k * ROWS + r, tl.sqrt(tl.sum(ee, axis=0)) / tl.sqrt(s_rr))
-    tl.store(bad_ptr + k * ROWS + r, (s_ss - s_ss != 0).to(tl.int8))
+    step = T0 + 1 + r // SQ  # rows are (step, sequence)
+    tl.atomic_min(first_ptr + k, step, mask=s_ss - s_ss != 0)  # NaN or Inf
     if KL:  # Readout.normalise: y / rms (1 where rms == 0)
         rms_s = tl.sqrt(s_ss / W)
         rms_r = tl.sqrt(s_rr / W)
@@ -71,13 +73,15 @@ def _row_stats_kernel(y32_ptr, y64_ptr, x_ptr, D_ptr, dead_ptr, err_ptr, bad_ptr
                 tl.store(yh_ptr + r.to(tl.int64) * W + c, yh, mask=m)
 
 
-def row_stats(y32, y64, x, D, dead, rows: int, P: int, kl: bool):
+def row_stats(y32, y64, x, D, first, t0: int, seqs: int, rows: int, P: int, kl: bool):
     """Fused per-row statistics of one launch window (all scheme slots at once).
 
     ``y32 (k, n, S*H, P)`` float32 scheme outputs (storage slots), ``y64 (n, S*H, P)`` the truth
-    (``rows = n*S`` rows of width ``W = H*P``), ``x`` the inputs for the skip term ``D x``
-    (Mamba-2; None without D), ``dead (k,)`` bool. Returns ``err (k, rows)`` float64 rel_err,
-    ``bad (k, rows)`` bool (a non-finite output), and for the KL ``d (k, rows, W)`` float32 and
+    (``rows = n*S`` rows of width ``W = H*P``, steps ``t0+1 .. t0+n``), ``x`` the inputs for the
+    skip term ``D x`` (Mamba-2; None without D), ``first (k,)`` int32: each slot's first step
+    with a non-finite output (``NO_STEP`` while none), updated in place, so a run tracks its
+    dead schemes without a device op of its own; a slot with ``first <= t0`` reads as NaN.
+    Returns ``err (k, rows)`` float64 rel_err and for the KL ``d (k, rows, W)`` float32 and
     ``yh_ref (rows, W)`` float64 (else None). One pass over the outputs instead of ~20 torch
     kernels over float64 copies.
     """
@@ -86,15 +90,17 @@ def row_stats(y32, y64, x, D, dead, rows: int, P: int, kl: bool):
     W = y64.numel() // ROWS
     dev = y32.device
     err = torch.empty((k, ROWS), dtype=torch.float64, device=dev)
-    bad = torch.empty((k, ROWS), dtype=torch.int8, device=dev)
     d = torch.empty((k, ROWS, W), dtype=torch.float32, device=dev) if kl else err
     yh = torch.empty((ROWS, W), dtype=torch.float64, device=dev) if kl else err
     has_d = D is not None
     xx = x.to(torch.float64).contiguous() if has_d else y64
-    _row_stats_kernel[(ROWS, k)](y32, y64, xx, D if has_d else y64, dead, err, bad, d, yh, ROWS,
-                                 W, P=P, HAS_D=has_d, KL=kl,
+    _row_stats_kernel[(ROWS, k)](y32, y64, xx, D if has_d else y64, first, err, d, yh, ROWS, W,
+                                 t0, seqs, P=P, HAS_D=has_d, KL=kl,
                                  BW=min(1024, triton.next_power_of_2(W)), num_warps=4)
-    return err, bad.bool(), (d if kl else None), (yh if kl else None)
+    return err, (d if kl else None), (yh if kl else None)
+
+
+NO_STEP = 2**31 - 1  # row_stats' ``first`` of a slot without a non-finite output
 
 
 @triton.jit(do_not_specialize=["E", "NCH"])

@@ -375,21 +375,34 @@ class DeviceAccumulator(Accumulator):
 
     tf32 = True
 
-    def push_stats(self, err: torch.Tensor, kl: torch.Tensor | None,
-                   top1: torch.Tensor | None = None) -> None:
+    def push_stats(self, err: torch.Tensor, kl: torch.Tensor | None = None,
+                   top1: torch.Tensor | None = None, order: list[int] | None = None,
+                   seqs: int = 1) -> None:
         """Per-step statistics already reduced over the width (:func:`row_stats`,
-        :func:`kl_rows`): ``err``/``kl``/``top1`` ``(k, m, S)`` in ``self.names`` order;
-        windows as :meth:`push`."""
-        if not hasattr(self, "_err"):
+        :func:`kl_rows`): ``err``/``kl``/``top1`` ``(k, m*seqs)`` (rows: step, sequence), row
+        ``order[i]`` of scheme ``self.names[i]`` (None: in order). They are copied to the host
+        now (on CUDA into pinned memory, asynchronously: no device kernel, so nothing for CUDA
+        to load lazily while kernels run) and reduced per window by :meth:`finish`, which must
+        follow a device synchronisation."""
+        if not hasattr(self, "_host"):
+            self._host = []
+        self._host.append(([None if t is None else _host_copy(t) for t in (err, kl, top1)],
+                           order, seqs))
+        self._pending += err.shape[1] // seqs
+
+    def finish(self) -> None:
+        """Every window of the pushed statistics, on the host (the copies are complete)."""
+        if getattr(self, "_host", None):
             self._err, self._kl, self._top1 = [], [], []
-        self._err.append(err.transpose(0, 1))  # (m, k, S): windows are cut along dim 0
-        if kl is not None:
-            self._kl.append(kl.transpose(0, 1))
-        if top1 is not None:
-            self._top1.append(top1.transpose(0, 1))
-        self._pending += err.shape[1]
-        if self._pending >= self.window:  # every whole window at once
-            self._reduce_stats(self.window, self._pending // self.window)
+            for parts, order, seqs in self._host:
+                for t, out in zip(parts, (self._err, self._kl, self._top1), strict=True):
+                    if t is not None:
+                        t = t if order is None else t[order]
+                        out.append(t.view(t.shape[0], -1, seqs).transpose(0, 1))
+            self._host = []
+            if self._pending >= self.window:  # every whole window at once
+                self._reduce_stats(self.window, self._pending // self.window)
+        super().finish()
 
     def _reduce(self, n: int) -> None:
         if getattr(self, "_err", None):
@@ -517,6 +530,15 @@ class DeviceAccumulator(Accumulator):
         for name, parts in self.per_step_rel_err.items():
             self.per_step_rel_err[name] = [np.asarray(p) for p in parts]
 
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host: on CUDA an asynchronous copy into pinned memory (valid once the device
+    is synchronised), on the CPU ``t`` itself."""
+    if t.device.type != "cuda":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t, non_blocking=True)
 
 
 def kl_rows(readout: Readout, yh_ref, d, tf32: bool,

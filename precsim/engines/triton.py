@@ -139,9 +139,12 @@ class Options:
     stream while the current kernel runs. ``metrics_batch``: launch windows whose inputs and
     fused window metrics are drawn and reduced together. ``priority`` (CUDA): the kernels run on a
     high-priority stream. ``inflight``: launches the host may queue ahead of the GPU (it then
-    waits for the oldest). ``metrics_lag`` (with ``overlap``): a batch's metrics are reduced once
-    this many later batches are queued behind it. Neither changed a first run's time on the H200
-    machine (5-64 launches, lags 1-4; README, GPU section).
+    waits for the oldest). ``metrics_lag`` (with ``overlap``, without ``metrics_thread``): a
+    batch's metrics are reduced once this many later batches are queued behind it. Neither
+    changed a first run's time on the H200 machine (5-64 launches, lags 1-4; README, GPU
+    section). ``metrics_thread`` (with ``overlap``): a thread of its own queues each batch's
+    metrics, after calling every metrics kernel once on zeros while the first batch launches
+    (a first run: 0.46-0.48 s against 0.47-0.48 s without, and no stall between launches).
     """
 
     num_warps: int | None = None
@@ -159,6 +162,7 @@ class Options:
     priority: bool = True
     inflight: int = 32
     metrics_lag: int = 2
+    metrics_thread: bool = True
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
@@ -168,10 +172,12 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     (``Result.info["triton_fallback"]``)."""
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
-     maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag) = (
+     maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag,
+     metrics_thread) = (
         opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
         opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
-        opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag))
+        opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag),
+        opt.metrics_thread)
     phases = {"start": time.perf_counter()}
     wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
@@ -188,7 +194,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     from precsim.kernels import mamba2 as mamba2_kernels
     from precsim.kernels.codes import dispatch_order
     from precsim.kernels.inputs import exp_f32
-    from precsim.kernels.metrics import drift_from_partials, drift_partials, row_stats
+    from precsim.kernels.metrics import NO_STEP, drift_from_partials, drift_partials, row_stats
     from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
     from precsim.kernels.rng import event_keys
 
@@ -233,23 +239,22 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     want = set(names) if record_outputs is True else set(record_outputs or ())
     recorded: dict[str, list] = {n: [] for n in names if n in want}
     shape4 = (Sq, H, P, N)
-    # dead schemes, tracked on the device in storage order (no host sync per window)
+    # dead schemes, tracked on the device in storage order (no host sync per window): with
+    # the fused metrics row_stats keeps first_bad, else dead / dead_at below
     dead = torch.zeros(max(ns, 1), dtype=torch.bool, device=dev)
     dead_at = torch.full((max(ns, 1),), -1, dtype=torch.int64, device=dev)
     by_slot = sorted(range(ns), key=lambda i: slot[i])
     split = [schemes[i].kind == "split" for i in by_slot]
     # fused window metrics (kernels.metrics.row_stats) unless per-step outputs are recorded
     fused = ns > 0 and not recorded and fused_metrics
-    perm = torch.tensor([slot[i] for i in range(ns)], dtype=torch.int64, device=dev)
+    perm = [slot[i] for i in range(ns)]  # storage slot of each scheme, in order
+    first_bad = torch.full((max(ns, 1),), NO_STEP, dtype=torch.int32, device=dev)  # fused
 
     def process(item) -> None:
         """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
         schemes at once (few device ops per window: the host must stay ahead of the GPU)."""
         nonlocal dead, dead_at, readout
         t0, t1, inp, y64, y32, states, done = item
-        if want_kl and readout is None:
-            readout = acc.readout = _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale,
-                                             dev)
         n = t1 - t0
         ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
         with ctx:
@@ -257,18 +262,16 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 side.wait_event(done)
                 for t in (y64, y32, *inp.values(), *(states or ())):
                     t.record_stream(side)
-            if fused:  # one Triton pass per window: rel_err, non-finite flags, KL inputs
-                err, bad, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, dead, n * Sq, P,
-                                             want_kl and not skip_metrics)
-                bad = bad.view(ns, n, Sq).any(dim=2)
-                anyb = bad.any(dim=1)
-                first = t0 + 1 + torch.argmax(bad.to(torch.int8), dim=1)
-                dead_at = torch.where(anyb & ~dead, first, dead_at)
-                dead = dead | anyb
+            if want_kl and readout is None:  # drawn on the stream that uses it
+                readout = acc.readout = _readout(H * P, cfg.metrics.vocab,
+                                                 cfg.metrics.logit_scale, dev)
+            if fused:  # one Triton pass per window: rel_err, first non-finite step, KL inputs
+                err, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, first_bad, t0, Sq,
+                                        n * Sq, P, want_kl and not skip_metrics)
                 if not skip_metrics:
-                    kl = (None, None) if dd is None else [t[perm].view(ns, n, Sq) for t in kl_rows(
-                        readout, yh, dd, kl_tf32, kl_fused)]  # KL, top-1 agreement
-                    acc.push_stats(err[perm].view(ns, n, Sq), *kl)
+                    kl = (None, None) if dd is None else kl_rows(readout, yh, dd, kl_tf32,
+                                                                 kl_fused)  # KL, top-1
+                    acc.push_stats(err, *kl, order=perm, seqs=Sq)
                 if side is not None:
                     side_done.append(side.record_event())
                 return
@@ -296,6 +299,31 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 recorded[name].append(y.cpu().numpy())
             if side is not None:
                 side_done.append(side.record_event())
+
+    def warm_metrics(nB: int) -> None:
+        """The metrics' one-off work, in the metrics thread while the host draws the first
+        batch's inputs and launches it: the readout head, and each metrics kernel's first call
+        on zeros of a batch's shapes. CUDA loads a kernel lazily on its first launch and the
+        load waits for the device to drain, so a first call behind many queued step kernels
+        stalls them (0.12-0.19 s of a first run on the H200 machine, when the first batch's
+        metrics were reduced by torch ops on the host thread; waiting for this before the
+        first launch measured 0.02 s slower than overlapping it)."""
+        nonlocal readout
+        with torch.cuda.stream(side):
+            side.wait_stream(torch.cuda.default_stream(dev))  # the states were zeroed there
+            drift_partials(S64, st, rd, ns, Sq)
+            if want_kl and readout is None:
+                readout = acc.readout = _readout(H * P, cfg.metrics.vocab,
+                                                 cfg.metrics.logit_scale, dev)
+            y64 = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev)
+            y32 = torch.zeros((ns, nB, SH, P), dtype=torch.float32, device=dev)
+            x = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev) if D is not None \
+                else None
+            err, dd, yh = row_stats(y32, y64, x, D, first_bad.clone(), 0, Sq, nB * Sq, P,
+                                    want_kl)
+            kl = (None, None) if dd is None else kl_rows(readout, yh, dd, kl_tf32, kl_fused)
+            DeviceAccumulator([s.name for s in schemes], cfg.metrics.window,
+                              readout).push_stats(err, *kl, order=perm, seqs=Sq)
 
     bar = progress_bar(cfg, progress)
     phases["setup"] = time.perf_counter()
@@ -341,7 +369,23 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     hi = torch.cuda.Stream(device=dev, priority=-5) if cuda and priority else None
     if hi is not None:
         hi.wait_stream(torch.cuda.current_stream(dev))  # the states were zeroed there
-    with torch.cuda.stream(hi) if hi is not None else contextlib.nullcontext():
+    # with overlap, a thread of its own reduces the metrics (mostly device ops queued behind
+    # each batch's kernels): the first batch's one-off host work (CUDA's lazy loading of the
+    # metrics' kernels, Triton's first calls) then overlaps the launches instead of stalling them
+    worker = warm = None
+    if overlap and metrics_thread:
+        from concurrent.futures import ThreadPoolExecutor
+
+        worker = ThreadPoolExecutor(1, thread_name_prefix="precsim-metrics")
+        if fused and not skip_metrics:
+            warm = worker.submit(warm_metrics, batches[0][-1])
+        # batches it may hold (their outputs stay allocated): up to a quarter of the free memory
+        free = torch.cuda.mem_get_info(dev)[0]
+        backlog = max(metrics_lag, min(16, int(0.25 * free) // max(G * per_win, 1)))
+    with contextlib.ExitStack() as stack, \
+            torch.cuda.stream(hi) if hi is not None else contextlib.nullcontext():
+        if worker is not None:
+            stack.callback(worker.shutdown, wait=True, cancel_futures=True)
         # device inputs of batch k+1 are drawn on their own stream while batch k's first
         # kernel runs (they fill the SMs its last programs leave idle, not a launch gap)
         pre = torch.cuda.Stream(device=dev) if cuda and prefetch and \
@@ -351,6 +395,9 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             pre.wait_stream(main)  # the inputs' parameters were copied on the default stream
         nxt = None
         T0 = 0
+        if cuda:  # the GPU's idle time between launches (info["gpu_idle_s"]), from here
+            e_loop = torch.cuda.Event(enable_timing=True)
+            e_loop.record()
         for bi, bends in enumerate(batches):
             T1 = bends[-1]
             nB = T1 - T0
@@ -411,7 +458,11 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                     bar.update(n)
                 t0 = t1
             item = (T0, T1, inp, y64, y32, states, e1 if cuda else None)
-            if overlap:
+            if worker is not None:  # the metrics thread takes it now; bound its backlog
+                pending.append(worker.submit(process, item))
+                while len(pending) > backlog:
+                    pending.pop(0).result()
+            elif overlap:
                 pending.append(item)
                 if len(pending) > metrics_lag:
                     process(pending.pop(0))
@@ -419,7 +470,10 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 process(item)
             T0 = T1
         while pending:
-            process(pending.pop(0))
+            p = pending.pop(0)
+            p.result() if worker is not None else process(p)
+        if warm is not None:
+            warm.result()  # long done; raises what it raised
     if cuda:
         torch.cuda.synchronize(dev)
     if drift_parts:  # every fused drift sample finished at once, one copy to the host
@@ -428,9 +482,10 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         names_slot = [schemes[i].name for i in by_slot]
         for j, (pos, _) in enumerate(drift_parts):
             acc.record_drift_norms(pos, d_st[j], d_rd[j], names_slot, split)
-    first_bad = dead_at.tolist()
+    firsts = [-1 if v == NO_STEP else v for v in first_bad.tolist()] if fused else \
+        dead_at.tolist()
     for i, s in enumerate(schemes):
-        s.dead_at = first_bad[slot[i]] if first_bad[slot[i]] >= 0 else None
+        s.dead_at = firsts[slot[i]] if firsts[slot[i]] >= 0 else None
     phases["kernels"] = time.perf_counter()
     acc.finish()
     acc.to_host({s.name: s.dead_at for s in schemes})
@@ -443,6 +498,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
             "wall_loop_s": time.perf_counter() - t_loop,
             "host_wait_s": host_wait,  # host blocked on the in-flight bounds (ahead of the GPU)
+            "gpu_idle_s": _gpu_idle(e_loop, timed) if cuda and timed else None,
             "phases_s": _phases(phases, compile_s),
             "registers": [getattr(k, "n_regs", None) for k in kern.values()],
             "spills": [getattr(k, "n_spills", None) for k in kern.values()],
@@ -461,6 +517,15 @@ def _phases(marks: dict, compile_s: float) -> dict:
     ph = {"setup": ph["setup"], "compile": compile_s, "kernels": ph["kernels"] - compile_s,
           "metrics": ph["metrics"]}
     return {k: round(v, 4) for k, v in ph.items()}
+
+
+def _gpu_idle(e_loop, timed) -> dict:
+    """Where the GPU's stream waited for the host: before the first step launch (inputs,
+    setup), between consecutive step launches (all, the first 8 and the largest), seconds."""
+    gaps = [a[1].elapsed_time(b[0]) / 1e3 for a, b in zip(timed[:-1], timed[1:], strict=True)]
+    return {"before_first": round(e_loop.elapsed_time(timed[0][0]) / 1e3, 4),
+            "between": round(sum(gaps), 4), "first8": [round(g, 4) for g in gaps[:8]],
+            "largest": sorted((round(g, 4) for g in gaps), reverse=True)[:5]}
 
 
 _READOUTS: dict = {}
