@@ -366,11 +366,13 @@ def _kl(readout, yh_ref, logp_ref, y_sim, tf32: bool) -> tuple[torch.Tensor, tor
 
 
 class DeviceAccumulator(Accumulator):
-    """Accumulator whose statistics are device tensors until ``to_host()``.
+    """Accumulator for the device engines: statistics stay device tensors until ``to_host()``.
 
     ``push(y_ref (m,S,H,P) float64, ys[name] (m,S,H,P))`` as in the base class (no None: a dead
-    scheme's outputs are NaN already); ``record_drift`` likewise. ``tf32`` (default True): the KL
-    difference matmul runs in TF32 on CUDA (see :func:`_kl`).
+    scheme's outputs are NaN already); ``record_drift`` likewise. ``push_stats`` takes per-step
+    statistics already reduced on the device and reduces them per window on the host at
+    :meth:`finish`. ``tf32`` (default True): the KL difference matmul runs in TF32 on CUDA (see
+    :func:`_kl`).
     """
 
     tf32 = True
