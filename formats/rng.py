@@ -28,6 +28,7 @@ slot``) and the top ``r`` bits of its lane ``i % lanes`` (lane 0 = least signifi
 from __future__ import annotations
 
 import sys
+import zlib
 
 import numpy as np
 
@@ -125,6 +126,33 @@ def stream_id(*parts: int) -> int:
         h = mix32_int(h ^ (int(p) & M32)) ^ ((h << 7) & M32)
         h = mix32_int(h ^ ((int(p) >> 32) & M32))
     return h
+
+
+def _mix_u64(x: np.ndarray) -> np.ndarray:
+    """lowbias32 on uint64 arrays holding uint32 values."""
+    m32 = np.uint64(M32)
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(_C1)) & m32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(_C2)) & m32
+    return x ^ (x >> np.uint64(16))
+
+
+def event_keys(seed: int, scheme: str, events, purpose: int) -> tuple[int, np.ndarray]:
+    """``k0`` (int) and ``k1`` (uint32 array, one per event) of the SR streams of ``scheme``:
+    ``stream_keys(seed, stream_id(crc32(scheme), event, purpose))`` vectorised over events (the
+    fused engines derive their keys on the host; their kernels only hash)."""
+    m32 = np.uint64(M32)
+    k0 = stream_keys(seed, 0)[0]  # k0 depends on the seed only
+    parts = np.broadcast_arrays(*[np.asarray(p, dtype=np.uint64) for p in (
+        zlib.crc32(scheme.encode()), np.asarray(events, np.int64), purpose)])
+    h = np.full(parts[0].shape, 0x243F6A88, dtype=np.uint64)
+    for p in parts:
+        h = _mix_u64(h ^ (p & m32)) ^ ((h << np.uint64(7)) & m32)
+        h = _mix_u64(h ^ ((p >> np.uint64(32)) & m32))
+    k1 = _mix_u64((h & m32) ^ np.uint64(0x85EBCA6B) ^ np.uint64(k0))
+    k1 = _mix_u64(k1 ^ (h >> np.uint64(32)))
+    return int(k0), k1.astype(np.uint32)
 
 
 def _mix_np(x: np.ndarray) -> np.ndarray:

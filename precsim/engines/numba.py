@@ -29,12 +29,12 @@ from __future__ import annotations
 import math
 import os
 import time
-import zlib
 
 import numpy as np
 import torch
 
 from precsim import formats as pf
+from precsim.formats.rng import event_keys
 
 from ..config import Config
 from ..families import decays
@@ -125,36 +125,6 @@ def scheme_codes(sc) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# host-side SR keys (formats.rng.stream_id / stream_keys, vectorised over events)
-
-_M = np.uint64(0xFFFFFFFF)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    x = x & _M
-    x ^= x >> np.uint64(16)
-    x = (x * np.uint64(0x7FEB352D)) & _M
-    x ^= x >> np.uint64(15)
-    x = (x * np.uint64(0x846CA68B)) & _M
-    return x ^ (x >> np.uint64(16))
-
-
-def event_keys(seed: int, name: str, events: np.ndarray, purpose: int) -> tuple[int, np.ndarray]:
-    """``k0`` and the ``k1`` of every event: ``formats.stream_keys(seed, stream_id(crc32(name),
-    event, purpose))`` for an array of events (uint32 array)."""
-    k0 = pf.stream_keys(seed, 0)[0]
-    ev = np.asarray(events, dtype=np.int64).astype(np.uint64)
-    h = np.full(ev.shape, 0x243F6A88, dtype=np.uint64)
-    for p in (np.uint64(zlib.crc32(name.encode())), ev, np.uint64(purpose)):
-        p = np.broadcast_to(np.asarray(p, dtype=np.uint64), ev.shape)
-        h = _mix(h ^ (p & _M)) ^ ((h << np.uint64(7)) & _M)
-        h = _mix(h ^ ((p >> np.uint64(32)) & _M))
-    k1 = _mix((h & _M) ^ np.uint64(0x85EBCA6B) ^ np.uint64(k0))
-    k1 = _mix(k1 ^ (h >> np.uint64(32)))
-    return int(k0), k1.astype(np.uint32)
-
-
-# ---------------------------------------------------------------------------------------------
 # compiled kernels
 
 if numba is not None:
@@ -204,15 +174,6 @@ if numba is not None:
         return x
 
     @njit(cache=True, inline="always")
-    def _rand(off, bits, k0, k1):
-        """The SR integer of element ``off`` (formats.rng.random_uint_numpy's lanes)."""
-        slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
-        lanes = 32 // slot
-        w = off // lanes
-        word = _hash(w & _MASK, w >> 32, k0, k1)
-        return (word >> ((off % lanes) * slot + slot - bits)) & ((1 << bits) - 1)
-
-    @njit(cache=True, inline="always")
     def _pow2(e):
         """2**e as float32 (e <= 127; subnormal powers down to 2**-149, 0 below)."""
         if e >= -126:
@@ -223,50 +184,15 @@ if numba is not None:
 
     @njit(cache=True, inline="always")
     def _consts(f, bits, ieee, el):
-        """Per-format constants of :func:`_round_u`: mantissa bits, emin, max, the value an
+        """Per-format constants of :func:`_round_v`: mantissa bits, emin, max, the value an
         overflow becomes, 2**bits (float32)."""
         maxv = np.float32(el[f, 2])
         ovf = maxv if not ieee else (_INF if el[f, 3] > 0 else _NAN)
         return np.int64(el[f, 0]), np.int64(el[f, 1]), maxv, ovf, np.float32(2.0 ** bits)
 
     @njit(cache=True, inline="always")
-    def _round(x, f, sr, bits, ieee, off, k0, k1, el):
-        """formats.core.round_float of float32 ``x`` to element format ``f`` (1..5)."""
-        u = _rand(off, bits, k0, k1) if sr else 0
-        mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
-        return _round_u(x, mb, emin, maxv, ovf, sr, sc, u)
-
-    @njit(cache=True, inline="always")
-    def _round_u(x, mb, emin, maxv, ovf, sr, sc, u):
-        """:func:`_round` with the format's constants and the element's SR integer given."""
-        ix = np.int64(_f2i(x))
-        ef = (ix >> 23) & 0xFF
-        if ef == 255:  # Inf / NaN
-            if x != x:
-                return x
-            return -ovf if ix < 0 else ovf
-        ax = abs(x)
-        e = max(ef - 127, emin)
-        if emin - mb >= -126:  # q and 1/q normal: ax * (1/q) == ax / q exactly
-            q = _i2f(np.int32((e - mb + 127) << 23))
-            y = ax * _i2f(np.int32((mb - e + 127) << 23))
-        else:
-            q = _pow2(e - mb)
-            y = ax / q
-        if sr:
-            lo = np.float32(np.int64(y))
-            thr = np.float32(np.int64((y - lo) * sc))
-            r = lo + (_F1 if np.float32(u) < thr else _F0)
-        else:
-            r = (y + _BIG) - _BIG if y < _BIG else y
-        out = r * q
-        if out > maxv:
-            out = ovf
-        return -out if ix < 0 else out
-
-    @njit(cache=True, inline="always")
     def _round_fin(x, mb, emin, maxv, sr, sc, u):
-        """:func:`_round_u` for finite ``x`` within the format's range after saturation, without
+        """:func:`_round_v` for finite ``x`` within the format's range after saturation, without
         branches (the block formats' element loop, so LLVM can vectorise it)."""
         ix = _f2i(x)
         ef = (ix >> 23) & 0xFF
@@ -283,13 +209,10 @@ if numba is not None:
         return _i2f(_f2i(out) | (ix & np.int32(-2147483648)))
 
     @njit(cache=True, inline="always")
-    def _absbits(x):
-        return np.int64(_f2i(x)) & 0x7FFFFFFF
-
-    @njit(cache=True, inline="always")
     def _round_v(x, mb, emin, maxv, ovf, sr, sc, u, div):
-        """:func:`_round_u` without branches (selects only, so element loops vectorise); ``div``
-        (loop-invariant): ``emin - mb < -126``, the power 1/q is not a normal float32."""
+        """formats.core.round_float of float32 ``x`` to an element format (constants from
+        :func:`_consts`, SR integer ``u``), without branches (selects only, so element loops
+        vectorise); ``div`` (loop-invariant): ``emin - mb < -126``, 1/q is not a normal float32."""
         ix = _f2i(x)
         ef = (ix >> 23) & 0xFF
         e = max(ef - 127, np.int32(emin))
