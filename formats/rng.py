@@ -1,28 +1,13 @@
-"""Counter-based random bits for stochastic rounding.
+"""Counter-based random bits for stochastic rounding (README, "Rounding": the generator, the
+Philox option and the lane layout).
 
-Every random bit precsim uses is a pure function of ``(seed, stream, element index)``: no state,
-so a result never depends on how the work is chunked, on the device, or on the order in which
-schemes run. The same function is written three times — NumPy (uint32), torch (int64 with masks)
-and Triton (``kernels/rng.py``) — and tests check they agree bit for bit.
-
-The mixer is ``lowbias32`` (C. Wellons' 32-bit integer hash, two xor-shift-multiply rounds), applied
-twice: ``bits = mix(mix(lo ^ k0) ^ hi ^ k1)`` where ``lo``/``hi`` are the low/high 32 bits of the
-element index and ``k0``/``k1`` are derived from the seed and the stream on the host. This is
-much cheaper than Philox-4x32-10 (about 14 integer ops per word instead of ~120), which matters
-for the CPU engine that rounds a whole layer state every step; its statistical quality is ample
-for stochastic rounding (the SR tests check unbiasedness and the 2^-r granularity).
-
-Optionally (``sr_source="philox5" | "philox7" | "philox10"``) the words come from Philox-4x32
-(Salmon et al., SC'11) with 5, 7 or 10 rounds, the generator of curand and torch's CUDA RNG:
-key = ``(k0, k1)`` of the ``(seed, stream)`` pair (as above), counter = ``(j lo, j hi, 0, 0)``
-for word index ``w = 4j + i``, and the word is output ``i`` of that block. Written with uint64
-NumPy arithmetic (exact 32x32 -> 64 products), int64 torch (16-bit halves) and ``tl.umulhi`` in
-Triton; 10 rounds reproduce the Random123 known-answer vectors (tests).
-
-SR with ``r`` random bits takes them from *lanes* of one 32-bit word, as hardware does (Blackwell's
-``cvt.rs...e2m1x4`` feeds four E2M1 conversions from one 32-bit register): ``slot = 8`` bits if
-``r <= 8``, 16 if ``r <= 16``, else 32; element ``i`` uses word ``i // lanes`` (``lanes = 32 //
-slot``) and the top ``r`` bits of its lane ``i % lanes`` (lane 0 = least significant slot).
+Every random bit is a pure function of ``(seed, stream, element index)``, so a result never
+depends on chunking, device or scheme order. ``bits = mix(mix(lo ^ k0) ^ hi ^ k1)`` with ``mix``
+= lowbias32, ``lo``/``hi`` the 32-bit halves of the index and ``k0``/``k1`` derived from the seed
+and stream on the host (~14 integer ops per word against ~120 for Philox-4x32-10: the CPU engine
+rounds a whole layer state every step). Written three times — NumPy (uint32), torch (int64 with
+masks) and Triton (``kernels/rng.py``) — and tested bit for bit against each other; the Philox
+words likewise (uint64 NumPy, 16-bit halves in torch, ``tl.umulhi``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Real models: precsim's hooks into the SSM mixers of ``transformers`` checkpoints.
-
-Two uses share one hook:
-
-* recording (``python -m precsim.record``): every SSM layer's per-step inputs, exactly as the
-  model's own decode step receives them, become trace files the layer-level engines replay;
-* whole-model mode (:func:`run_model_kl`): every SSM layer's decode step is replaced by a precsim
-  precision scheme (conventional / shared / split, any formats, buffer length, SR), the rest of the
-  model unchanged, teacher-forced on the reference's tokens; per generated token it measures the KL
-  of the model's real next-token distributions, top-1 agreement and per-layer state drift.
+"""Real models (README, "Real models"): precsim's hooks into the SSM mixers of ``transformers``
+checkpoints, shared by recording (``python -m precsim.record``: traces the layer-level engines
+replay) and whole-model mode (:func:`run_model_kl`: every SSM layer's decode step replaced by a
+precsim scheme, teacher-forced on the reference's tokens).
 
 How the hook works: the Mamba-2-family mixers call the module-level functions
 ``mamba2_selective_state_update`` (decode) / ``mamba2_chunk_scan`` (first token, no state yet),

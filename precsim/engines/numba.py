@@ -12,16 +12,10 @@ quantisation (RNE and SR, bit-equal to :func:`precsim.formats.quantize`, same co
 random bits) and the output in one pass. The metrics are the torch engine's
 (:class:`precsim.metrics.Accumulator`), fed once per window.
 
-Threads (``run.threads``, :func:`precsim.engines.base.cpu_threads`; ``auto``: all cores for a
-single run, shared out among a joblib sweep's jobs): with more than one, the kernel runs in a
-worker thread (nogil; numba's workqueue layer, tasks handed out one at a time) while the host
-draws the next window's inputs and reduces the last window's metrics (torch, one thread); with
-one, window after window on one core. Results are the same bit for bit.
-
-Covered: Mamba-2; conventional / shared / split schemes; formats fp32, bf16, fp16, fp8_e4m3,
-fp8_e5m2, fp4_e2m1, nvfp4 (tensor_scope matrix or none, both scale floors), mxfp4, mxfp8; any
-buffer dtype; compute in fp32. :func:`supports` names what is not (the caller then runs the torch
-engine). Compiled code is cached on disk (``cache=True``): only the first process compiles.
+Threads (``run.threads``, README "The fused numba engine"): with more than one, the kernel runs
+in a worker thread (nogil) while the host prepares the next window and reduces the last one's
+metrics; results are the same bit for bit. :func:`supports` names what is not covered (the torch
+engine runs it then). Compiled code is cached on disk (``cache=True``).
 """
 
 from __future__ import annotations

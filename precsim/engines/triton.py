@@ -1,13 +1,9 @@
 """The Triton engine (``run.engine=triton``): host driver of the kernels in ``precsim.kernels``.
 
-The horizon is cut into *launch windows* that end at the first flush at or after each metrics
-window end (so the ReplaySSM buffers start empty in every launch and state drift is sampled
-where the torch engine samples it). Per launch: the run's workload draws the window's inputs on the
-device (the counter-based generator every engine uses, or a trace), one kernel launch advances
-the float64 truth and every scheme, and the per-step outputs go through
-``precsim.metrics.DeviceAccumulator`` (rel_err, KL through the readout head), as the torch engine
-reduces them. States stay in
-device memory between launches: a launch reads and writes each state copy once.
+The horizon is cut into *launch windows* (:func:`precsim.engines.base.launch_ends`). Per launch
+the workload draws the window's inputs on the device, one kernel launch advances the float64
+truth and every scheme, and the outputs go through ``precsim.metrics.DeviceAccumulator``. States
+stay in device memory between launches: a launch reads and writes each state copy once.
 
 Memory is bounded by one window: outputs ``(n, S, H, P)`` per scheme (float32) and the truth
 (float64), plus the window's inputs.
