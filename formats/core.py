@@ -567,17 +567,11 @@ def _e2m1_sr_table(y, *, seed, stream, offset, sr_source="hash"):
 
 
 def _f32(ops, a):
-    if ops is TORCH:
-        import torch
-
-        return a.to(torch.float32)
-    return a.astype(np.float32)
+    return a.float() if ops is TORCH else a.astype(np.float32)
 
 
 def _like(ops, a, x):
-    if ops is TORCH:
-        return a.to(x.dtype)
-    return a.astype(x.dtype)
+    return a.to(x.dtype) if ops is TORCH else a.astype(x.dtype)
 
 
 def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset=0,
@@ -585,14 +579,10 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
                    tensor_scope="matrix", scale_mode="reciprocal", sr_source="hash"):
     """Fake-quantize along the last axis in blocks of ``fmt.block``. Scales are deterministic.
 
-    NVFP4 applies its scales to the elements by ``scale_mode``: ``"reciprocal"`` (default)
-    multiplies by ``r = (1/s_tensor) / bs`` (float32, each step correctly rounded; ``1/bs``
-    without a tensor scale), as production quantizers do (torchao >= 0.18 ``nvfp4_quantize``,
-    written to match the MSLK Triton kernel, and TensorRT-LLM's FP4 conversion multiply by a
-    reciprocal), so the simulated state is the one a serving engine would store; ``"divide"``
-    computes ``x / (s_tensor · bs)``. The two differ by one E2M1 step where ``x/total`` lies
-    within an ulp of a rounding midpoint (s_t = 1, bs = 3.5, x = 12.249999: x / 3.5 = 3.4999998
-    rounds to 3, x · float32(1/3.5) = 3.5 ties to 4).
+    NVFP4's ``scale_mode`` (README, "Block-scaled formats"): ``"reciprocal"`` (default) multiplies
+    the elements by ``r = (1/s_tensor) / bs`` (float32, each step correctly rounded; ``1/bs``
+    without a tensor scale) as production quantizers do; ``"divide"`` computes ``x / (s_tensor ·
+    bs)``. The two differ by one E2M1 step near rounding midpoints.
     """
     shape = tuple(x.shape)
     if len(shape) == 0 or shape[-1] % fmt.block:

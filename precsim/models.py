@@ -464,13 +464,11 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
-    """Whole-model study: the reference and every scheme of ``cfg`` run the checkpoint at
-    ``cfg.model.path`` in lockstep, token by token, on the reference's greedy tokens
-    (``cfg.run.steps`` generated after the prompt). Returns a :class:`precsim.result.Result`
-    whose rows have the layer-level columns (``top1`` is the model's own top-1 agreement with
-    the reference, ``first_flip`` / ``flipped`` its first disagreeing generated token, censored
-    at the row's step, as in :meth:`precsim.metrics.Accumulator.rows`); ``info`` has per-token
-    KL / top-1, the first flip (None: none) and per-layer drift.
+    """Whole-model study (README, "Real models"): the reference and every scheme of ``cfg`` run
+    the checkpoint at ``cfg.model.path`` in lockstep, token by token, on the reference's greedy
+    tokens. Returns a :class:`precsim.result.Result` with the layer-level columns (``top1`` etc.
+    of the model's own logits); ``info`` has per-token KL / top-1, the first flip (None: none)
+    and per-layer drift.
 
     Reference: the model's own decode step (state in the model's dtype) for float32/float64
     models; for half-precision models a conventional FP32 state (precsim's step). Schemes compute
