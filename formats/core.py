@@ -193,14 +193,10 @@ class BlockFormat(_BlockFormat):
 
 @dataclass(frozen=True)
 class IntFormat(_ElementFormat):
-    """A symmetric saturating integer element format: the integers ``-qmax .. qmax`` (step 1).
-
-    Without a scale the grid is the plain integers (``int8`` holds -127..127, no -128: symmetric
-    as the KV-cache quantizers of serving engines use it); values beyond ±qmax saturate (or become
-    NaN with ``overflow="ieee"``: an integer has no Inf). With a scale (``int8_b<B>``) the element
-    max is ``qmax``. SR draws ``min(32, carrier significand bits)`` random bits by default (24 for
-    float32, 32 for float64) unless ``sr_bits`` says otherwise.
-    """
+    """A symmetric saturating integer element format: the integers ``-qmax .. qmax`` (step 1;
+    ``int8`` has no -128, as serving engines' KV-cache quantizers). Beyond ±qmax: saturate, or
+    NaN with ``overflow="ieee"`` (no Inf). SR draws ``min(32, carrier significand bits)`` random
+    bits by default (24 for float32, 32 for float64)."""
 
     name: str
     qmax: int
@@ -232,16 +228,11 @@ class ScaledFormat(_BlockFormat):
     """``<element>_b<B>``: one FP32 scale per ``block`` contiguous elements of the last axis.
 
     Scale arithmetic (float32, deterministic, in this order): ``bmax = float32(max |x| over the
-    block)``; ``scale = bmax / element.max_value`` (one correctly rounded float32 division, not
-    rounded further: the scale is stored as FP32); elements ``q = round(clamp(x / scale,
-    ±element.max_value))`` (the division in x's dtype, the scale widened exactly); output
-    ``q · scale``. The block's largest value lands on ±element max after the clamp and rounding
-    (x/scale is within an ulp of it), so it comes back as ``element_max · scale``, which can
-    differ from the input by an ulp of float32. An all-zero block (scale 0, also a scale that
-    underflows to 0 in float32) comes out as signed zeros; a block holding NaN or Inf is NaN.
-    ``B`` equal to the whole last axis gives one scale per row (per (head, dim) row of a state,
-    as the per-row INT8/FP8 KV-cache quantizers of serving engines do); the last axis must be a
-    multiple of ``B``. Bits per element include the scale: ``element bits + 32 / B``.
+    block)``; ``scale = bmax / element.max_value`` (one correctly rounded float32 division, stored
+    as FP32); elements ``q = round(clamp(x / scale, ±element.max_value))`` (the division in x's
+    dtype, the scale widened exactly); output ``q · scale``, so the block's largest value comes
+    back as ``element_max · scale`` (within an ulp of float32). An all-zero block (also a scale
+    that underflows to 0) comes out as signed zeros; a block holding NaN or Inf is NaN.
     """
 
     name: str

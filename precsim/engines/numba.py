@@ -85,13 +85,9 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     if cfg.run.compute_dtype != "fp32":
         return f"run.compute_dtype={cfg.run.compute_dtype} (the numba engine computes in fp32)"
     for name, s in cfg.schemes.items():
-        for f in (s.fmt, s.read_fmt):
-            if f is None:
-                continue
-            key = pf.get(f).name
-            if key not in FMT_IDS:
-                return f"schemes.{name}: format {key} is not covered by the numba engine"
-            fo = pf.get(f)
+        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt) if f is not None):
+            if fo.name not in FMT_IDS:
+                return f"schemes.{name}: format {fo.name} is not covered by the numba engine"
             if fo.kind == "block":
                 if fo.two_level and cfg.formats.tensor_scope == "tensor":
                     return ("formats.tensor_scope=tensor (an NVFP4 scale over the whole layer "
@@ -695,11 +691,11 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 recorded[nm].append(y.numpy())
         if "states" in w:
             s64, s32, r32 = w["states"]
-            acc.record_drift(t1, torch.from_numpy(s64).view(Sq, H, P, N), {
-                s.name: None if dead_at[i] is not None else (
-                    {"state": torch.from_numpy(s32[i]).view(Sq, H, P, N),
-                     "read": torch.from_numpy(r32[i]).view(Sq, H, P, N)} if s.kind == "split"
-                    else {"state": torch.from_numpy(s32[i]).view(Sq, H, P, N)})
+            def v4(a):
+                return torch.from_numpy(a).view(Sq, H, P, N)
+
+            acc.record_drift(t1, v4(s64), {s.name: None if dead_at[i] is not None else {
+                "state": v4(s32[i]), **({"read": v4(r32[i])} if s.kind == "split" else {})}
                 for i, s in enumerate(schemes)})
         if bar is not None:
             bar.update(n)

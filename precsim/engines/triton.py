@@ -243,6 +243,9 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     perm = [slot[i] for i in range(ns)]  # storage slot of each scheme, in order
     first_bad = torch.full((max(ns, 1),), NO_STEP, dtype=torch.int32, device=dev)  # fused
 
+    def draw_readout() -> Readout:
+        return _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev)
+
     def process(item) -> None:
         """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
         schemes at once (few device ops per window: the host must stay ahead of the GPU)."""
@@ -256,8 +259,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 for t in (y64, y32, *inp.values(), *(states or ())):
                     t.record_stream(side)
             if want_kl and readout is None:  # drawn on the stream that uses it
-                readout = acc.readout = _readout(H * P, cfg.metrics.vocab,
-                                                 cfg.metrics.logit_scale, dev)
+                readout = acc.readout = draw_readout()
             if fused:  # one Triton pass per window: rel_err, first non-finite step, KL inputs
                 err, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, first_bad, t0, Sq,
                                         n * Sq, P, want_kl and not skip_metrics)
@@ -306,8 +308,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             side.wait_stream(torch.cuda.default_stream(dev))  # the states were zeroed there
             drift_partials(S64, st, rd, ns, Sq)
             if want_kl and readout is None:
-                readout = acc.readout = _readout(H * P, cfg.metrics.vocab,
-                                                 cfg.metrics.logit_scale, dev)
+                readout = acc.readout = draw_readout()
             y64 = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev)
             y32 = torch.zeros((ns, nB, SH, P), dtype=torch.float32, device=dev)
             x = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev) if D is not None \
