@@ -75,17 +75,9 @@ class NumpyOps:
 class TorchOps:
     name = "torch"
 
-    @staticmethod
-    def abs(x):
-        return x.abs()
-
-    @staticmethod
-    def floor(x):
-        return x.floor()
-
-    @staticmethod
-    def rint(x):
-        return x.round()  # half to even (torch.round)
+    abs = staticmethod(lambda x: x.abs())
+    floor = staticmethod(lambda x: x.floor())
+    rint = staticmethod(lambda x: x.round())  # half to even (torch.round)
 
     @staticmethod
     def where(c, a, b):
@@ -109,13 +101,8 @@ class TorchOps:
             return a.clamp(min=b)
         return torch.maximum(a, b)
 
-    @staticmethod
-    def copysign(a, b):
-        return a.copysign(b)
-
-    @staticmethod
-    def clip(x, m):
-        return x.clamp(-m, m)
+    copysign = staticmethod(lambda a, b: a.copysign(b))
+    clip = staticmethod(lambda x, m: x.clamp(-m, m))
 
     @staticmethod
     def div_const(a, c):

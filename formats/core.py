@@ -193,14 +193,10 @@ class BlockFormat(_BlockFormat):
 
 @dataclass(frozen=True)
 class IntFormat(_ElementFormat):
-    """A symmetric saturating integer element format: the integers ``-qmax .. qmax`` (step 1).
-
-    Without a scale the grid is the plain integers (``int8`` holds -127..127, no -128: symmetric
-    as the KV-cache quantizers of serving engines use it); values beyond ±qmax saturate (or become
-    NaN with ``overflow="ieee"``: an integer has no Inf). With a scale (``int8_b<B>``) the element
-    max is ``qmax``. SR draws ``min(32, carrier significand bits)`` random bits by default (24 for
-    float32, 32 for float64) unless ``sr_bits`` says otherwise.
-    """
+    """A symmetric saturating integer element format: the integers ``-qmax .. qmax`` (step 1;
+    ``int8`` has no -128, as serving engines' KV-cache quantizers). Beyond ±qmax: saturate, or
+    NaN with ``overflow="ieee"`` (no Inf). SR draws ``min(32, carrier significand bits)`` random
+    bits by default (24 for float32, 32 for float64)."""
 
     name: str
     qmax: int
@@ -232,16 +228,11 @@ class ScaledFormat(_BlockFormat):
     """``<element>_b<B>``: one FP32 scale per ``block`` contiguous elements of the last axis.
 
     Scale arithmetic (float32, deterministic, in this order): ``bmax = float32(max |x| over the
-    block)``; ``scale = bmax / element.max_value`` (one correctly rounded float32 division, not
-    rounded further: the scale is stored as FP32); elements ``q = round(clamp(x / scale,
-    ±element.max_value))`` (the division in x's dtype, the scale widened exactly); output
-    ``q · scale``. The block's largest value lands on ±element max after the clamp and rounding
-    (x/scale is within an ulp of it), so it comes back as ``element_max · scale``, which can
-    differ from the input by an ulp of float32. An all-zero block (scale 0, also a scale that
-    underflows to 0 in float32) comes out as signed zeros; a block holding NaN or Inf is NaN.
-    ``B`` equal to the whole last axis gives one scale per row (per (head, dim) row of a state,
-    as the per-row INT8/FP8 KV-cache quantizers of serving engines do); the last axis must be a
-    multiple of ``B``. Bits per element include the scale: ``element bits + 32 / B``.
+    block)``; ``scale = bmax / element.max_value`` (one correctly rounded float32 division, stored
+    as FP32); elements ``q = round(clamp(x / scale, ±element.max_value))`` (the division in x's
+    dtype, the scale widened exactly); output ``q · scale``, so the block's largest value comes
+    back as ``element_max · scale`` (within an ulp of float32). An all-zero block (also a scale
+    that underflows to 0) comes out as signed zeros; a block holding NaN or Inf is NaN.
     """
 
     name: str
@@ -567,17 +558,11 @@ def _e2m1_sr_table(y, *, seed, stream, offset, sr_source="hash"):
 
 
 def _f32(ops, a):
-    if ops is TORCH:
-        import torch
-
-        return a.to(torch.float32)
-    return a.astype(np.float32)
+    return a.float() if ops is TORCH else a.astype(np.float32)
 
 
 def _like(ops, a, x):
-    if ops is TORCH:
-        return a.to(x.dtype)
-    return a.astype(x.dtype)
+    return a.to(x.dtype) if ops is TORCH else a.astype(x.dtype)
 
 
 def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset=0,
@@ -585,14 +570,10 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
                    tensor_scope="matrix", scale_mode="reciprocal", sr_source="hash"):
     """Fake-quantize along the last axis in blocks of ``fmt.block``. Scales are deterministic.
 
-    NVFP4 applies its scales to the elements by ``scale_mode``: ``"reciprocal"`` (default)
-    multiplies by ``r = (1/s_tensor) / bs`` (float32, each step correctly rounded; ``1/bs``
-    without a tensor scale), as production quantizers do (torchao >= 0.18 ``nvfp4_quantize``,
-    written to match the MSLK Triton kernel, and TensorRT-LLM's FP4 conversion multiply by a
-    reciprocal), so the simulated state is the one a serving engine would store; ``"divide"``
-    computes ``x / (s_tensor · bs)``. The two differ by one E2M1 step where ``x/total`` lies
-    within an ulp of a rounding midpoint (s_t = 1, bs = 3.5, x = 12.249999: x / 3.5 = 3.4999998
-    rounds to 3, x · float32(1/3.5) = 3.5 ties to 4).
+    NVFP4's ``scale_mode`` (README, "Block-scaled formats"): ``"reciprocal"`` (default) multiplies
+    the elements by ``r = (1/s_tensor) / bs`` (float32, each step correctly rounded; ``1/bs``
+    without a tensor scale) as production quantizers do; ``"divide"`` computes ``x / (s_tensor ·
+    bs)``. The two differ by one E2M1 step near rounding midpoints.
     """
     shape = tuple(x.shape)
     if len(shape) == 0 or shape[-1] % fmt.block:

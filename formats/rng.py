@@ -1,33 +1,19 @@
-"""Counter-based random bits for stochastic rounding.
+"""Counter-based random bits for stochastic rounding (README, "Rounding": the generator, the
+Philox option and the lane layout).
 
-Every random bit precsim uses is a pure function of ``(seed, stream, element index)``: no state,
-so a result never depends on how the work is chunked, on the device, or on the order in which
-schemes run. The same function is written three times — NumPy (uint32), torch (int64 with masks)
-and Triton (``kernels/rng.py``) — and tests check they agree bit for bit.
-
-The mixer is ``lowbias32`` (C. Wellons' 32-bit integer hash, two xor-shift-multiply rounds), applied
-twice: ``bits = mix(mix(lo ^ k0) ^ hi ^ k1)`` where ``lo``/``hi`` are the low/high 32 bits of the
-element index and ``k0``/``k1`` are derived from the seed and the stream on the host. This is
-much cheaper than Philox-4x32-10 (about 14 integer ops per word instead of ~120), which matters
-for the CPU engine that rounds a whole layer state every step; its statistical quality is ample
-for stochastic rounding (the SR tests check unbiasedness and the 2^-r granularity).
-
-Optionally (``sr_source="philox5" | "philox7" | "philox10"``) the words come from Philox-4x32
-(Salmon et al., SC'11) with 5, 7 or 10 rounds, the generator of curand and torch's CUDA RNG:
-key = ``(k0, k1)`` of the ``(seed, stream)`` pair (as above), counter = ``(j lo, j hi, 0, 0)``
-for word index ``w = 4j + i``, and the word is output ``i`` of that block. Written with uint64
-NumPy arithmetic (exact 32x32 -> 64 products), int64 torch (16-bit halves) and ``tl.umulhi`` in
-Triton; 10 rounds reproduce the Random123 known-answer vectors (tests).
-
-SR with ``r`` random bits takes them from *lanes* of one 32-bit word, as hardware does (Blackwell's
-``cvt.rs...e2m1x4`` feeds four E2M1 conversions from one 32-bit register): ``slot = 8`` bits if
-``r <= 8``, 16 if ``r <= 16``, else 32; element ``i`` uses word ``i // lanes`` (``lanes = 32 //
-slot``) and the top ``r`` bits of its lane ``i % lanes`` (lane 0 = least significant slot).
+Every random bit is a pure function of ``(seed, stream, element index)``, so a result never
+depends on chunking, device or scheme order. ``bits = mix(mix(lo ^ k0) ^ hi ^ k1)`` with ``mix``
+= lowbias32, ``lo``/``hi`` the 32-bit halves of the index and ``k0``/``k1`` derived from the seed
+and stream on the host (~14 integer ops per word against ~120 for Philox-4x32-10: the CPU engine
+rounds a whole layer state every step). Written three times — NumPy (uint32), torch (int64 with
+masks) and Triton (``kernels/rng.py``) — and tested bit for bit against each other; the Philox
+words likewise (uint64 NumPy, 16-bit halves in torch, ``tl.umulhi``).
 """
 
 from __future__ import annotations
 
 import sys
+import zlib
 
 import numpy as np
 
@@ -125,6 +111,33 @@ def stream_id(*parts: int) -> int:
         h = mix32_int(h ^ (int(p) & M32)) ^ ((h << 7) & M32)
         h = mix32_int(h ^ ((int(p) >> 32) & M32))
     return h
+
+
+def _mix_u64(x: np.ndarray) -> np.ndarray:
+    """lowbias32 on uint64 arrays holding uint32 values."""
+    m32 = np.uint64(M32)
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(_C1)) & m32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(_C2)) & m32
+    return x ^ (x >> np.uint64(16))
+
+
+def event_keys(seed: int, scheme: str, events, purpose: int) -> tuple[int, np.ndarray]:
+    """``k0`` (int) and ``k1`` (uint32 array, one per event) of the SR streams of ``scheme``:
+    ``stream_keys(seed, stream_id(crc32(scheme), event, purpose))`` vectorised over events (the
+    fused engines derive their keys on the host; their kernels only hash)."""
+    m32 = np.uint64(M32)
+    k0 = stream_keys(seed, 0)[0]  # k0 depends on the seed only
+    parts = np.broadcast_arrays(*[np.asarray(p, dtype=np.uint64) for p in (
+        zlib.crc32(scheme.encode()), np.asarray(events, np.int64), purpose)])
+    h = np.full(parts[0].shape, 0x243F6A88, dtype=np.uint64)
+    for p in parts:
+        h = _mix_u64(h ^ (p & m32)) ^ ((h << np.uint64(7)) & m32)
+        h = _mix_u64(h ^ ((p >> np.uint64(32)) & m32))
+    k1 = _mix_u64((h & m32) ^ np.uint64(0x85EBCA6B) ^ np.uint64(k0))
+    k1 = _mix_u64(k1 ^ (h >> np.uint64(32)))
+    return int(k0), k1.astype(np.uint32)
 
 
 def _mix_np(x: np.ndarray) -> np.ndarray:

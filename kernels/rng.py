@@ -6,8 +6,9 @@ A 32-bit word is ``mix(mix(lo ^ k0) ^ hi ^ k1)`` with ``mix`` = lowbias32, ``lo`
 16 if r <= 16, else 32; element ``i`` (flat index in the ``(seqs, H, rows, cols)`` state) uses
 word ``i // lanes`` and the top r bits of lane ``i % lanes`` (lane 0 least significant).
 
-The keys are derived on the host (:func:`event_keys`, vectorised over events: one stream per
-quantisation event, ``stream_id(crc32(scheme), event, purpose)``), so the kernel only hashes.
+The keys are derived on the host (:func:`event_keys`, from ``formats.rng``, vectorised over
+events: one stream per quantisation event, ``stream_id(crc32(scheme), event, purpose)``), so the
+kernel only hashes.
 In-kernel SR (:func:`sr_increment`) hashes each word once and feeds its lanes to ``lanes``
 consecutive elements (a quarter of the hashing for E2M1/FP8-class SR with <= 8 bits).
 Tests check both halves bit for bit against ``precsim.formats``.
@@ -15,14 +16,9 @@ Tests check both halves bit for bit against ``precsim.formats``.
 
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
 import triton
 import triton.language as tl
-from precsim.formats import rng as frng
-
-_M32 = np.uint64(0xFFFFFFFF)
+from precsim.formats.rng import event_keys  # noqa: F401 - the engines' host-side keys
 
 
 @triton.jit
@@ -89,36 +85,16 @@ SRC_IDS = {"hash": 0, "philox5": 1, "philox7": 2, "philox10": 3}
 
 
 @triton.jit
-def random_uint(k0, k1, lo, hi, BITS: tl.constexpr):
-    """Uniform integers in [0, 2^BITS) (uint32) of elements ``(hi << 32) | lo``."""
-    if BITS <= 8:
-        SLOT: tl.constexpr = 8
-        SH: tl.constexpr = 2
-    elif BITS <= 16:
-        SLOT: tl.constexpr = 16
-        SH: tl.constexpr = 1
-    else:
-        SLOT: tl.constexpr = 32
-        SH: tl.constexpr = 0
-    if SH == 0:
-        u = random_bits(k0, k1, lo, hi) >> (32 - BITS)
-    else:
-        w = random_bits(k0, k1, (lo >> SH) | (hi << (32 - SH)), hi >> SH)
-        shift = (lo & ((1 << SH) - 1)) * SLOT + (SLOT - BITS)
-        u = (w >> shift) & ((1 << BITS) - 1)
-    return u
-
-
-@triton.jit
 def sr_increment(thr, k0, k1, base_lo, base_hi, off, SRBITS: tl.constexpr):
     """1.0 where SR rounds up (``u < thr``), else 0.0, for a 3D tile ``[R, C, K]``.
 
     ``thr``: float32 thresholds in [0, 2^BITS], ``off``: int32 element offsets (x's shape);
-    ``u = random_uint(base + off)``. With several lanes per word (BITS <= 16) the word of each
-    run of ``lanes`` elements is hashed once, not once per element: the tile is viewed as
-    ``[R, C, K / lanes, lanes]``, the hash runs on ``[R, C, K / lanes]`` and is broadcast over
-    the lanes. That needs what every caller's tile has: each run of ``lanes`` along the last axis
-    holds consecutive elements and ``base + off`` of its first is a multiple of ``lanes``
+    ``u``: the top BITS bits of lane ``i % lanes`` of word ``i // lanes``, ``i = base + off``.
+    With several lanes per word (BITS <= 16) the word of each run of ``lanes`` elements is
+    hashed once, not once per element: the tile is viewed as ``[R, C, K / lanes, lanes]``, the
+    hash runs on ``[R, C, K / lanes]`` and is broadcast over the lanes.
+    That needs what every caller's tile has: each run of ``lanes`` along the last axis holds
+    consecutive elements and ``base + off`` of its first is a multiple of ``lanes``
     (``base`` a multiple of the tile size; K a multiple of lanes).
 
     ``SRBITS = bits + 64 * source`` (source: ``SRC_IDS``, 0 = the hash), so one constexpr carries
@@ -162,34 +138,3 @@ def element_index(base_lo, base_hi, off):
     lo = base_lo + off.to(tl.uint32)
     hi = base_hi + (lo < base_lo).to(tl.uint32)
     return lo, hi
-
-
-def _mix_np(x: np.ndarray) -> np.ndarray:
-    """lowbias32 on uint64 arrays holding uint32 values."""
-    x = x ^ (x >> np.uint64(16))
-    x = (x * np.uint64(frng._C1)) & _M32
-    x = x ^ (x >> np.uint64(15))
-    x = (x * np.uint64(frng._C2)) & _M32
-    return x ^ (x >> np.uint64(16))
-
-
-def stream_ids(parts: list) -> np.ndarray:
-    """Vectorised :func:`precsim.formats.stream_id`: each part an int or an int array."""
-    arrs = np.broadcast_arrays(*[np.asarray(p, dtype=np.uint64) for p in parts])
-    h = np.full(arrs[0].shape, 0x243F6A88, dtype=np.uint64)
-    for p in arrs:
-        h = _mix_np(h ^ (p & _M32)) ^ ((h << np.uint64(7)) & _M32)
-        h = _mix_np(h ^ ((p >> np.uint64(32)) & _M32))
-    return h
-
-
-def event_keys(seed: int, scheme: str, events, purpose: int) -> tuple[int, np.ndarray]:
-    """``k0`` (int) and ``k1`` (uint32 array, one per event) of the SR streams of ``scheme``.
-
-    Same as ``precsim.formats.stream_keys(seed, stream_id(crc32(scheme), event, purpose))``.
-    """
-    k0 = frng.stream_keys(seed, 0)[0]  # k0 depends on the seed only
-    stream = stream_ids([zlib.crc32(scheme.encode()), np.asarray(events, np.int64), purpose])
-    k1 = _mix_np((stream & _M32) ^ np.uint64(0x85EBCA6B) ^ np.uint64(k0))
-    k1 = _mix_np(k1 ^ (stream >> np.uint64(32)))
-    return int(k0), k1.astype(np.uint32)

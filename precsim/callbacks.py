@@ -1,21 +1,14 @@
-"""Hydra glue for sweeps: unique run directories, failed jobs, GPU placement, aggregation.
+"""Hydra glue for sweeps (``hydra.callbacks`` in ``conf/config.yaml``; the behaviour is README's
+"Launchers" and "Resume, failures, directories"). :class:`SweepCallback`:
 
-Registered in ``conf/config.yaml`` under ``hydra.callbacks``. What :class:`SweepCallback` does:
-
-* **on_job_start** — a job whose ``summary.json`` exists but whose files are broken (e.g. a
-  truncated ``metrics.csv``) gets its summary moved aside, so the app redoes it; under the joblib
-  launcher with several visible GPUs it takes a free GPU (see *GPU placement*).
-* **on_job_end** — a failed job leaves ``error.txt`` (message + traceback) in its directory and
-  the traceback in its log. Under ``-m`` the failure is then held back from Hydra, so the other
-  jobs of the sweep keep running and the sweep is still aggregated.
-* **on_multirun_end** — writes ``sweep_summary.csv`` and the comparison plots into the sweep
-  directory (:func:`precsim.report.aggregate`) and exits with status 1 when a job failed.
-
-*GPU placement* (joblib only; submitit/SLURM give each job its own GPU): a job takes an exclusive
-lock on one GPU for its duration — preferring ``job.num % n_gpus`` — and makes it the current
-CUDA device (``torch.cuda.set_device``; ``CUDA_VISIBLE_DEVICES`` would be ignored in a reused
-joblib worker that already initialised CUDA). So at most one job runs per GPU at a time; pick
-``hydra/launcher=joblib_gpus`` to run exactly one worker per GPU.
+* **on_job_start** — moves aside the summary of a job whose files are broken (the app redoes
+  it); under joblib with several visible GPUs, takes a free GPU (exclusive lock, ``job.num %
+  n_gpus`` first, ``torch.cuda.set_device``: ``CUDA_VISIBLE_DEVICES`` would be ignored in a
+  reused joblib worker that already initialised CUDA).
+* **on_job_end** — a failed job leaves ``error.txt``; under ``-m`` the failure is held back from
+  Hydra, so the other jobs run on and the sweep is still aggregated.
+* **on_multirun_end** — :func:`precsim.report.aggregate` into the sweep directory; exit status 1
+  when a job failed.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""Cost model: bytes moved per decode step per head and sequence.
-
-Counted per step, averaged over one buffer window of ``L`` steps:
-
-* conventional(F): read the state and write it back every step: ``2·B(F)``.
-* shared(F): read the checkpoint every step, write it once per ``L``: ``B(F)·(1 + 1/L)``.
-* split(F_upd; F_read): ``L-1`` steps read the read copy; the flush step reads the master, then
-  writes the master and the read copy: ``((L-1)·B(F_read) + 2·B(F_upd) + B(F_read)) / L``.
-* replay buffer: each step writes one entry (Mamba-2: x (P) and B (N) in the buffer dtype plus
-  dt in FP32; GDN: u (V), k (K) plus the decay in FP32) and reads the entries so far:
-  ``(L+1)/2`` entries on average. Speculative decoding is not modelled in the buffer traffic.
-
-``B(F) = P·N·bits_per_element(F)/8`` (block scales included) plus the per-tensor FP32 scale of
-two-level formats (4 bytes per head matrix). The predicted speed-up at the memory roofline is
-``bytes(conventional FP32) / bytes(scheme)``.
+"""Cost model: bytes moved per decode step per head and sequence, averaged over one buffer window
+of ``L`` steps (the table is README's "Cost model"): conventional ``2·B(F)``; shared
+``B(F)·(1 + 1/L)``; split ``((L-1)·B(F_read) + 2·B(F_upd) + B(F_read)) / L``; ReplaySSM schemes
+add one buffer entry written per step (Mamba-2: x, B in the buffer dtype plus dt in FP32; GDN: u,
+k plus the decay) and ``(L+1)/2`` entries read. ``B(F) = P·N·bits_per_element(F)/8`` plus the
+4-byte tensor scale of two-level formats.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""Metrics (docs/design.md): per-step layer-wide ``rel_err``, ``kl`` and top-1 agreement through a
-readout head, and ``state_drift``; window means and percentile bands across sequences.
-
-* ``rel_err_t = ||y_t - y_t^ref||_2 / ||y_t^ref||_2`` over the whole layer output (all heads).
-* ``kl_t = KL(p_ref || p_sim)``: each output vector is RMS-normalised, projected by a fixed random
-  readout ``W`` (``vocab x H*P``, entries N(0, 1/(H*P)), seed fixed per shape) and scaled by
-  ``logit_scale``; ``p = softmax(logits)``. The simulated logits are formed as
-  ``logits_ref + W (yhat_sim - yhat_ref)`` so tiny errors are not lost to rounding.
-* ``top1_t``: 1 where the argmax of the simulated logits (the KL's ``logp_ref + logit_scale *
-  W (yhat_sim - yhat_ref)``) is the argmax of the reference logits, else 0; a step whose
-  simulated logits are not all finite (a dead scheme) disagrees. ``flip`` per window and
-  sequence: the first step (1-based, as ``step``) in the window with ``top1 = 0`` (NaN: none);
-  :meth:`Accumulator.rows` turns it into ``first_flip`` / ``flipped`` (see there).
-* ``state_drift = ||S - S^ref||_F / ||S^ref||_F`` of the state held (the master for split schemes;
-  ``read_drift`` is the read copy), sampled at the first flush at or after each window's end.
-
-Window statistics are the mean over the window's steps per sequence, then the mean and the
-10/50/90th percentiles across sequences.
+"""Metrics (definitions: README "Metrics", docs/design.md): per-step layer-wide ``rel_err``,
+``kl`` and top-1 agreement through a fixed random readout head, and ``state_drift``; window means
+per sequence, then the mean and 10/50/90th percentiles across sequences. The simulated logits are
+``logits_ref + W (yhat_sim - yhat_ref)`` so tiny errors are not lost to rounding. ``flip`` per
+window and sequence: the first step (1-based, as ``step``) with ``top1 = 0`` (NaN: none);
+:meth:`Accumulator.rows` turns it into ``first_flip`` / ``flipped``.
 
 ``Accumulator`` serves the CPU engines. ``DeviceAccumulator`` (the Triton engine) computes the same
 statistics the same way, except that every scheme of a window is reduced in one batch (fused by
@@ -204,17 +192,20 @@ class Accumulator:
             kl_mean = kls.cpu().numpy().mean(axis=1)  # (k, S)
             top1_mean = top1s.cpu().numpy().mean(axis=1)
             flips = first_flips(top1s, self.done).cpu().numpy()
-        entry = {"step": self.done + n, "len": n}
-        for i, name in enumerate(self.names):
-            e = errs[i]
-            self.per_step_rel_err[name].append(e.mean(axis=1))
-            stats = {"rel_err": e.mean(axis=0), "rel_err_max": e.max(axis=0)}
+        stats = []
+        for i, e in enumerate(errs):
+            st = {"rel_err": e.mean(axis=0), "rel_err_max": e.max(axis=0)}
             if self.readout is not None:
-                stats["kl"] = kl_mean[i]
-                stats["top1"] = top1_mean[i]
-                stats["flip"] = flips[i]
-            entry[name] = stats
-        self.windows.append(entry)
+                st.update(kl=kl_mean[i], top1=top1_mean[i], flip=flips[i])
+            stats.append(st)
+        self._add_window(n, stats, [e.mean(axis=1) for e in errs])
+
+    def _add_window(self, n: int, stats: list, per_step) -> None:
+        """Append one window of ``n`` steps: ``stats[i]`` and ``per_step[i]`` of scheme i."""
+        by_name = dict(zip(self.names, stats, strict=True))
+        self.windows.append({"step": self.done + n, "len": n, **by_name})
+        for name, ps in zip(self.names, per_step, strict=True):
+            self.per_step_rel_err[name].append(ps)
         self.done += n
         self._pending -= n
 
@@ -227,10 +218,7 @@ class Accumulator:
 
     def record_drift(self, pos: int, ref_state: torch.Tensor, held: dict[str, dict]) -> None:
         """ref_state (S,H,Dv,Dk) float64; held[name] = {"state": ..., "read": ...} or None."""
-        S = ref_state.shape[0]
-        rf = ref_state.reshape(S, -1)
-        rn = torch.linalg.vector_norm(rf, dim=-1)
-        rn = torch.where(rn > 0, rn, torch.ones_like(rn))
+        S, rf, rn = _ref_norms(ref_state)
         out = {}
         for name, h in held.items():
             d = {}
@@ -249,12 +237,10 @@ class Accumulator:
             self.next_drift += self.window
 
     def rows(self) -> list[dict]:
-        """Tidy rows: one per scheme and window end, with each metric's mean and 10/50/90th
-        percentiles across sequences (NaN where a sequence's value is not finite), and with the
-        readout: ``first_flip`` (the mean over sequences of the first step whose top-1 differs
-        from the truth's, a sequence without one by the row's ``step`` counted as ``step``:
-        censored at the window end) and ``flipped`` (how many sequences have flipped), for every
-        window and scheme in a few vectorised NumPy calls (one set of NumPy reductions per window,
+        """Tidy rows: one per scheme and window end, each metric's mean and 10/50/90th
+        percentiles across sequences (NaN where a value is not finite), and with the readout
+        ``first_flip`` (censored at the row's step) and ``flipped`` (README, "Metrics"). All
+        windows and schemes in a few vectorised NumPy calls (one set of reductions per window,
         scheme and metric took ~0.1 s of a 32,768-step GPU study's host time)."""
         cells = [(w, name) for w in self.windows for name in self.names]
         cols: dict[str, list] = {}
@@ -306,17 +292,29 @@ def _first_flips(cells: list) -> list[tuple[float, int] | None]:
     return out
 
 
+def _ref_norms(ref_state: torch.Tensor):
+    """``(S, the reference flattened per sequence, its norms with 0 replaced by 1)``."""
+    rf = ref_state.reshape(ref_state.shape[0], -1)
+    rn = torch.linalg.vector_norm(rf, dim=-1)
+    return rf.shape[0], rf, torch.where(rn > 0, rn, torch.ones_like(rn))
+
+
+def _by_len(vals: list) -> list[list[int]]:
+    """Indices of the arrays in ``vals`` (None skipped), grouped by size."""
+    by_len: dict[int, list[int]] = {}
+    for i, v in enumerate(vals):
+        if v is not None:
+            by_len.setdefault(np.size(v), []).append(i)
+    return list(by_len.values())
+
+
 def _bands(metric: str, vals: list) -> dict[str, list]:
     """Mean and 10/50/90th percentiles of every array in ``vals`` (None: no value) at once:
     columns ``metric``, ``metric_p10/_p50/_p90`` (NaN where an array has a non-finite value).
     Arrays of one length go through one ``np.percentile`` over an axis (the same partition and
     interpolation as per array: the same values)."""
     out = {metric + suf: [None] * len(vals) for suf in ("", "_p10", "_p50", "_p90")}
-    by_len: dict[int, list[int]] = {}
-    for i, v in enumerate(vals):
-        if v is not None:
-            by_len.setdefault(v.size, []).append(i)
-    for idx in by_len.values():
+    for idx in _by_len(vals):
         a = np.stack([vals[i] for i in idx])
         fin = np.isfinite(a).all(axis=1)
         a = np.where(fin[:, None], a, 0.0)
@@ -332,11 +330,7 @@ def _means(vals: list) -> list[float]:
     """``float(np.mean(v))`` of every array in ``vals`` (None: NaN), arrays of one length at
     once."""
     out = [math.nan] * len(vals)
-    by_len: dict[int, list[int]] = {}
-    for i, v in enumerate(vals):
-        if v is not None:
-            by_len.setdefault(np.size(v), []).append(i)
-    for idx in by_len.values():
+    for idx in _by_len(vals):
         m = np.stack([np.asarray(vals[i], dtype=np.float64).reshape(-1) for i in idx]).mean(axis=1)
         for j, i in enumerate(idx):
             out[i] = float(m[j])
@@ -414,32 +408,29 @@ class DeviceAccumulator(Accumulator):
         if self.readout is not None:
             yh_ref, logp_ref = self.readout.ref(yr)
             kl, top1 = _kl(self.readout, yh_ref, logp_ref, ys, self.tf32)  # (k, n, S) each
-        mean, top, per_step = err.mean(dim=1), err.amax(dim=1), err.mean(dim=2)
-        entry = {"step": self.done + n, "len": n}
-        for i, name in enumerate(self.names):
-            self.per_step_rel_err[name].append(per_step[i])
-            stats = {"rel_err": mean[i], "rel_err_max": top[i]}
+        mean, top = err.mean(dim=1), err.amax(dim=1)
+        stats = []
+        for i in range(len(self.names)):
+            st = {"rel_err": mean[i], "rel_err_max": top[i]}
             if kl is not None:
-                stats["kl"] = kl[i].mean(dim=0)
-                stats["top1"] = top1[i].mean(dim=0)
-                stats["flip"] = first_flips(top1[i], self.done)
-            entry[name] = stats
-        self.windows.append(entry)
-        self.done += n
-        self._pending -= n
+                st.update(kl=kl[i].mean(dim=0), top1=top1[i].mean(dim=0),
+                          flip=first_flips(top1[i], self.done))
+            stats.append(st)
+        self._add_window(n, stats, err.mean(dim=2))
 
     def _reduce_stats(self, n: int, m: int = 1) -> None:
         """``m`` windows of ``n`` steps from the pushed statistics, in a few device ops; the
         windows' entries are filled in by :meth:`to_host` (no per-window, per-scheme ops)."""
-        err = self._take(self._err, n * m).transpose(0, 1)  # (k, m n, S)
-        k, _, S = err.shape
-        err = err.reshape(k, m, n, S)
+        def take(parts):  # (k, m n, S) -> (k, m, n, S)
+            t = self._take(parts, n * m).transpose(0, 1)
+            return t.reshape(t.shape[0], m, n, t.shape[2])
+
+        err = take(self._err)
         stats = {"rel_err": err.mean(dim=2), "rel_err_max": err.amax(dim=2)}  # (k, m, S)
         if self._kl:
-            stats["kl"] = self._take(self._kl, n * m).transpose(0, 1).reshape(
-                k, m, n, S).mean(dim=2)
+            stats["kl"] = take(self._kl).mean(dim=2)
         if self._top1:
-            top1 = self._take(self._top1, n * m).transpose(0, 1).reshape(k, m, n, S)
+            top1 = take(self._top1)
             stats["top1"] = top1.mean(dim=2)
             at = torch.arange(m, device=top1.device, dtype=torch.float64) * n  # window starts
             stats["flip"] = first_flips(top1, self.done) + at[:, None]
@@ -483,15 +474,9 @@ class DeviceAccumulator(Accumulator):
                              reads: torch.Tensor, names: list[str], has_read: list[bool]) -> None:
         """record_drift for states stacked by scheme: ``states``/``reads`` (k, S, ...) float32,
         ``names[i]`` the scheme of row i, ``has_read[i]`` whether it keeps a read copy."""
-        S = ref_state.shape[0]
-        rf = ref_state.reshape(S, -1)
-        rn = torch.linalg.vector_norm(rf, dim=-1)
-        rn = torch.where(rn > 0, rn, torch.ones_like(rn))
-        k = len(names)
-        d_st = torch.linalg.vector_norm(states.reshape(k, S, -1).to(torch.float64) - rf,
-                                        dim=-1) / rn
-        d_rd = torch.linalg.vector_norm(reads.reshape(k, S, -1).to(torch.float64) - rf,
-                                        dim=-1) / rn
+        S, rf, rn = _ref_norms(ref_state)
+        d_st, d_rd = (torch.linalg.vector_norm(t.reshape(len(names), S, -1).to(torch.float64)
+                                               - rf, dim=-1) / rn for t in (states, reads))
         self.record_drift_norms(pos, d_st, d_rd, names, has_read)
 
     def record_drift_norms(self, pos: int, d_st: torch.Tensor, d_rd: torch.Tensor,

@@ -1,13 +1,7 @@
-"""Real models: precsim's hooks into the SSM mixers of ``transformers`` checkpoints.
-
-Two uses share one hook:
-
-* recording (``python -m precsim.record``): every SSM layer's per-step inputs, exactly as the
-  model's own decode step receives them, become trace files the layer-level engines replay;
-* whole-model mode (:func:`run_model_kl`): every SSM layer's decode step is replaced by a precsim
-  precision scheme (conventional / shared / split, any formats, buffer length, SR), the rest of the
-  model unchanged, teacher-forced on the reference's tokens; per generated token it measures the KL
-  of the model's real next-token distributions, top-1 agreement and per-layer state drift.
+"""Real models (README, "Real models"): precsim's hooks into the SSM mixers of ``transformers``
+checkpoints, shared by recording (``python -m precsim.record``: traces the layer-level engines
+replay) and whole-model mode (:func:`run_model_kl`: every SSM layer's decode step replaced by a
+precsim scheme, teacher-forced on the reference's tokens).
 
 How the hook works: the Mamba-2-family mixers call the module-level functions
 ``mamba2_selective_state_update`` (decode) / ``mamba2_chunk_scan`` (first token, no state yet),
@@ -470,13 +464,11 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
-    """Whole-model study: the reference and every scheme of ``cfg`` run the checkpoint at
-    ``cfg.model.path`` in lockstep, token by token, on the reference's greedy tokens
-    (``cfg.run.steps`` generated after the prompt). Returns a :class:`precsim.result.Result`
-    whose rows have the layer-level columns (``top1`` is the model's own top-1 agreement with
-    the reference, ``first_flip`` / ``flipped`` its first disagreeing generated token, censored
-    at the row's step, as in :meth:`precsim.metrics.Accumulator.rows`); ``info`` has per-token
-    KL / top-1, the first flip (None: none) and per-layer drift.
+    """Whole-model study (README, "Real models"): the reference and every scheme of ``cfg`` run
+    the checkpoint at ``cfg.model.path`` in lockstep, token by token, on the reference's greedy
+    tokens. Returns a :class:`precsim.result.Result` with the layer-level columns (``top1`` etc.
+    of the model's own logits); ``info`` has per-token KL / top-1, the first flip (None: none)
+    and per-layer drift.
 
     Reference: the model's own decode step (state in the model's dtype) for float32/float64
     models; for half-precision models a conventional FP32 state (precsim's step). Schemes compute

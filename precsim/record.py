@@ -1,13 +1,7 @@
 """``python -m precsim.record --model PATH --tokens N --out DIR``: traces from a real model.
 
-Loads a local ``transformers`` checkpoint (Mamba-2 or GatedDeltaNet family, see
-:mod:`precsim.models`), decodes ``N`` tokens greedily after the prompt, running the model one token
-at a time from token 0 (the prompt's tokens are decode steps too), and writes one trace per SSM
-layer, ``DIR/layer_XX.npz`` (XX = the model's layer index; README trace schema, starting from a zero
-state, so ``precsim.oracle.decode`` reproduces the layer), plus ``DIR/record.json``. Each trace has
-``T = prompt length + N`` steps (the last generated token is fed too). Prompt ids come from the
-checkpoint's tokenizer when it has one, else a fixed id sequence (``record.json`` says which).
-User errors print one line on stderr and exit with status 2.
+Writes one trace per SSM layer, ``DIR/layer_XX.npz``, plus ``DIR/record.json`` (README, "Real
+models"; the hook is :mod:`precsim.models`). User errors: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations

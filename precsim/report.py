@@ -1,16 +1,8 @@
 """Sweep reports: ``python -m precsim.report DIR [--metric rel_err --budget 0.0625 --horizon N]``.
 
-Reads every job directory under ``DIR`` (a sweep directory, a single run directory, or a folder
-of sweeps) and writes into ``DIR``:
-
-* ``sweep_summary.csv`` — one row per job and scheme: the job's overrides as columns, rel_err /
-  kl / state_drift at each reported length and at the final step, the cost model's bytes per step
-  (docs/design.md, "Cost model"); jobs that failed or never finished get one row each.
-* ``sweep_error_vs_length.png`` — error (and KL) vs length of every job and scheme.
-* ``sweep_pareto.png`` — error / KL at the horizon vs bytes per step, with the Pareto front.
-
-With ``--budget`` it also recommends the cheapest configuration (fewest bytes per step) whose
-metric at the horizon is within the budget, lists the runners-up and the margin.
+What it reads and writes is :data:`REPORT_HELP` (README, "The decision: precsim-report"); jobs
+that failed or never finished get one row each in ``sweep_summary.csv``. Also :func:`run_verdict`,
+the budget verdict the CLI prints at the end of a single run.
 """
 
 from __future__ import annotations

@@ -47,10 +47,7 @@ def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: f
 
 def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
     """rel_err / kl / top1 / drift of each scheme at the reported lengths (window ending there)
-    and at the end, where the end also has the divergence figures (with the readout):
-    ``first_flip``, the mean over sequences of the first step whose top-1 differs from the
-    truth's, a sequence that never flips counted as the run length (censored), and ``flipped``,
-    how many sequences flipped (``precsim.metrics.Accumulator.rows``)."""
+    and at the end, which also has ``first_flip`` / ``flipped`` (with the readout)."""
     keys = ("rel_err", "kl", "top1", "state_drift", "read_drift")
     out: dict[str, dict] = {r["scheme"]: {} for r in rows}
     for name, figs in out.items():

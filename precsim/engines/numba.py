@@ -12,16 +12,10 @@ quantisation (RNE and SR, bit-equal to :func:`precsim.formats.quantize`, same co
 random bits) and the output in one pass. The metrics are the torch engine's
 (:class:`precsim.metrics.Accumulator`), fed once per window.
 
-Threads (``run.threads``, :func:`precsim.engines.base.cpu_threads`; ``auto``: all cores for a
-single run, shared out among a joblib sweep's jobs): with more than one, the kernel runs in a
-worker thread (nogil; numba's workqueue layer, tasks handed out one at a time) while the host
-draws the next window's inputs and reduces the last window's metrics (torch, one thread); with
-one, window after window on one core. Results are the same bit for bit.
-
-Covered: Mamba-2; conventional / shared / split schemes; formats fp32, bf16, fp16, fp8_e4m3,
-fp8_e5m2, fp4_e2m1, nvfp4 (tensor_scope matrix or none, both scale floors), mxfp4, mxfp8; any
-buffer dtype; compute in fp32. :func:`supports` names what is not (the caller then runs the torch
-engine). Compiled code is cached on disk (``cache=True``): only the first process compiles.
+Threads (``run.threads``, README "The fused numba engine"): with more than one, the kernel runs
+in a worker thread (nogil) while the host prepares the next window and reduces the last one's
+metrics; results are the same bit for bit. :func:`supports` names what is not covered (the torch
+engine runs it then). Compiled code is cached on disk (``cache=True``).
 """
 
 from __future__ import annotations
@@ -29,12 +23,12 @@ from __future__ import annotations
 import math
 import os
 import time
-import zlib
 
 import numpy as np
 import torch
 
 from precsim import formats as pf
+from precsim.formats.rng import event_keys
 
 from ..config import Config
 from ..families import decays
@@ -91,13 +85,9 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     if cfg.run.compute_dtype != "fp32":
         return f"run.compute_dtype={cfg.run.compute_dtype} (the numba engine computes in fp32)"
     for name, s in cfg.schemes.items():
-        for f in (s.fmt, s.read_fmt):
-            if f is None:
-                continue
-            key = pf.get(f).name
-            if key not in FMT_IDS:
-                return f"schemes.{name}: format {key} is not covered by the numba engine"
-            fo = pf.get(f)
+        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt) if f is not None):
+            if fo.name not in FMT_IDS:
+                return f"schemes.{name}: format {fo.name} is not covered by the numba engine"
             if fo.kind == "block":
                 if fo.two_level and cfg.formats.tensor_scope == "tensor":
                     return ("formats.tensor_scope=tensor (an NVFP4 scale over the whole layer "
@@ -122,36 +112,6 @@ def scheme_codes(sc) -> np.ndarray:
                      _sr_bits(sc.fmt, sc.sr_bits) if sr else 0, int(sc.overflow == "ieee"),
                      FMT_IDS[pf.get(sc.read_fmt).name] if sc.kind == "split" else 0],
                     dtype=np.int64)
-
-
-# ---------------------------------------------------------------------------------------------
-# host-side SR keys (formats.rng.stream_id / stream_keys, vectorised over events)
-
-_M = np.uint64(0xFFFFFFFF)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    x = x & _M
-    x ^= x >> np.uint64(16)
-    x = (x * np.uint64(0x7FEB352D)) & _M
-    x ^= x >> np.uint64(15)
-    x = (x * np.uint64(0x846CA68B)) & _M
-    return x ^ (x >> np.uint64(16))
-
-
-def event_keys(seed: int, name: str, events: np.ndarray, purpose: int) -> tuple[int, np.ndarray]:
-    """``k0`` and the ``k1`` of every event: ``formats.stream_keys(seed, stream_id(crc32(name),
-    event, purpose))`` for an array of events (uint32 array)."""
-    k0 = pf.stream_keys(seed, 0)[0]
-    ev = np.asarray(events, dtype=np.int64).astype(np.uint64)
-    h = np.full(ev.shape, 0x243F6A88, dtype=np.uint64)
-    for p in (np.uint64(zlib.crc32(name.encode())), ev, np.uint64(purpose)):
-        p = np.broadcast_to(np.asarray(p, dtype=np.uint64), ev.shape)
-        h = _mix(h ^ (p & _M)) ^ ((h << np.uint64(7)) & _M)
-        h = _mix(h ^ ((p >> np.uint64(32)) & _M))
-    k1 = _mix((h & _M) ^ np.uint64(0x85EBCA6B) ^ np.uint64(k0))
-    k1 = _mix(k1 ^ (h >> np.uint64(32)))
-    return int(k0), k1.astype(np.uint32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,15 +164,6 @@ if numba is not None:
         return x
 
     @njit(cache=True, inline="always")
-    def _rand(off, bits, k0, k1):
-        """The SR integer of element ``off`` (formats.rng.random_uint_numpy's lanes)."""
-        slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
-        lanes = 32 // slot
-        w = off // lanes
-        word = _hash(w & _MASK, w >> 32, k0, k1)
-        return (word >> ((off % lanes) * slot + slot - bits)) & ((1 << bits) - 1)
-
-    @njit(cache=True, inline="always")
     def _pow2(e):
         """2**e as float32 (e <= 127; subnormal powers down to 2**-149, 0 below)."""
         if e >= -126:
@@ -223,50 +174,15 @@ if numba is not None:
 
     @njit(cache=True, inline="always")
     def _consts(f, bits, ieee, el):
-        """Per-format constants of :func:`_round_u`: mantissa bits, emin, max, the value an
+        """Per-format constants of :func:`_round_v`: mantissa bits, emin, max, the value an
         overflow becomes, 2**bits (float32)."""
         maxv = np.float32(el[f, 2])
         ovf = maxv if not ieee else (_INF if el[f, 3] > 0 else _NAN)
         return np.int64(el[f, 0]), np.int64(el[f, 1]), maxv, ovf, np.float32(2.0 ** bits)
 
     @njit(cache=True, inline="always")
-    def _round(x, f, sr, bits, ieee, off, k0, k1, el):
-        """formats.core.round_float of float32 ``x`` to element format ``f`` (1..5)."""
-        u = _rand(off, bits, k0, k1) if sr else 0
-        mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
-        return _round_u(x, mb, emin, maxv, ovf, sr, sc, u)
-
-    @njit(cache=True, inline="always")
-    def _round_u(x, mb, emin, maxv, ovf, sr, sc, u):
-        """:func:`_round` with the format's constants and the element's SR integer given."""
-        ix = np.int64(_f2i(x))
-        ef = (ix >> 23) & 0xFF
-        if ef == 255:  # Inf / NaN
-            if x != x:
-                return x
-            return -ovf if ix < 0 else ovf
-        ax = abs(x)
-        e = max(ef - 127, emin)
-        if emin - mb >= -126:  # q and 1/q normal: ax * (1/q) == ax / q exactly
-            q = _i2f(np.int32((e - mb + 127) << 23))
-            y = ax * _i2f(np.int32((mb - e + 127) << 23))
-        else:
-            q = _pow2(e - mb)
-            y = ax / q
-        if sr:
-            lo = np.float32(np.int64(y))
-            thr = np.float32(np.int64((y - lo) * sc))
-            r = lo + (_F1 if np.float32(u) < thr else _F0)
-        else:
-            r = (y + _BIG) - _BIG if y < _BIG else y
-        out = r * q
-        if out > maxv:
-            out = ovf
-        return -out if ix < 0 else out
-
-    @njit(cache=True, inline="always")
     def _round_fin(x, mb, emin, maxv, sr, sc, u):
-        """:func:`_round_u` for finite ``x`` within the format's range after saturation, without
+        """:func:`_round_v` for finite ``x`` within the format's range after saturation, without
         branches (the block formats' element loop, so LLVM can vectorise it)."""
         ix = _f2i(x)
         ef = (ix >> 23) & 0xFF
@@ -283,13 +199,10 @@ if numba is not None:
         return _i2f(_f2i(out) | (ix & np.int32(-2147483648)))
 
     @njit(cache=True, inline="always")
-    def _absbits(x):
-        return np.int64(_f2i(x)) & 0x7FFFFFFF
-
-    @njit(cache=True, inline="always")
     def _round_v(x, mb, emin, maxv, ovf, sr, sc, u, div):
-        """:func:`_round_u` without branches (selects only, so element loops vectorise); ``div``
-        (loop-invariant): ``emin - mb < -126``, the power 1/q is not a normal float32."""
+        """formats.core.round_float of float32 ``x`` to an element format (constants from
+        :func:`_consts`, SR integer ``u``), without branches (selects only, so element loops
+        vectorise); ``div`` (loop-invariant): ``emin - mb < -126``, 1/q is not a normal float32."""
         ix = _f2i(x)
         ef = (ix >> 23) & 0xFF
         e = max(ef - 127, np.int32(emin))
@@ -778,11 +691,11 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 recorded[nm].append(y.numpy())
         if "states" in w:
             s64, s32, r32 = w["states"]
-            acc.record_drift(t1, torch.from_numpy(s64).view(Sq, H, P, N), {
-                s.name: None if dead_at[i] is not None else (
-                    {"state": torch.from_numpy(s32[i]).view(Sq, H, P, N),
-                     "read": torch.from_numpy(r32[i]).view(Sq, H, P, N)} if s.kind == "split"
-                    else {"state": torch.from_numpy(s32[i]).view(Sq, H, P, N)})
+            def v4(a):
+                return torch.from_numpy(a).view(Sq, H, P, N)
+
+            acc.record_drift(t1, v4(s64), {s.name: None if dead_at[i] is not None else {
+                "state": v4(s32[i]), **({"read": v4(r32[i])} if s.kind == "split" else {})}
                 for i, s in enumerate(schemes)})
         if bar is not None:
             bar.update(n)

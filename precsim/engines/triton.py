@@ -1,13 +1,9 @@
 """The Triton engine (``run.engine=triton``): host driver of the kernels in ``precsim.kernels``.
 
-The horizon is cut into *launch windows* that end at the first flush at or after each metrics
-window end (so the ReplaySSM buffers start empty in every launch and state drift is sampled
-where the torch engine samples it). Per launch: the run's workload draws the window's inputs on the
-device (the counter-based generator every engine uses, or a trace), one kernel launch advances
-the float64 truth and every scheme, and the per-step outputs go through
-``precsim.metrics.DeviceAccumulator`` (rel_err, KL through the readout head), as the torch engine
-reduces them. States stay in
-device memory between launches: a launch reads and writes each state copy once.
+The horizon is cut into *launch windows* (:func:`precsim.engines.base.launch_ends`). Per launch
+the workload draws the window's inputs on the device, one kernel launch advances the float64
+truth and every scheme, and the outputs go through ``precsim.metrics.DeviceAccumulator``. States
+stay in device memory between launches: a launch reads and writes each state copy once.
 
 Memory is bounded by one window: outputs ``(n, S, H, P)`` per scheme (float32) and the truth
 (float64), plus the window's inputs.
@@ -173,11 +169,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
      maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag,
-     metrics_thread) = (
-        opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
-        opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
-        opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag),
-        opt.metrics_thread)
+     metrics_thread) = vars(opt).values()  # the fields, in declaration order
+    inflight, metrics_lag = max(1, inflight), max(1, metrics_lag)
     phases = {"start": time.perf_counter()}
     wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
@@ -250,6 +243,9 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     perm = [slot[i] for i in range(ns)]  # storage slot of each scheme, in order
     first_bad = torch.full((max(ns, 1),), NO_STEP, dtype=torch.int32, device=dev)  # fused
 
+    def draw_readout() -> Readout:
+        return _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev)
+
     def process(item) -> None:
         """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
         schemes at once (few device ops per window: the host must stay ahead of the GPU)."""
@@ -263,8 +259,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 for t in (y64, y32, *inp.values(), *(states or ())):
                     t.record_stream(side)
             if want_kl and readout is None:  # drawn on the stream that uses it
-                readout = acc.readout = _readout(H * P, cfg.metrics.vocab,
-                                                 cfg.metrics.logit_scale, dev)
+                readout = acc.readout = draw_readout()
             if fused:  # one Triton pass per window: rel_err, first non-finite step, KL inputs
                 err, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, first_bad, t0, Sq,
                                         n * Sq, P, want_kl and not skip_metrics)
@@ -313,8 +308,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             side.wait_stream(torch.cuda.default_stream(dev))  # the states were zeroed there
             drift_partials(S64, st, rd, ns, Sq)
             if want_kl and readout is None:
-                readout = acc.readout = _readout(H * P, cfg.metrics.vocab,
-                                                 cfg.metrics.logit_scale, dev)
+                readout = acc.readout = draw_readout()
             y64 = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev)
             y32 = torch.zeros((ns, nB, SH, P), dtype=torch.float32, device=dev)
             x = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev) if D is not None \
