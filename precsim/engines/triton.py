@@ -169,8 +169,11 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
      maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag,
-     metrics_thread) = vars(opt).values()  # the fields, in declaration order
-    inflight, metrics_lag = max(1, inflight), max(1, metrics_lag)
+     metrics_thread) = (
+        opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
+        opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
+        opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag),
+        opt.metrics_thread)  # by name: a field added to Options cannot shift the others
     phases = {"start": time.perf_counter()}
     wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
