@@ -278,3 +278,39 @@ def test_top1_and_first_flip_match_torch_engine(fused):
     assert [[r[k] for k in keys] for r in a.rows] == [[r[k] for k in keys] for r in b.rows]
     last = {r["scheme"]: r for r in b.rows if r["step"] == 64}
     assert last["conventional_fp32"]["flipped"] == 0 and last["conventional_fp4"]["flipped"] == 2
+
+
+def test_row_stats_first_nonfinite_step_and_dead_slots():
+    """kernels.metrics.row_stats against NumPy on rows (step, sequence) of 2 sequences: rel_err
+    per row, each slot's first step with a non-finite output (an atomic minimum, kept across
+    windows: a later window cannot move it) and a slot dead before the window reading as NaN."""
+    from precsim.kernels.metrics import NO_STEP, row_stats
+
+    rng = np.random.default_rng(3)
+    k, n, S, H, P = 3, 5, 2, 2, 16
+    y64 = rng.normal(size=(n, S * H, P))
+    y32 = (y64[None] + 1e-3 * rng.normal(size=(k, n, S * H, P))).astype(np.float32)
+    y32[1, 3, H + 1, 4] = np.inf  # slot 1: step 4 of the window, second sequence
+    y32[1, 4, 0, 0] = np.nan  # and later again: the first stays
+    y32[2, 2, 0, 7] = np.nan  # slot 2: step 3, first sequence
+    t0 = 40
+    # slot 2 died at step t0, the previous window's last: it reads as NaN in this one
+    first = torch.tensor([NO_STEP, NO_STEP, t0], dtype=torch.int32, device=DEV)
+    err, d, yh = row_stats(torch.from_numpy(y32).to(DEV), torch.from_numpy(y64).to(DEV), None,
+                           None, first, t0, S, n * S, P, True)
+    assert first.tolist() == [NO_STEP, t0 + 4, t0]
+    rows = lambda a: a.reshape(*a.shape[:-3], n * S, H * P)  # noqa: E731 - (step, seq) rows
+    e = np.linalg.norm(rows(y32).astype(np.float64) - rows(y64), axis=-1) / np.linalg.norm(
+        rows(y64), axis=-1)
+    got = err.cpu().numpy()
+    np.testing.assert_allclose(got[0], e[0], rtol=1e-12)
+    assert np.isnan(got[2]).all()  # dead before the window: every row NaN
+    bad = ~np.isfinite(e[1])
+    assert ((np.isnan(got[1]) | np.isinf(got[1])) == bad).all() and bad.sum() == 2
+    np.testing.assert_allclose(got[1][~bad], e[1][~bad], rtol=1e-12)
+    assert torch.isnan(d[2]).all() and d.shape == (k, n * S, H * P)
+    # a later window with a non-finite output in slot 0 and again in slot 1
+    y32[0, 1, 0, 0] = np.nan
+    row_stats(torch.from_numpy(y32).to(DEV), torch.from_numpy(y64).to(DEV), None, None, first,
+              t0 + n, S, n * S, P, False)
+    assert first.tolist() == [t0 + n + 2, t0 + 4, t0]
