@@ -25,6 +25,9 @@ READOUT_SEED = 0x5EED
 READOUT_TAG = 0x5EED  # the readout's input tag in the counter-based generator
 
 
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch._C._nn, "mkldnn_linear")
+
+
 class Readout:
     """Fixed readout head for the KL metric: ``W (vocab, width)``, entries N(0, 1/width) from the
     counter-based generator (``precsim.workload.normals``) keyed by the shape, drawn on the
@@ -38,6 +41,20 @@ class Readout:
         self.W64 = W
         self.W32 = W.to(torch.float32)
         self.scale = float(logit_scale)
+        self._W32_dnn = None  # W32 in oneDNN's layout, made on the first CPU projection
+
+    def project32(self, d: torch.Tensor) -> torch.Tensor:
+        """``d (..., width) @ W32.T`` in float32. On the CPU through oneDNN where torch has it:
+        the same IEEE float32 products (summed in another order), ~1.8x faster than torch's
+        default BLAS (MKL) on an AMD Zen 5 core, where MKL takes a slower path (6.7 against
+        12.3 ms for a 256-step window of 5 schemes, 1280 x 512 x 1024, conversions included)."""
+        if d.device.type != "cpu" or not _ONEDNN:
+            return d @ self.W32.T
+        if self._W32_dnn is None:
+            self._W32_dnn = self.W32.to_mkldnn()
+        flat = d.reshape(-1, d.shape[-1]).contiguous()
+        out = torch._C._nn.mkldnn_linear(flat.to_mkldnn(), self._W32_dnn, None).to_dense()
+        return out.view(*d.shape[:-1], out.shape[-1])
 
     @staticmethod
     def normalise(y: torch.Tensor) -> torch.Tensor:
@@ -55,7 +72,7 @@ class Readout:
     def kl_top1(self, yh_ref, logp_ref, y_sim) -> tuple[torch.Tensor, torch.Tensor]:
         """KL per row and top-1 agreement per row (float64 1/0), see :func:`kl_top1`."""
         d = self.normalise(y_sim.to(torch.float64)) - yh_ref
-        prod = (d.to(torch.float32) @ self.W32.T).to(torch.float64)
+        prod = self.project32(d.to(torch.float32)).to(torch.float64)
         return kl_top1(logp_ref, self.scale * prod)
 
     def kl_top1_many(self, yh_ref, logp_ref, ys) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,8 +80,7 @@ class Readout:
         row the same values: one readout matmul for all schemes, the reference's
         :func:`ref_stats` once, the rest per scheme (arrays that stay in cache: the same ops on
         all schemes at once ran ~5x slower on a 2-core machine). Returns ``(k, ...)`` each."""
-        d = (self.normalise(ys) - yh_ref).to(torch.float32)
-        prod = d @ self.W32.T
+        prod = self.project32((self.normalise(ys) - yh_ref).to(torch.float32))
         ref = ref_stats(logp_ref)
         out = [_kl_top1_of(logp_ref, prod[i].to(torch.float64).mul_(self.scale).add_(logp_ref),
                            ref) for i in range(ys.shape[0])]
