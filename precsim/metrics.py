@@ -116,11 +116,11 @@ def _kl_top1_of(logp_ref, b, ref) -> tuple[torch.Tensor, torch.Tensor]:
     p_ref, top_ref = ref
     t = torch.log_softmax(b, dim=-1)
     kl = torch.sub(logp_ref, t, out=t).mul_(p_ref).sum(dim=-1).clamp_(min=0.0)
-    agree = (torch.argmax(b, dim=-1) == top_ref) & _finite_rows(b)
+    agree = (torch.argmax(b, dim=-1) == top_ref) & finite_rows(b)
     return kl, agree.to(torch.float64)
 
 
-def _finite_rows(b: torch.Tensor) -> torch.Tensor:
+def finite_rows(b: torch.Tensor) -> torch.Tensor:
     """``torch.isfinite(b).all(dim=-1)``. On the CPU faster: a row whose sum is finite has only
     finite entries (one Inf or NaN makes the sum Inf or NaN), so only rows with a non-finite sum
     (a dead scheme, or a sum that overflowed) are checked entry by entry (elsewhere the test

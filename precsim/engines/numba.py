@@ -34,7 +34,7 @@ from precsim.formats.rng import event_keys
 
 from ..config import Config
 from ..families import decays
-from ..metrics import Accumulator, Readout
+from ..metrics import Accumulator, Readout, finite_rows
 from ..result import make_result
 from ..schemes import build_schemes
 from ..workload import expand_groups, make_workload
@@ -785,7 +785,7 @@ def _mask_dead(y: torch.Tensor, i: int, dead_at: list, t0: int, seg_ends: np.nda
             y = y.clone()
             y[cut:] = math.nan
         return y
-    finite = torch.isfinite(y).reshape(n, -1).all(dim=1)
+    finite = finite_rows(y.reshape(n, -1))
     if bool(finite.all()):
         return y
     first = int((~finite).nonzero()[0, 0])

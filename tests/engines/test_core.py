@@ -317,18 +317,18 @@ def test_accumulator_window_equals_per_scheme_reduction(S):
 
 
 def test_finite_rows_is_isfinite_all():
-    """metrics._finite_rows (row sums first, entries only where a sum is not finite) equals
+    """metrics.finite_rows (row sums first, entries only where a sum is not finite) equals
     torch.isfinite(b).all(-1), also for finite rows whose sum overflows."""
     import torch
 
-    from precsim.metrics import _finite_rows
+    from precsim.metrics import finite_rows
 
     b = torch.zeros(6, 5, dtype=torch.float64)
     b[1, 2] = math.inf
     b[2, 0], b[2, 4] = math.inf, -math.inf
     b[3, 1] = math.nan
     b[4, :2] = 1.7e308  # finite entries, infinite sum
-    assert _finite_rows(b).tolist() == torch.isfinite(b).all(dim=-1).tolist() == [
+    assert finite_rows(b).tolist() == torch.isfinite(b).all(dim=-1).tolist() == [
         True, False, False, False, True, True]
 
 
