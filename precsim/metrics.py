@@ -63,8 +63,11 @@ class Readout:
 
     def ref(self, y_ref: torch.Tensor):
         yh = self.normalise(y_ref)
-        logits = self.scale * (yh @ self.W64.T)
-        return yh, torch.log_softmax(logits, dim=-1)
+        return yh, self.logp(yh)
+
+    def logp(self, yh: torch.Tensor) -> torch.Tensor:
+        """The reference's log-probabilities from its normalised outputs (float64)."""
+        return torch.log_softmax(self.scale * (yh @ self.W64.T), dim=-1)
 
     def kl(self, yh_ref, logp_ref, y_sim) -> torch.Tensor:
         return self.kl_top1(yh_ref, logp_ref, y_sim)[0]
@@ -80,10 +83,15 @@ class Readout:
         row the same values: one readout matmul for all schemes, the reference's
         :func:`ref_stats` once, the rest per scheme (arrays that stay in cache: the same ops on
         all schemes at once ran ~5x slower on a 2-core machine). Returns ``(k, ...)`` each."""
-        prod = self.project32((self.normalise(ys) - yh_ref).to(torch.float32))
+        return self.kl_many(logp_ref, (self.normalise(ys) - yh_ref).to(torch.float32))
+
+    def kl_many(self, logp_ref, d) -> tuple[torch.Tensor, torch.Tensor]:
+        """KL and top-1 of every scheme from its normalised difference ``d (k, ..., width)``
+        float32 (``yh_sim - yh_ref``), as :meth:`kl_top1_many`."""
+        prod = self.project32(d)
         ref = ref_stats(logp_ref)
         out = [_kl_top1_of(logp_ref, prod[i].to(torch.float64).mul_(self.scale).add_(logp_ref),
-                           ref) for i in range(ys.shape[0])]
+                           ref) for i in range(d.shape[0])]
         if not out:
             empty = logp_ref.new_zeros((0, *logp_ref.shape[:-1]))
             return empty, empty
@@ -170,6 +178,22 @@ class Accumulator:
         while self._pending >= self.window:
             self._reduce(self.window)
 
+    def push_rows(self, err: torch.Tensor, yh: torch.Tensor | None,
+                  d: torch.Tensor | None) -> None:
+        """Per-step rows already reduced over the width (the numba engine's ``_row_stats``):
+        ``err (k, m, S)`` rel_err, ``yh (m, S, width)`` the truth RMS-normalised and
+        ``d (k, m, S, width)`` float32 ``yh_sim - yh_ref`` (None without the readout); the
+        windows as :meth:`push` reduces them."""
+        if not hasattr(self, "_rows"):
+            self._rows = ([], [], [])
+        for part, t in zip(self._rows, (err.transpose(0, 1), yh, None if d is None else
+                                        d.transpose(0, 1)), strict=True):
+            if t is not None:
+                part.append(t)
+        self._pending += err.shape[1]
+        while self._pending >= self.window:
+            self._reduce(self.window)
+
     def finish(self) -> None:
         if self._pending:
             self._reduce(self._pending)
@@ -200,11 +224,19 @@ class Accumulator:
         """One window: every scheme at once (one stacked float64 copy, one readout matmul for
         all schemes, the reference's softmax and argmax once); row for row the values of a
         per-scheme reduction (tests/engines/test_core.py)."""
-        yr, ys, err = self._stacked(n)
+        if getattr(self, "_rows", None):  # rows from push_rows
+            err = self._take(self._rows[0], n).transpose(0, 1)
+            if self.readout is not None:
+                yh_ref = self._take(self._rows[1], n)
+                kls, top1s = self.readout.kl_many(self.readout.logp(yh_ref),
+                                                  self._take(self._rows[2], n).transpose(0, 1))
+        else:
+            yr, ys, err = self._stacked(n)
+            if self.readout is not None:
+                yh_ref, logp_ref = self.readout.ref(yr)
+                kls, top1s = self.readout.kl_top1_many(yh_ref, logp_ref, ys)
         errs = err.cpu().numpy()  # (k, n, S)
         if self.readout is not None:
-            yh_ref, logp_ref = self.readout.ref(yr)
-            kls, top1s = self.readout.kl_top1_many(yh_ref, logp_ref, ys)
             kl_mean = kls.cpu().numpy().mean(axis=1)  # (k, S)
             top1_mean = top1s.cpu().numpy().mean(axis=1)
             flips = first_flips(top1s, self.done).cpu().numpy()

@@ -5,17 +5,18 @@ The horizon is cut into *windows* that end at the first flush at or after each m
 samples it). Per window the host draws the inputs (``make_workload(cfg).chunk``) and computes, with
 the torch engine's own float32 operations, everything that depends on the inputs only: the decays
 ``exp(dt A)``, the ReplaySSM decay matrices of each segment, the buffer's part of every output
-(``sum_j w_j(t) (C_t . B_j) x_j``) and of every fold (``sum_j w_j x_j B_j^T``). One compiled,
-parallel call then runs a task per (head, slot) — slot 0 the float64 truth, then one per scheme —
-that keeps its state copies in cache for the whole window and, per step, applies the update, the
-quantisation (RNE and SR, bit-equal to :func:`precsim.formats.quantize`, same counter-based
-random bits) and the output in one pass. The metrics are the torch engine's
-(:class:`precsim.metrics.Accumulator`), fed once per window.
+(``sum_j w_j(t) (C_t . B_j) x_j``) and of every fold (``sum_j w_j x_j B_j^T``). Compiled tasks,
+one per (head, slot) — slot 0 the float64 truth, then one per scheme — keep their state copies in
+cache for the whole window and, per step, apply the update, the quantisation (RNE and SR,
+bit-equal to :func:`precsim.formats.quantize`, same counter-based random bits) and the output in
+one pass. The metrics are the torch engine's (:class:`precsim.metrics.Accumulator`), fed once
+per window with rows a compiled pass reduced (rel_err, the readout's normalised inputs).
 
-Threads (``run.threads``, README "The fused numba engine"): with more than one, the kernel runs
-in a worker thread (nogil) while the host prepares the next window and reduces the last one's
-metrics; results are the same bit for bit. :func:`supports` names what is not covered (the torch
-engine runs it then). Compiled code is cached on disk (``cache=True``).
+Threads (``run.threads``, README "The fused numba engine"): with n > 1, n - 1 worker threads
+take the window's tasks (nogil calls) while the host prepares the next window and reduces the
+last one's metrics, then takes tasks too; results are the same bit for bit at any n.
+:func:`supports` names what is not covered (the torch engine runs it then). Compiled code is
+cached on disk (``cache=True``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from precsim.formats.rng import event_keys
 
 from ..config import Config
 from ..families import decays
-from ..metrics import Accumulator, Readout, finite_rows
+from ..metrics import Accumulator, Readout
 from ..result import make_result
 from ..schemes import build_schemes
 from ..workload import expand_groups, make_workload
@@ -512,6 +513,54 @@ if numba is not None:
                         Yb, gam, Fb, y32[i], sh, t0, total, L, floor, scope_none, recip, el)
 
 
+if numba is not None:
+    @njit(cache=True, nogil=True)
+    def _row_stats(y32, y64, x64, x32, D64, D32, P, kl, err, s_ss, d, yh):
+        """Per output row (a step of one sequence, width W = H*P) of every scheme, as the torch
+        ops of ``Accumulator`` (and the Triton engine's ``row_stats``) compute them: the outputs
+        with the skip term ``D x`` (float32 for the schemes, float64 for the truth; ``x64``
+        empty without D), ``err (k, rows)`` rel_err, ``s_ss`` the sum of squares (not finite iff
+        an output is not) and, if ``kl``, the readout's inputs ``yh (rows, W)`` (the truth,
+        RMS-normalised) and ``d (k, rows, W)`` float32 = yh_sim - yh_ref. One pass instead of a
+        float64 copy of every scheme and ~10 torch passes over it."""
+        k, rows, W = y32.shape
+        has_d = x64.shape[0] > 0
+        ys = np.empty(W)
+        for r in range(rows):
+            rr = 0.0
+            for c in range(W):
+                v = y64[r, c]
+                if has_d:
+                    v = v + D64[c // P] * x64[r, c]
+                yh[r, c] = v
+                rr += v * v
+            rms_r = np.sqrt(rr / W)
+            if not rms_r > 0:
+                rms_r = 1.0
+            for i in range(k):
+                ss = 0.0
+                ee = 0.0
+                for c in range(W):
+                    u = y32[i, r, c]
+                    if has_d:
+                        u = u + D32[c // P] * x32[r, c]
+                    v = np.float64(u)
+                    ys[c] = v
+                    ss += v * v
+                    e = v - yh[r, c]
+                    ee += e * e
+                err[i, r] = np.sqrt(ee) / np.sqrt(rr)
+                s_ss[i, r] = ss
+                if kl:
+                    rms_s = np.sqrt(ss / W)
+                    if not rms_s > 0:
+                        rms_s = 1.0
+                    for c in range(W):
+                        d[i, r, c] = np.float32(ys[c] / rms_s - yh[r, c] / rms_r)
+            for c in range(W):
+                yh[r, c] = yh[r, c] / rms_r
+
+
 def task_order(codes: np.ndarray, heads: int) -> np.ndarray:
     """The windows' tasks (head, slot) costliest first (a thread that takes the last task then
     waits the least): slots by a static estimate (block formats, then SR, then quantising every
@@ -687,25 +736,48 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         if acc.want_drift(w["t1"]):
             w["states"] = (S64.copy(), st.copy(), rd.copy()) if overlap else (S64, st, rd)
 
+    W = H * P
+    D64n = np.asarray(D, dtype=np.float64) if D is not None else np.zeros(0)
+    want_kl = readout is not None
+
     def finish(w: dict) -> None:
-        """Dead schemes, the metrics, the drift sample, the outputs kept, the bar."""
+        """Dead schemes, the metrics (rows by ``_row_stats``, the KL from them), the drift
+        sample, the outputs kept, the bar."""
         t0, t1 = w["t0"], w["t1"]
         n = t1 - t0
-        y_ref = torch.from_numpy(w["y64"]).view(n, Sq, H, P)
-        if D64 is not None:
-            y_ref = y_ref + D64[:, None] * torch.from_numpy(w["x"])
-        ys: dict[str, torch.Tensor | None] = {}
-        for i, s in enumerate(schemes):
-            y = torch.from_numpy(w["y32"][i]).view(n, Sq, H, P)
-            if D64 is not None:
-                y = y + D64.to(torch.float32)[:, None] * w["x_t"]
-            y = _mask_dead(y, i, dead_at, t0, seg_ends)
-            ys[s.name] = y
-        acc.push(y_ref, ys)
+        rows = n * Sq
+        err, s_ss, yh = np.empty((ns, rows)), np.empty((ns, rows)), np.empty((rows, W))
+        d = np.empty((ns, rows, W) if want_kl else (0, 0, 0), dtype=np.float32)
+        no = np.zeros((0, 0))
+        x64 = np.ascontiguousarray(w["x"]).reshape(rows, W) if D is not None else no
+        _row_stats(w["y32"].reshape(ns, rows, W), w["y64"].reshape(rows, W), x64,
+                   x64.astype(np.float32), D64n, D64n.astype(np.float32), P, want_kl, err, s_ss,
+                   d, yh)
+        cuts = []
+        for i in range(ns):
+            if dead_at[i] is None:  # the first step with a non-finite output (any sequence)
+                bad = ~np.isfinite(s_ss[i]).reshape(n, Sq).all(axis=1)
+                if bad.any():
+                    dead_at[i] = t0 + int(np.argmax(bad)) + 1
+            cuts.append(_dead_cut(dead_at[i], t0, n, seg_ends))
+            err[i, cuts[i] * Sq:] = math.nan  # after the dying segment: NaN outputs
+            if want_kl:
+                d[i, cuts[i] * Sq:] = math.nan
+        acc.push_rows(torch.from_numpy(err).view(ns, n, Sq),
+                      torch.from_numpy(yh).view(n, Sq, W) if want_kl else None,
+                      torch.from_numpy(d).view(ns, n, Sq, W) if want_kl else None)
         if record_outputs:
+            y_ref = torch.from_numpy(w["y64"]).view(n, Sq, H, P)
+            if D64 is not None:
+                y_ref = y_ref + D64[:, None] * torch.from_numpy(w["x"])
             recorded["truth"].append(y_ref.numpy())
-            for nm, y in ys.items():
-                recorded[nm].append(y.numpy())
+            for i, s in enumerate(schemes):
+                y = torch.from_numpy(w["y32"][i]).view(n, Sq, H, P)
+                if D64 is not None:
+                    y = y + D64.to(torch.float32)[:, None] * w["x_t"]
+                y = y.clone()
+                y[cuts[i]:] = math.nan
+                recorded[s.name].append(y.numpy())
         if "states" in w:
             s64, s32, r32 = w["states"]
             def v4(a):
@@ -772,22 +844,13 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                        device="cpu", t_start=t_start, info=info)
 
 
-def _mask_dead(y: torch.Tensor, i: int, dead_at: list, t0: int, seg_ends: np.ndarray):
+def _dead_cut(dead_at: int | None, t0: int, n: int, seg_ends: np.ndarray) -> int:
     """The torch engine's dead-scheme rule: a segment with a non-finite output marks the scheme
-    dead at that step; the outputs of the following segments are NaN (it stops running)."""
-    n = y.shape[0]
-    if dead_at[i] is not None:
-        # dead before this window, or in it: NaN from the end of the dying segment on
-        end = int(seg_ends[np.searchsorted(seg_ends, dead_at[i] - 1, side="right")]) \
-            if dead_at[i] - 1 < seg_ends[-1] else seg_ends[-1]
-        cut = max(0, end - t0)
-        if cut < n:
-            y = y.clone()
-            y[cut:] = math.nan
-        return y
-    finite = finite_rows(y.reshape(n, -1))
-    if bool(finite.all()):
-        return y
-    first = int((~finite).nonzero()[0, 0])
-    dead_at[i] = t0 + first + 1
-    return _mask_dead(y, i, dead_at, t0, seg_ends)
+    dead at that step and its outputs read as NaN from the end of that segment on (it stops
+    running). The first of the window's ``n`` steps (from ``t0``) that reads as NaN (``n``:
+    none)."""
+    if dead_at is None:
+        return n
+    end = int(seg_ends[np.searchsorted(seg_ends, dead_at - 1, side="right")]) \
+        if dead_at - 1 < seg_ends[-1] else seg_ends[-1]
+    return min(n, max(0, end - t0))

@@ -166,6 +166,11 @@ def test_truth_equals_oracle_with_D(tmp_path):
     y = oracle.decode(tr)
     got = r.info["outputs"]["truth"].reshape(y.shape)
     assert np.abs(got - y).max() <= 1e-12 * np.abs(y).max()
+    # the metrics with the skip term (the row statistics add D x themselves): the torch engine's
+    t = run_torch(cfg, "cpu", progress=False)
+    for a, b in zip(r.rows, t.rows, strict=True):
+        for m in ("rel_err", "kl", "top1", "state_drift", "read_drift"):
+            assert a[m] == pytest.approx(b[m], rel=1e-3, nan_ok=True), (a, m)
 
 
 def test_nonfinite_scheme_dies_others_run_on(monkeypatch):
