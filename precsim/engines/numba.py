@@ -51,9 +51,10 @@ try:  # numba is optional (extra ``cpu``)
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
-    # workqueue: its workers sleep between the windows' parallel calls (OpenMP's spin, and
-    # once torch had set its OpenMP threads to 1, OpenMP ran the kernel on one thread);
-    # the engine calls the kernel from one thread at a time, all workqueue needs
+    # workqueue, for the one parallel function (quantize_many; the engine's tasks are plain
+    # nogil calls from Python threads): its workers sleep between calls (OpenMP's spin, and
+    # once torch had set its OpenMP threads to 1, OpenMP ran on one thread); it is called from
+    # one thread at a time, all workqueue needs
     numba.config.THREADING_LAYER = "workqueue"
 
 # format ids (runtime ints: one compiled specialisation covers every scheme)
@@ -494,26 +495,21 @@ if numba is not None:
                     y[p] = yb[p] + g * _dot(R[p], Cv)
 
     @njit(cache=True, nogil=True)
-    def _tasks(order, lo, hi, S64, st, rd, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32,
-               dt32, x32, B32, C32, Yb, gam, Fb, y32, t0, total, L, floor, scope_none, recip,
-               el):
-        """Tasks ``order[lo:hi]`` of one window, each one (head, slot): ``task = sh * (ns + 1) +
-        slot``, slot 0 the truth, slot i + 1 scheme i. Tasks write disjoint state and outputs,
-        so threads run disjoint ranges at once (nogil) and the result does not depend on who
-        ran what."""
+    def _task(task, S64, st, rd, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32, x32,
+              B32, C32, Yb, gam, Fb, y32, t0, total, L, floor, scope_none, recip, el):
+        """One task of a window, one (head, slot): ``task = sh * (ns + 1) + slot``, slot 0 the
+        truth, slot i + 1 scheme i. Tasks write disjoint state and outputs, so threads run
+        different tasks at once (nogil) and the result does not depend on who ran what."""
         nt = st.shape[0] + 1
-        for j in range(lo, hi):
-            sh = order[j] // nt
-            slot = order[j] % nt
-            if slot == 0:
-                _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
-            else:
-                i = slot - 1
-                _scheme(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32, C32,
-                        Yb, gam, Fb, y32[i], sh, t0, total, L, floor, scope_none, recip, el)
+        sh = task // nt
+        slot = task % nt
+        if slot == 0:
+            _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
+        else:
+            i = slot - 1
+            _scheme(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32, C32, Yb,
+                    gam, Fb, y32[i], sh, t0, total, L, floor, scope_none, recip, el)
 
-
-if numba is not None:
     @njit(cache=True, nogil=True)
     def _row_stats(y32, y64, x64, x32, D64, D32, P, kl, err, s_ss, d, yh):
         """Per output row (a step of one sequence, width W = H*P) of every scheme, as the torch
@@ -718,7 +714,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         return {"t0": t0, "t1": t1, "x": raw["x"], "x_t": x_t, "y64": y64, "y32": y32,
                 "args": args, "next": itertools.count()}
 
-    order = task_order(codes, SH)
+    order = task_order(codes, SH).tolist()
     ntask = len(order)
 
     def kernel(w: dict) -> None:
@@ -727,7 +723,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         tk = time.perf_counter()
         args, cnt = w["args"], w["next"]
         while (j := next(cnt)) < ntask:  # itertools.count: one task per caller, atomic
-            _tasks(order, j, j + 1, *args)
+            _task(order[j], *args)
         t_kernel.append(time.perf_counter() - tk)  # summed: the kernel's seconds, all threads
 
     def snapshot(w: dict) -> None:
