@@ -467,8 +467,9 @@ class DeviceAccumulator(Accumulator):
         self._add_window(n, stats, err.mean(dim=2))
 
     def _reduce_stats(self, n: int, m: int = 1) -> None:
-        """``m`` windows of ``n`` steps from the pushed statistics, in a few device ops; the
-        windows' entries are filled in by :meth:`to_host` (no per-window, per-scheme ops)."""
+        """``m`` windows of ``n`` steps from the pushed statistics (host copies since
+        :meth:`push_stats`), in a few tensor ops; the windows' entries are filled in by
+        :meth:`to_host` (no per-window, per-scheme ops)."""
         def take(parts):  # (k, m n, S) -> (k, m, n, S)
             t = self._take(parts, n * m).transpose(0, 1)
             return t.reshape(t.shape[0], m, n, t.shape[2])
@@ -495,8 +496,8 @@ class DeviceAccumulator(Accumulator):
         self._pending -= n * m
 
     def _fill_batches(self) -> None:
-        """Copy the statistics of :meth:`_reduce_stats` to the host in one transfer and fill
-        in the windows' entries and per-step rel_err."""
+        """The statistics of :meth:`_reduce_stats` as NumPy in one concatenation: fill in the
+        windows' entries and per-step rel_err."""
         batches = getattr(self, "_batches", [])
         if not batches:
             return
