@@ -47,6 +47,7 @@ try:  # numba is optional (extra ``cpu``)
     import numba
     from llvmlite import ir
     from numba import njit, prange, types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
@@ -319,17 +320,41 @@ if numba is not None:
                         x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, mb, emin, maxv,
                                            maxe, sc)
 
-    @njit(cache=True, inline="always")
-    def _bmax(x, b0, blk):
-        """The largest |x| bit pattern of a block of 16 or 32 (constant trip counts)."""
-        bm = np.int32(0)
-        if blk == 16:
-            for j in range(16):
-                bm = max(bm, _f2i(x[b0 + j]) & np.int32(0x7FFFFFFF))
-        else:
-            for j in range(32):
-                bm = max(bm, _f2i(x[b0 + j]) & np.int32(0x7FFFFFFF))
-        return bm
+    def _vec_absmax(width):
+        """An intrinsic ``f(x, b0)``: the largest ``|x|`` bit pattern (as int32) of the
+        ``width`` float32 elements from ``x[b0]``, by one vector load and LLVM's unsigned max
+        reduction. (The scalar loop compiled to compare-and-branch chains whose branches
+        mispredicted on state data: 5-6 us of NVFP4's 11 us per 64 x 128 state.)"""
+
+        @intrinsic
+        def absmax(typingctx, x, b0):
+            sig = types.int32(x, b0)
+
+            def codegen(context, builder, signature, args):
+                i32 = ir.IntType(32)
+                vty = ir.VectorType(i32, 16)
+                ary = context.make_array(signature.args[0])(context, builder, args[0])
+                ptr = builder.gep(ary.data, [args[1]])
+                mask = ir.Constant(vty, [0x7FFFFFFF] * 16)
+                red = ir.FunctionType(i32, [vty])
+                fn = cgutils.get_or_insert_function(builder.module, red,
+                                                    "llvm.vector.reduce.umax.v16i32")
+                best = None
+                for k in range(width // 16):
+                    p = builder.gep(ptr, [ir.Constant(ir.IntType(64), 16 * k)]) if k else ptr
+                    v = builder.and_(builder.load(p, typ=vty, align=4) if ptr.type.is_opaque
+                                     else builder.load(builder.bitcast(p, vty.as_pointer()),
+                                                       align=4), mask)
+                    m = builder.call(fn, [v])
+                    best = m if best is None else builder.select(
+                        builder.icmp_unsigned(">", m, best), m, best)
+                return best
+
+            return sig, codegen
+
+        return absmax
+
+    _absmax16, _absmax32 = _vec_absmax(16), _vec_absmax(32)
 
     @njit(cache=True)
     def _quant(M, out, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
@@ -376,8 +401,12 @@ if numba is not None:
         maxe = np.float32(el[ef, 2])
         mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
         bmx = np.empty(nb, dtype=np.int32)
-        for g in range(nb):
-            bmx[g] = _bmax(x, g * blk, blk)
+        if blk == 16:
+            for g in range(nb):
+                bmx[g] = _absmax16(x, g * 16)
+        else:
+            for g in range(nb):
+                bmx[g] = _absmax32(x, g * 32)
         tot = np.empty(nb, dtype=np.float32)
         fac = np.empty(nb, dtype=np.float32)
         if f == 6:
