@@ -25,6 +25,30 @@ def process_age() -> float | None:
         return None
 
 
+def keep_freed_memory() -> None:
+    """glibc's malloc (Linux): serve blocks below 32 MB from the heap and keep freed memory for
+    reuse (``M_MMAP_THRESHOLD`` 32 MB, ``M_TRIM_THRESHOLD`` 1 GB) instead of mapping each large
+    block afresh and returning it when freed. A run frees and reallocates its per-window arrays
+    (inputs, outputs, the KL's logits: 1-10 MB each) every window; with the defaults each one
+    came back as fresh pages, and the first touch of a page costs a fault: a 32K-step run on 8
+    heads took 457,000 page faults and 0.9 s of system time, 150,000 and 0.4 s with these
+    (engine 4.3 -> 3.9 s on a 2-core VM). The command line owns its process, so it sets them
+    here; the memory a run peaks at is unchanged, it is only not given back before the exit."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (ValueError, OSError, AttributeError):  # not glibc
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest allowed value
+    mallopt(m_trim_threshold, 1 << 30)
+
+
 def _fail(msg: str) -> None:
     print(f"precsim: error: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -135,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (user
     errors raise ``SystemExit(2)`` after one line on stderr)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    keep_freed_memory()
     try:
         if any(a in _HELP_FLAGS for a in args):
             sys.stdout.write(HELP.format(groups=_groups()))
