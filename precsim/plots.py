@@ -131,7 +131,7 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
         plain_ticks(ax, y_log=not lin)
         ax.set_xlabel("decode steps (tokens)")
         ax.set_ylabel(ylabel)
-        ax.set_title(ttl, fontsize=10)
+        ax.set_title(ttl, fontsize=10, y=1.0)  # a set y: no search for decorations above
         ax.grid(True, which="major", alpha=0.35)
         ax.grid(True, which="minor", alpha=0.12)
     legend: dict = {}  # label -> handle, each label once across the panels

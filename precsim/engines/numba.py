@@ -186,14 +186,17 @@ if numba is not None:
         return np.int64(el[f, 0]), np.int64(el[f, 1]), maxv, ovf, np.float32(2.0 ** bits)
 
     @njit(cache=True, inline="always")
-    def _round_fin(x, mb, emin, maxv, sr, sc, u):
-        """:func:`_round_v` for finite ``x`` within the format's range after saturation, without
-        branches (the block formats' element loop, so LLVM can vectorise it)."""
+    def _round_fin(x, pmin, imb, tmb, maxv, sr, sc, u):
+        """:func:`_round_v` for finite ``x`` with ``|x| < 2**127`` after saturation (the block
+        formats' scaled elements), without branches and in 32-bit lanes (the block formats'
+        element loop, so LLVM vectorises it whole): ``pmin`` = 2**emin, ``imb`` = 2**-mb,
+        ``tmb`` = 2**mb, all float32. The power of two of ``x``'s binade comes from its
+        exponent bits and a float max (an integer max ran in 64-bit lanes: numba widens int32
+        arithmetic), ``x / q`` as one multiplication by the exact power 2**(mb - e)."""
         ix = _f2i(x)
-        ef = (ix >> 23) & 0xFF
-        e = max(ef - 127, np.int32(emin))
-        q = _i2f(np.int32((e - mb + 127) << 23))
-        y = abs(x) * _i2f(np.int32((mb - e + 127) << 23))
+        p = max(_i2f(np.int32(ix & 0x7F800000)), pmin)  # 2**max(e, emin)
+        q = p * imb
+        y = abs(x) * (_i2f(np.int32(0x7F000000 - _f2i(p))) * tmb)  # 2**-e 2**mb, exact
         if sr:
             lo = np.float32(np.int32(y))
             thr = np.float32(np.int32((y - lo) * sc))
@@ -201,7 +204,7 @@ if numba is not None:
         else:
             r = (y + _BIG) - _BIG
         out = min(r * q, maxv)
-        return _i2f(_f2i(out) | (ix & np.int32(-2147483648)))
+        return _i2f(np.int32(_f2i(out) | (ix & np.int32(-2147483648))))
 
     @njit(cache=True, inline="always")
     def _round_v(x, mb, emin, maxv, ovf, sr, sc, u, div):
@@ -262,6 +265,12 @@ if numba is not None:
                 W[k] = _hash(w & _MASK, w >> 32, k0, k1)
 
     @njit(cache=True)
+    def _shift(ub, sh):
+        """``ub >>= sh`` in place (unsigned lanes)."""
+        for i in range(ub.shape[0]):
+            ub[i] = ub[i] >> sh
+
+    @njit(cache=True)
     def _elements(x, ub, ush, sr, mb, emin, maxv, ovf, sc, div):
         """Element formats over flat ``x``, in place: element ``i`` takes lane
         ``ub[i] >> ush``. (In place on purpose: with a second array that may alias ``x``
@@ -275,14 +284,15 @@ if numba is not None:
                 x[i] = _round_v(x[i], mb, emin, maxv, ovf, False, sc, _F0, div)
 
     @njit(cache=True, inline="always")
-    def _blk_el(v, fg, tg, mul, sr, u, mb, emin, maxv, maxe, sc):
+    def _blk_el(v, fg, tg, mul, sr, u, pmin, imb, tmb, maxv, maxe, sc):
         """One block element: ``v * fg`` (``mul``) or ``v / fg``, clipped, rounded, ``* tg``."""
         xs = min(max(v * fg if mul else v / fg, -maxe), maxe)
-        return _round_fin(xs, mb, emin, maxv, sr, sc, u) * tg
+        return _round_fin(xs, pmin, imb, tmb, maxv, sr, sc, u) * tg
 
     @njit(cache=True)
-    def _blocks(x, fac, tot, mul, ub, ush, sr, mb, emin, maxv, maxe, sc):
-        """Block formats over flat ``x``, in place (see :func:`_elements`): block ``g`` is
+    def _blocks(x, fac, tot, mul, ub, sr, pmin, imb, tmb, maxv, maxe, sc):
+        """Block formats over flat ``x``, in place (see :func:`_elements`; lane ``ub[i]`` is
+        element ``i``'s SR integer, already shifted): block ``g`` is
         ``x * fac[g]`` (``mul``) or ``x / fac[g]``, rounded, times ``tot[g]``. Blocks of 16 or
         32 as constant inner trip counts (vectorised whole; the branches on ``mul``/``sr`` are
         loop-invariant)."""
@@ -294,15 +304,15 @@ if numba is not None:
                 for g in range(nb):
                     fg, tg = fac[g], tot[g]
                     for j in range(16):
-                        u = np.float32(u2[g, j] >> ush)
-                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, mb, emin, maxv, maxe,
-                                           sc)
+                        u = np.float32(u2[g, j])
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, pmin, imb, tmb, maxv,
+                                           maxe, sc)
             else:
                 for g in range(nb):
                     fg, tg = fac[g], tot[g]
                     for j in range(16):
-                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, mb, emin, maxv,
-                                           maxe, sc)
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, pmin, imb, tmb,
+                                           maxv, maxe, sc)
         else:
             x2 = x.reshape(nb, 32)
             if sr:
@@ -310,15 +320,15 @@ if numba is not None:
                 for g in range(nb):
                     fg, tg = fac[g], tot[g]
                     for j in range(32):
-                        u = np.float32(u2[g, j] >> ush)
-                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, mb, emin, maxv, maxe,
-                                           sc)
+                        u = np.float32(u2[g, j])
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, pmin, imb, tmb, maxv,
+                                           maxe, sc)
             else:
                 for g in range(nb):
                     fg, tg = fac[g], tot[g]
                     for j in range(32):
-                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, mb, emin, maxv,
-                                           maxe, sc)
+                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, pmin, imb, tmb,
+                                           maxv, maxe, sc)
 
     def _vec_absmax(width):
         """An intrinsic ``f(x, b0)``: the largest ``|x|`` bit pattern (as int32) of the
@@ -436,16 +446,25 @@ if numba is not None:
                 tot[g] = _pow2(e) if bm < 0x7F800000 else _NAN
                 fac[g] = _F1 / _pow2(e)  # exact: x * 2**-e == x / 2**e, subnormals included
         mul = recip or f != 6
+        pmin, imb, tmb = _pow2(emin), _pow2(-mb), _pow2(mb)
+        if sr and ush:  # each lane's top ``bits`` bits, the SR integer, before the loop
+            if slot == 8:
+                _shift(W.view(np.uint8), ush)
+            elif slot == 16:
+                _shift(W.view(np.uint16), ush)
+            else:
+                _shift(W, ush)
         for g in range(nb):  # a NaN block: finite factors, the NaN comes from its total
             if not tot[g] == tot[g]:
                 fac[g] = _F1
         if slot == 8:
-            _blocks(x, fac, tot, mul, W.view(np.uint8)[uoff:], ush, sr, mb, emin, maxv, maxe, sc)
+            _blocks(x, fac, tot, mul, W.view(np.uint8)[uoff:], sr, pmin, imb, tmb, maxv, maxe,
+                    sc)
         elif slot == 16:
-            _blocks(x, fac, tot, mul, W.view(np.uint16)[uoff:], ush, sr, mb, emin, maxv, maxe,
+            _blocks(x, fac, tot, mul, W.view(np.uint16)[uoff:], sr, pmin, imb, tmb, maxv, maxe,
                     sc)
         else:
-            _blocks(x, fac, tot, mul, W[uoff:], ush, sr, mb, emin, maxv, maxe, sc)
+            _blocks(x, fac, tot, mul, W[uoff:], sr, pmin, imb, tmb, maxv, maxe, sc)
 
     @njit(cache=True, parallel=True)
     def quantize_many(X, f, sr, bits, ieee, floor, scope_none, recip, k0, k1, el):
