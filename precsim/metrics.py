@@ -69,9 +69,6 @@ class Readout:
         """The reference's log-probabilities from its normalised outputs (float64)."""
         return torch.log_softmax(self.scale * (yh @ self.W64.T), dim=-1)
 
-    def kl(self, yh_ref, logp_ref, y_sim) -> torch.Tensor:
-        return self.kl_top1(yh_ref, logp_ref, y_sim)[0]
-
     def kl_top1(self, yh_ref, logp_ref, y_sim) -> tuple[torch.Tensor, torch.Tensor]:
         """KL per row and top-1 agreement per row (float64 1/0), see :func:`kl_top1`."""
         d = self.normalise(y_sim.to(torch.float64)) - yh_ref
