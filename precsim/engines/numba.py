@@ -58,13 +58,18 @@ if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
     # one thread at a time, all workqueue needs
     numba.config.THREADING_LAYER = "workqueue"
 
-# format ids (runtime ints: one compiled specialisation covers every scheme)
+# format ids (runtime ints: one compiled specialisation covers every scheme); a row-scaled
+# format <element>_b<B> is the id of its element + SCALED * B (see fmt_code)
 FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
-           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8}
+           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8, "int8": 9, "int16": 10}
+SCALED = 32
 KINDS = {"conventional": 0, "shared": 1, "split": 2}
-# element formats 1..5: mantissa bits, emin, max, has Inf
+# element formats 1..5 and 9..10 (rows 6..8, the block formats, unused): mantissa bits, emin,
+# max (qmax for the integers), has Inf
 _EL = np.array([[0, 0, 0.0, 0], [7, -126, 3.3895313892515355e38, 1], [10, -14, 65504.0, 1],
-                [3, -6, 448.0, 0], [2, -14, 57344.0, 1], [1, 0, 6.0, 0]], dtype=np.float64)
+                [3, -6, 448.0, 0], [2, -14, 57344.0, 1], [1, 0, 6.0, 0], [0, 0, 0.0, 0],
+                [0, 0, 0.0, 0], [0, 0, 0.0, 0], [0, 0, 127.0, 0], [0, 0, 32767.0, 0]],
+               dtype=np.float64)
 # scheme code columns
 C_KIND, C_FMT, C_RND, C_BITS, C_IEEE, C_RFMT = range(6)
 NCODE = 6
@@ -91,7 +96,8 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
         return f"run.compute_dtype={cfg.run.compute_dtype} (the numba engine computes in fp32)"
     for name, s in cfg.schemes.items():
         for fo in (pf.get(f) for f in (s.fmt, s.read_fmt) if f is not None):
-            if fo.name not in FMT_IDS:
+            base = fo.element if isinstance(fo, pf.ScaledFormat) else fo
+            if base.name not in FMT_IDS:
                 return f"schemes.{name}: format {fo.name} is not covered by the numba engine"
             if fo.kind == "block":
                 if fo.two_level and cfg.formats.tensor_scope == "tensor":
@@ -110,13 +116,21 @@ def _sr_bits(fmt: str, sr_bits: int | None) -> int:
     return int(sr_bits or el.sr_bits_for(24))
 
 
+def fmt_code(name: str) -> int:
+    """The kernel's id of a format: :data:`FMT_IDS`, or for a row-scaled ``<element>_b<B>``
+    the element's id + ``SCALED * B``."""
+    f = pf.get(name)
+    if isinstance(f, pf.ScaledFormat):
+        return FMT_IDS[f.element.name] + SCALED * f.block
+    return FMT_IDS[f.name]
+
+
 def scheme_codes(sc) -> np.ndarray:
     """A SchemeConfig as the kernel's int row (kind, fmt, rounding, SR bits, ieee, read fmt)."""
     sr = sc.rounding == "sr"
-    return np.array([KINDS[sc.kind], FMT_IDS[pf.get(sc.fmt).name], int(sr),
+    return np.array([KINDS[sc.kind], fmt_code(sc.fmt), int(sr),
                      _sr_bits(sc.fmt, sc.sr_bits) if sr else 0, int(sc.overflow == "ieee"),
-                     FMT_IDS[pf.get(sc.read_fmt).name] if sc.kind == "split" else 0],
-                    dtype=np.int64)
+                     fmt_code(sc.read_fmt) if sc.kind == "split" else 0], dtype=np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +298,63 @@ if numba is not None:
                 x[i] = _round_v(x[i], mb, emin, maxv, ovf, False, sc, _F0, div)
 
     @njit(cache=True, inline="always")
+    def _round_int(x, qmax, ieee, sr, sc, u):
+        """formats.core.round_int of float32 ``x`` to the integers ``-qmax..qmax`` (``qmax``
+        float32; SR integer ``u``, ``sc`` = 2**bits), without branches: satfinite clamps
+        first, ``ieee`` makes a result beyond qmax NaN; NaN stays NaN."""
+        ax = abs(x)
+        y = qmax if (not ieee and ax > qmax) else ax
+        y = min(y, _BIG)  # only beyond 2**23 (ieee: NaN anyway); keeps the conversions defined
+        if sr:
+            lo = np.float32(np.int32(y))
+            thr = np.float32(np.int32((y - lo) * sc))
+            r = lo + (_F1 if u < thr else _F0)
+        else:
+            r = (y + _BIG) - _BIG
+        r = _NAN if (ieee and r > qmax) else r
+        out = _i2f(np.int32(_f2i(r) | (_f2i(x) & np.int32(-2147483648))))
+        return x if x != x else out
+
+    @njit(cache=True)
+    def _ints(x, ub, ush, sr, qmax, ieee, sc):
+        """Integer formats over flat ``x``, in place (lanes as :func:`_elements`)."""
+        if sr:
+            for i in range(x.shape[0]):
+                x[i] = _round_int(x[i], qmax, ieee, True, sc, np.float32(ub[i] >> ush))
+        else:
+            for i in range(x.shape[0]):
+                x[i] = _round_int(x[i], qmax, ieee, False, sc, _F0)
+
+    @njit(cache=True)
+    def _scaled(x, B, ef, ub, ush, sr, bits, el):
+        """A row-scaled format ``<element>_b<B>`` over flat ``x``, in place, as
+        ``formats.ScaledFormat``: per block of ``B`` elements the FP32 scale ``max|x| / emax``
+        (one float32 division; NaN if the block holds NaN or Inf), the elements divided by it
+        (1 for a zero scale), clipped to +-emax, rounded (element format ``ef``, satfinite;
+        lanes as :func:`_elements`) and multiplied back."""
+        emax = np.float32(el[ef, 2])
+        mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
+        div = emin - mb < -126
+        for b0 in range(0, x.shape[0], B):
+            bm = np.int32(0)
+            if B % 16 == 0:
+                for k in range(B // 16):
+                    bm = np.int32(max(bm, _absmax16(x, b0 + 16 * k)))
+            else:
+                for j in range(B):
+                    bm = np.int32(max(bm, _f2i(x[b0 + j]) & np.int32(0x7FFFFFFF)))
+            total = _i2f(bm) / emax if bm < 0x7F800000 else _NAN
+            safe = total if total > 0 else _F1
+            for j in range(B):
+                v = min(max(x[b0 + j] / safe, -emax), emax)
+                u = np.float32(ub[b0 + j] >> ush) if sr else _F0
+                if ef >= 9:
+                    q = _round_int(v, emax, False, sr, sc, u)
+                else:
+                    q = _round_v(v, mb, emin, maxv, ovf, sr, sc, u, div)
+                x[b0 + j] = q * total
+
+    @njit(cache=True, inline="always")
     def _blk_el(v, fg, tg, mul, sr, u, pmin, imb, tmb, maxv, maxe, sc):
         """One block element: ``v * fg`` (``mul``) or ``v / fg``, clipped, rounded, ``* tg``."""
         xs = min(max(v * fg if mul else v / fg, -maxe), maxe)
@@ -394,6 +465,23 @@ if numba is not None:
         if sr:
             _words(W, base // lanes, k0, k1)
         ush = slot - bits
+        if f >= SCALED:  # <element>_b<B>: one FP32 scale per B elements
+            if slot == 8:
+                _scaled(x, f // SCALED, f % SCALED, W.view(np.uint8)[uoff:], ush, sr, bits, el)
+            elif slot == 16:
+                _scaled(x, f // SCALED, f % SCALED, W.view(np.uint16)[uoff:], ush, sr, bits, el)
+            else:
+                _scaled(x, f // SCALED, f % SCALED, W[uoff:], ush, sr, bits, el)
+            return
+        if f >= 9:  # the integers -qmax..qmax
+            qmax, sc = np.float32(el[f, 2]), np.float32(2.0 ** bits)
+            if slot == 8:
+                _ints(x, W.view(np.uint8)[uoff:], ush, sr, qmax, ieee, sc)
+            elif slot == 16:
+                _ints(x, W.view(np.uint16)[uoff:], ush, sr, qmax, ieee, sc)
+            else:
+                _ints(x, W[uoff:], ush, sr, qmax, ieee, sc)
+            return
         if f <= 5:
             mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
             div = emin - mb < -126
@@ -609,8 +697,8 @@ def task_order(codes: np.ndarray, heads: int) -> np.ndarray:
     """The windows' tasks (head, slot) costliest first (a thread that takes the last task then
     waits the least): slots by a static estimate (block formats, then SR, then quantising every
     step), heads in order within a slot."""
-    cost = [0] + [2 * (c[C_FMT] >= FMT_IDS["nvfp4"]) + (c[C_RND] != 0)
-                  + (c[C_KIND] == KINDS["conventional"]) for c in codes]
+    cost = [0] + [2 * (FMT_IDS["nvfp4"] <= c[C_FMT] <= FMT_IDS["mxfp8"] or c[C_FMT] >= SCALED)
+                  + (c[C_RND] != 0) + (c[C_KIND] == KINDS["conventional"]) for c in codes]
     nt = len(cost)
     slots = sorted(range(nt), key=lambda s: -cost[s])
     return np.array([sh * nt + s for s in slots for sh in range(heads)], dtype=np.int64)
@@ -631,7 +719,7 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
     X = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
     sr = rounding == "sr"
     k0, k1 = pf.stream_keys(seed, stream)
-    out = quantize_many(X, FMT_IDS[pf.get(fmt).name], sr, _sr_bits(fmt, sr_bits) if sr else 0,
+    out = quantize_many(X, fmt_code(fmt), sr, _sr_bits(fmt, sr_bits) if sr else 0,
                         overflow == "ieee", scale_floor == "normal", tensor_scope == "none",
                         scale_mode == "reciprocal", k0, k1, _EL)
     return out.reshape(x.shape)

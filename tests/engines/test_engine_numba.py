@@ -30,6 +30,18 @@ OTHERS = {
                          "read_fmt": "mxfp4"},
     "split_fp16_e2m1": {"kind": "split", "fmt": "fp16", "read_fmt": "fp4_e2m1"},
 }
+# the serving engines' formats: integers and row-scaled <element>_b<B> (a whole state row of 32,
+# part rows, float and integer elements), every kind of scheme
+PRODUCTION = {
+    "conventional_int8_b32": {"kind": "conventional", "fmt": "int8_b32"},
+    "conventional_int8_b32_sr": {"kind": "conventional", "fmt": "int8_b32", "rounding": "sr"},
+    "conventional_fp8_b16_sr": {"kind": "conventional", "fmt": "fp8_e4m3_b16",
+                                "rounding": "sr"},
+    "shared_bf16_b8_sr": {"kind": "shared", "fmt": "bf16_b8", "rounding": "sr"},
+    "shared_int16": {"kind": "shared", "fmt": "int16", "overflow": "ieee"},
+    "split_fp16sr_int8_b32": {"kind": "split", "fmt": "fp16", "rounding": "sr",
+                              "read_fmt": "int8_b32"},
+}
 
 
 def _hard_values(shape, seed=0) -> np.ndarray:
@@ -51,6 +63,11 @@ def _hard_values(shape, seed=0) -> np.ndarray:
 CASES = [(f, r, ov, {}) for f in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp4",
                                   "mxfp8")
          for r in ("rne", "sr") for ov in ("satfinite", "ieee")]
+CASES += [(f, r, ov, {}) for f in ("int8", "int16") for r in ("rne", "sr")
+          for ov in ("satfinite", "ieee")]
+CASES += [(f, r, "satfinite", {}) for f in ("int8_b64", "int16_b8", "fp8_e4m3_b32", "bf16_b16",
+                                           "fp16_b64", "fp4_e2m1_b8", "fp8_e5m2_b16")
+          for r in ("rne", "sr")]
 CASES += [("nvfp4", r, "satfinite", {"scale_floor": sf, "tensor_scope": ts, "scale_mode": sm})
           for r in ("rne", "sr") for sf in ("subnormal", "normal") for ts in ("matrix", "none")
           for sm in ("reciprocal", "divide")]
@@ -111,7 +128,8 @@ def _by_key(rows):
 
 @pytest.mark.parametrize("schemes,buffer_dtype", [
     pytest.param(SEED_TABLE, "fp32", id="seed_table"),
-    pytest.param(OTHERS, "bf16", id="other_formats-bf16_buffer")])
+    pytest.param(OTHERS, "bf16", id="other_formats-bf16_buffer"),
+    pytest.param(PRODUCTION, "fp32", id="production_formats")])
 def test_matches_torch_engine(schemes, buffer_dtype):
     """Window rows agree with the torch engine: 1e-3 relative on every scheme whose output does
     not end in a float32 reduction of its own (the update, the quantisers, the random bits and
@@ -268,6 +286,7 @@ def test_cpu_threads_in_a_sweep(monkeypatch, launcher, n_jobs, want):
 
 def test_supports_and_dispatch():
     assert supports(_cfg(SEED_TABLE)) is None
+    assert supports(_cfg(PRODUCTION)) is None
     assert "gdn" in supports(to_config(tiny_cfg("gdn")))
     assert "drafts" in supports(_cfg(SEED_TABLE, replay__drafts=2))
     assert "tensor" in supports(_cfg(SEED_TABLE, formats__tensor_scope="tensor"))
