@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    finally:
+    finally:  # an in-process caller (tests, a notebook) gets its collector back as it was
+        gc.unfreeze()
         if collecting:
             gc.enable()
 
