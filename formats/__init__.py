@@ -22,6 +22,7 @@ from .core import (
     get,
     names,
     quantize,
+    sr_bits_used,
 )
 from .hadamard import rotate
 from .rng import (
@@ -41,7 +42,8 @@ __all__ = [
     "ALIASES", "OVERFLOWS", "REGISTRY", "ROUNDINGS", "SCALE_FLOORS", "SCALE_MODES",
     "TENSOR_SCOPES", "BlockFormat", "FloatFormat", "FormatError", "IdentityFormat", "IntFormat",
     "ScaledFormat", "get", "names", "quantize",
-    "SR_SOURCES", "accepted_options", "rotate", "philox4x32_numpy", "philox4x32_torch",
+    "SR_SOURCES", "accepted_options", "sr_bits_used", "rotate", "philox4x32_numpy",
+    "philox4x32_torch",
     "lane_layout", "random_bits_numpy", "random_bits_torch", "random_uint_numpy",
     "random_uint_torch", "stream_id", "stream_keys",
 ]

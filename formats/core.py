@@ -636,6 +636,18 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
     return out.reshape(shape)
 
 
+def sr_bits_used(fmt, sr_bits: int | None = None, carrier_bits: int = 24) -> int:
+    """The random bits an SR rounding to ``fmt`` draws on a carrier of ``carrier_bits``
+    significand bits (float32: 24): ``sr_bits`` when given, else the element format's default;
+    0 where nothing is rounded (fp32 on a float32 carrier, the identity). What ``quantize`` uses
+    and what the fused kernels are told."""
+    f = get(fmt)
+    if f.kind == "identity" or (f.kind == "float" and f.name == "fp32"):
+        return 0
+    el = f.element if f.kind == "block" else f
+    return int(sr_bits or el.sr_bits_for(carrier_bits))
+
+
 def quantize(x, fmt="fp32", rounding: str = "rne", *, seed: int | None = None, **options):
     """Fake-quantize ``x`` to ``fmt`` and return it in x's own type, shape and dtype.
 

@@ -52,15 +52,6 @@ def block_of(name: str) -> int:
     return f.block if f.kind == "block" else 0
 
 
-def sr_bits_of(name: str, sr_bits: int | None) -> int:
-    """Random bits an SR rounding to ``name`` uses on a float32 carrier (formats' default)."""
-    f = pf.get(name)
-    el = f.element if f.kind == "block" else f
-    if f.kind == "identity" or (f.kind == "float" and f.name == "fp32"):
-        return 0
-    return int(sr_bits or el.sr_bits_for(24))
-
-
 @triton.jit
 def exponent_f32(ax):
     """Unbiased exponent field of |x| (float32, sign clear): subnormals give -127."""
@@ -292,7 +283,7 @@ def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: in
     x = x.contiguous()
     _quantize_kernel[(M,)](x, out, _i32(k0), _i32(k1), R=R, NB=C // blk, BLK=blk,
                            F=fmt_id(fmt), RND=SR if rounding == "sr" else RNE,
-                           SRB=sr_bits_of(fmt, sr_bits) + 64 * SRC_IDS[sr_source],
+                           SRB=pf.sr_bits_used(fmt, sr_bits) + 64 * SRC_IDS[sr_source],
                            OVF=IEEE if overflow == "ieee" else 0,
                            SFLOOR=scale_flags(scale_floor, scale_mode),
                            SCOPE=SCOPE_NONE if tensor_scope == "none" else SCOPE_MATRIX)

@@ -108,14 +108,6 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     return None
 
 
-def _sr_bits(fmt: str, sr_bits: int | None) -> int:
-    f = pf.get(fmt)
-    el = f.element if f.kind == "block" else f
-    if f.kind == "identity" or (f.kind == "float" and f.name == "fp32"):
-        return 0
-    return int(sr_bits or el.sr_bits_for(24))
-
-
 def fmt_code(name: str) -> int:
     """The kernel's id of a format: :data:`FMT_IDS`, or for a row-scaled ``<element>_b<B>``
     the element's id + ``SCALED * B``."""
@@ -129,7 +121,8 @@ def scheme_codes(sc) -> np.ndarray:
     """A SchemeConfig as the kernel's int row (kind, fmt, rounding, SR bits, ieee, read fmt)."""
     sr = sc.rounding == "sr"
     return np.array([KINDS[sc.kind], fmt_code(sc.fmt), int(sr),
-                     _sr_bits(sc.fmt, sc.sr_bits) if sr else 0, int(sc.overflow == "ieee"),
+                     pf.sr_bits_used(sc.fmt, sc.sr_bits) if sr else 0,
+                     int(sc.overflow == "ieee"),
                      fmt_code(sc.read_fmt) if sc.kind == "split" else 0], dtype=np.int64)
 
 
@@ -732,7 +725,7 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
     X = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
     sr = rounding == "sr"
     k0, k1 = pf.stream_keys(seed, stream)
-    out = quantize_many(X, fmt_code(fmt), sr, _sr_bits(fmt, sr_bits) if sr else 0,
+    out = quantize_many(X, fmt_code(fmt), sr, pf.sr_bits_used(fmt, sr_bits) if sr else 0,
                         overflow == "ieee", scale_floor == "normal", tensor_scope == "none",
                         scale_mode == "reciprocal", k0, k1, _EL)
     return out.reshape(x.shape)

@@ -48,12 +48,12 @@ def supports(cfg: Config, device: str) -> str | None:
 def scheme_code(s) -> int:
     """A SchemeConfig as the kernels' slot code (``precsim.kernels.codes``)."""
     from precsim.kernels.codes import KINDS, pack
-    from precsim.kernels.quant import IEEE, SR, fmt_id, sr_bits_of
+    from precsim.kernels.quant import IEEE, SR, fmt_id
 
     rnd = SR if s.rounding == "sr" else 0
     return pack(KINDS[s.kind], fmt_id(s.fmt), fmt_id(s.read_fmt) if s.kind == "split" else 0,
                 rnd, IEEE if s.overflow == "ieee" else 0,
-                sr_bits_of(s.fmt, s.sr_bits) if rnd else 0)
+                pf.sr_bits_used(s.fmt, s.sr_bits) if rnd else 0)
 
 
 def scheme_block(s) -> int:

@@ -1124,3 +1124,14 @@ def test_bits_per_element(name):
     fmt = pf.get(name)
     assert fmt.bits_per_element == BITS_PER_ELEMENT[name]
     assert fmt.tensor_overhead_bits == (32 if name == "nvfp4" else 0)
+
+
+def test_sr_bits_used():
+    """The random bits an SR rounding draws on a float32 carrier, the one value every engine
+    is told: the element's default (8 for E2M1, whole-carrier 24 for integers), what the caller
+    gives, none where nothing is rounded."""
+    assert pf.sr_bits_used("nvfp4") == pf.sr_bits_used("mxfp4") == 8
+    assert pf.sr_bits_used("int8") == pf.sr_bits_used("int8_b128") == 24
+    assert pf.sr_bits_used("fp16") == pf.get("fp16").sr_bits_for(24)
+    assert pf.sr_bits_used("fp8_e4m3_b32", 5) == 5
+    assert pf.sr_bits_used("fp32") == pf.sr_bits_used("fp32", 7) == 0
