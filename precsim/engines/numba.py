@@ -84,8 +84,11 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     """None if the numba engine runs ``cfg``, else a one-line reason (run the torch engine)."""
     if numba is None:
         return "numba is not installed (pip install 'precsim[cpu]')"
-    if cfg.model.family != "mamba2":
-        return f"model.family={cfg.model.family} (the numba engine covers mamba2 only)"
+    if cfg.model.family not in ("mamba2", "gdn"):
+        return f"model.family={cfg.model.family} (the numba engine covers mamba2 and gdn)"
+    if cfg.model.family == "gdn" and cfg.replay.buffer_dtype not in ("fp32", "fp64"):
+        return (f"replay.buffer_dtype={cfg.replay.buffer_dtype} with gdn (the numba engine "
+                "keeps a GDN buffer in fp32)")
     if cfg.replay.drafts > 0:
         return "speculative decoding (replay.drafts > 0)"
     if cfg.formats.sr_source != "hash":
@@ -636,6 +639,108 @@ if numba is not None:
                 for p in range(P):
                     y[p] = yb[p] + g * _dot(R[p], Cv)
 
+    @njit(cache=True, inline="always")
+    def _gdn_step(row, a, beta, v, k, q):
+        """One row of families.gdn.step: ``u = beta (v - a row.k)``, ``row = a row + u k``
+        (the torch engine's roundings), returns ``row . q``."""
+        u = beta * (v - a * _dot(row, k))
+        for c in range(row.shape[0]):
+            row[c] = a * row[c] + u * k[c]
+        return _dot(row, q)
+
+    @njit(cache=True)
+    def _truth_gdn(S, a64, b64, q64, k64, v64, y64, sh):
+        for i in range(a64.shape[0]):
+            for p in range(S.shape[0]):
+                y64[i, sh, p] = _gdn_step(S[p], a64[i, sh], b64[i, sh], v64[i, sh, p],
+                                          k64[i, sh], q64[i, sh])
+
+    @njit(cache=True)
+    def _scheme_gdn(st, rd, code, keys, k0, a32, b32, q32, k32, v32, gam, A, M, wl, y32, sh,
+                    t0, total, L, floor, scope_none, recip, el, u_master):
+        """One GDN scheme on one head over one window (which starts at a flush boundary):
+        conventional schemes step and quantise every token; ReplaySSM schemes evaluate
+        families.gdn.segment output by output (``u_t`` from the checkpoint's ``S k_t`` and the
+        earlier ``u_j`` of the segment, ``A``/``M``/``wl`` the host's input-only segment
+        matrices) and fold, quantise and renew the read copy at a flush."""
+        n_steps = a32.shape[0]
+        V, K = st.shape
+        kind = code[C_KIND]
+        f = code[C_FMT]
+        sr = code[C_RND] != 0
+        bits = code[C_BITS]
+        ieee = code[C_IEEE] != 0
+        rf = code[C_RFMT]
+        base = np.int64(sh) * V * K
+        R = rd if kind == 2 else st
+        RU = st if u_master else R
+        U = np.zeros((L, V), dtype=np.float32)
+        acc = np.empty(K, dtype=np.float32)
+        for i in range(n_steps):
+            t = t0 + i
+            y = y32[i, sh]
+            kt = k32[i, sh]
+            qt = q32[i, sh]
+            if kind == 0:
+                for p in range(V):
+                    y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt)
+                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
+                          np.int64(keys[i]), el)
+                continue
+            j = t % L
+            seg = i // L
+            g = gam[i, sh]
+            Aj = A[seg, sh, j]
+            bt = b32[i, sh]
+            vt = v32[i, sh]
+            for p in range(V):
+                corr = np.float32(0.0)
+                for jj in range(j):
+                    corr += Aj[jj] * U[jj, p]
+                U[j, p] = bt * (vt[p] - g * _dot(RU[p], kt) - corr)
+            if j == L - 1 or t == total - 1:  # flush: fold, output from the fold, write
+                w = wl[seg, sh]
+                i0 = i - j
+                for p in range(V):
+                    row = st[p]
+                    for c in range(K):
+                        acc[c] = 0.0
+                    for jj in range(j + 1):
+                        wu = w[jj] * U[jj, p]
+                        kj = k32[i0 + jj, sh]
+                        for c in range(K):
+                            acc[c] += wu * kj[c]
+                    for c in range(K):
+                        row[c] = g * row[c] + acc[c]
+                    y[p] = _dot(row, qt)
+                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
+                          np.int64(keys[i]), el)
+                if kind == 2:
+                    _quant(st, rd, rf, False, 0, False, floor, scope_none, recip, base, 0, 0, el)
+            else:  # output-only: the checkpoint (read copy) is only read
+                Mj = M[seg, sh, j]
+                for p in range(V):
+                    s = np.float32(0.0)
+                    for jj in range(j + 1):
+                        s += Mj[jj] * U[jj, p]
+                    y[p] = s + g * _dot(R[p], qt)
+
+    @njit(cache=True, nogil=True)
+    def _task_gdn(task, S64, st, rd, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
+                  q32, k32, v32, gam, A, M, wl, y32, t0, total, L, floor, scope_none, recip, el,
+                  u_master):
+        """:func:`_task` for Gated DeltaNet."""
+        nt = st.shape[0] + 1
+        sh = task // nt
+        slot = task % nt
+        if slot == 0:
+            _truth_gdn(S64[sh], a64, b64, q64, k64, v64, y64, sh)
+        else:
+            i = slot - 1
+            _scheme_gdn(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, b32, q32, k32, v32,
+                        gam, A, M, wl, y32[i], sh, t0, total, L, floor, scope_none, recip, el,
+                        u_master)
+
     @njit(cache=True, nogil=True)
     def _task(task, S64, st, rd, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32, x32,
               B32, C32, Yb, gam, Fb, y32, t0, total, L, floor, scope_none, recip, el):
@@ -774,6 +879,41 @@ def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
     return gam, Yb, Fb
 
 
+def _gdn_terms(la32, q, k, L: int, Sq: int, H: int):
+    """Input-only ReplaySSM terms of a GDN window (torch, float32, families.gdn.segment's
+    operations): ``gam (n, SH)`` = exp(Lc_t), per segment ``A (nseg, SH, L, L)`` the strictly
+    lower ``decay * (k_t . k_j)``, ``M`` the lower ``decay * (q_t . k_j)`` and ``wl (nseg, SH,
+    L)`` the last row of ``decay``. Segments of L steps from the window's start."""
+    n = la32.shape[0]
+    SH = Sq * H
+    Kd = k.shape[-1]
+    nseg = -(-n // L)
+    gam = torch.empty((n, SH), dtype=torch.float32)
+    A = torch.zeros((nseg, SH, L, L), dtype=torch.float32)
+    M = torch.zeros_like(A)
+    wl = torch.zeros((nseg, SH, L), dtype=torch.float32)
+    full = n // L
+    for s0, s1, m in ((0, full, L), (full, nseg, n - full * L)):
+        if s1 <= s0 or m == 0:
+            continue
+        sl = slice(s0 * L, s0 * L + (s1 - s0) * m)
+        kk = s1 - s0
+        Lc = torch.cumsum(la32[sl].reshape(kk, m, Sq, H), 1)  # (k, m, S, H)
+        Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
+        causal = torch.ones(m, m, dtype=torch.bool).tril()
+        decay = torch.exp(torch.where(causal, Lh[..., :, None] - Lh[..., None, :],
+                                      torch.tensor(float("-inf"))))
+        ks = k[sl].reshape(kk, m, Sq, H, Kd)
+        qs = q[sl].reshape(kk, m, Sq, H, Kd)
+        KK = torch.einsum("ktshc,kjshc->kshtj", ks, ks)
+        QK = torch.einsum("ktshc,kjshc->kshtj", qs, ks)
+        A[s0:s1, :, :m, :m] = (decay * KK).tril(-1).reshape(kk, SH, m, m)
+        M[s0:s1, :, :m, :m] = (decay * QK).reshape(kk, SH, m, m)
+        wl[s0:s1, :, :m] = decay[..., -1, :].reshape(kk, SH, m)
+        gam[sl] = torch.exp(Lc).reshape(kk * m, SH)
+    return gam, A, M, wl
+
+
 def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs: bool = False):
     """Run ``cfg`` on the fused CPU engine; the same ``Result`` as the torch engine's.
 
@@ -810,7 +950,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     for i, s in enumerate(schemes):
         if s.cfg.rounding == "sr":
             keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)[1]
-    A64 = np.asarray(wl.params["A"], dtype=np.float64)
+    gdn = cfg.model.family == "gdn"
+    A64 = None if gdn else np.asarray(wl.params["A"], dtype=np.float64)
     D = wl.params.get("D")
     D64 = torch.as_tensor(D, dtype=torch.float64) if D is not None else None
     readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
@@ -831,6 +972,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         n = t1 - t0
         raw_t = expand_groups(wl.chunk(t0, t1), H)
         raw = {k: v.numpy() for k, v in raw_t.items()}
+        if gdn:
+            return prepare_gdn(t0, t1, raw_t, raw)
         dt_t = torch.from_numpy(raw["dt"]).to(torch.float32)  # (n, S, H)
         x_t = torch.from_numpy(raw["x"]).to(torch.float32)
         B_t = torch.from_numpy(raw["B"]).to(torch.float32)
@@ -856,6 +999,31 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         return {"t0": t0, "t1": t1, "x": raw["x"], "x_t": x_t, "y64": y64, "y32": y32,
                 "args": args, "next": itertools.count()}
 
+    u_master = cfg.replay.gdn_u_source == "master"
+
+    def prepare_gdn(t0: int, t1: int, raw_t: dict, raw: dict) -> dict:
+        """:func:`prepare` for Gated DeltaNet: the inputs in float64 (the truth) and float32, the
+        decays and the segments' input-only matrices (:func:`_gdn_terms`)."""
+        n = t1 - t0
+        f32 = {k: torch.from_numpy(raw[k]).to(torch.float32) for k in ("beta", "q", "k", "v")}
+        dec = decays("gdn", raw_t, {}, torch.float32, cfg.model.decay_exp)
+        gam, Am, Mm, wlast = _gdn_terms(dec["la"], f32["q"], f32["k"], L, Sq, H)
+
+        def flat(a, *tail):
+            return np.ascontiguousarray(a.reshape(n, SH, *tail))
+
+        y64 = np.empty((n, SH, P))
+        y32 = np.empty((ns, n, SH, P), dtype=np.float32)
+        args = (S64, st, rd, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
+                flat(np.exp(raw["g"])), flat(raw["beta"]), flat(raw["q"], N), flat(raw["k"], N),
+                flat(raw["v"], P), y64, flat(dec["a"].numpy()), flat(f32["beta"].numpy()),
+                flat(f32["q"].numpy(), N), flat(f32["k"].numpy(), N), flat(f32["v"].numpy(), P),
+                gam.numpy(), Am.numpy(), Mm.numpy(), wlast.numpy(), y32, t0, steps, L, floor,
+                scope_none, recip, _EL, u_master)
+        return {"t0": t0, "t1": t1, "x": None, "x_t": None, "y64": y64, "y32": y32,
+                "args": args, "next": itertools.count()}
+
+    task_fn = _task_gdn if gdn else _task
     order = task_order(codes, SH).tolist()
     ntask = len(order)
 
@@ -865,7 +1033,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         tk = time.perf_counter()
         args, cnt = w["args"], w["next"]
         while (j := next(cnt)) < ntask:  # itertools.count: one task per caller, atomic
-            _task(order[j], *args)
+            task_fn(order[j], *args)
         t_kernel.append(time.perf_counter() - tk)  # summed: the kernel's seconds, all threads
 
     def snapshot(w: dict) -> None:
