@@ -676,6 +676,7 @@ if numba is not None:
         RU = st if u_master else R
         U = np.zeros((L, V), dtype=np.float32)
         acc = np.empty(K, dtype=np.float32)
+        cv = np.empty(V, dtype=np.float32)  # per row: the sum over the segment's earlier j
         for i in range(n_steps):
             t = t0 + i
             y = y32[i, sh]
@@ -693,11 +694,14 @@ if numba is not None:
             Aj = A[seg, sh, j]
             bt = b32[i, sh]
             vt = v32[i, sh]
+            cv[:] = 0.0  # corr_p = sum_{jj < j} A[j, jj] u_jj[p], in that order (rows at once)
+            for jj in range(j):
+                ajj = Aj[jj]
+                Ujj = U[jj]
+                for p in range(V):
+                    cv[p] += ajj * Ujj[p]
             for p in range(V):
-                corr = np.float32(0.0)
-                for jj in range(j):
-                    corr += Aj[jj] * U[jj, p]
-                U[j, p] = bt * (vt[p] - g * _dot(RU[p], kt) - corr)
+                U[j, p] = bt * (vt[p] - g * _dot(RU[p], kt) - cv[p])
             if j == L - 1 or t == total - 1:  # flush: fold, output from the fold, write
                 w = wl[seg, sh]
                 i0 = i - j
@@ -719,11 +723,14 @@ if numba is not None:
                     _quant(st, rd, rf, False, 0, False, floor, scope_none, recip, base, 0, 0, el)
             else:  # output-only: the checkpoint (read copy) is only read
                 Mj = M[seg, sh, j]
+                cv[:] = 0.0
+                for jj in range(j + 1):
+                    mjj = Mj[jj]
+                    Ujj = U[jj]
+                    for p in range(V):
+                        cv[p] += mjj * Ujj[p]
                 for p in range(V):
-                    s = np.float32(0.0)
-                    for jj in range(j + 1):
-                        s += Mj[jj] * U[jj, p]
-                    y[p] = s + g * _dot(R[p], qt)
+                    y[p] = cv[p] + g * _dot(R[p], qt)
 
     @njit(cache=True, nogil=True)
     def _task_gdn(task, S64, st, rd, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
