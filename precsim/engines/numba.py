@@ -9,8 +9,11 @@ the torch engine's own float32 operations, everything that depends on the inputs
 one per (head, slot) — slot 0 the float64 truth, then one per scheme — keep their state copies in
 cache for the whole window and, per step, apply the update, the quantisation (RNE and SR,
 bit-equal to :func:`precsim.formats.quantize`, same counter-based random bits) and the output in
-one pass. The metrics are the torch engine's (:class:`precsim.metrics.Accumulator`), fed once
-per window with rows a compiled pass reduced (rel_err, the readout's normalised inputs).
+one pass. Gated DeltaNet: a ReplaySSM output depends on the checkpoint through ``u_t``, so the
+host draws only the segments' input-only matrices (:func:`_gdn_terms`) and each task evaluates
+``u_t``, the output and the fold itself (:func:`_scheme_gdn`). The metrics are the torch
+engine's (:class:`precsim.metrics.Accumulator`), fed once per window with rows a compiled pass
+reduced (rel_err, the readout's normalised inputs).
 
 Threads (``run.threads``, README "The fused numba engine"): with n > 1, n - 1 worker threads
 take the window's tasks (nogil calls) while the host prepares the next window and reduces the
