@@ -282,6 +282,37 @@ def test_threads_do_not_change_results(monkeypatch, threads):
         np.testing.assert_array_equal(a.per_step_rel_err[k], b.per_step_rel_err[k])
 
 
+def test_gdn_threads_do_not_change_results(monkeypatch):
+    """GDN on one thread and on two: the same outputs and rows bit for bit, with a scheme that
+    dies mid-run (v grows until an FP16 state overflows)."""
+    sch = {**SEED_TABLE,
+           "conventional_fp16_ieee": {"kind": "conventional", "fmt": "fp16", "overflow": "ieee"}}
+    from precsim import workload as wmod
+
+    orig = wmod.RandomWorkload.chunk
+
+    def big(self, t0, t1):
+        out = dict(orig(self, t0, t1))
+        out["v"] = out["v"] * (1.0 if t0 < 256 else 1e6)
+        return out
+
+    monkeypatch.setattr(wmod.RandomWorkload, "chunk", big)
+    res = {}
+    for t in (1, 2):
+        d = tiny_cfg("gdn", steps=512, schemes=sch, run__threads=t)
+        d["model"].update(head_dim=16, state_dim=32)
+        d["metrics"]["window"] = 128
+        res[t] = run_numba(to_config(d), progress=False, record_outputs=True)
+    a, b = res[1], res[2]
+    assert a.engine == b.engine == "numba"
+    assert a.schemes == b.schemes and a.schemes["conventional_fp16_ieee"]["dead_at"] > 256
+    for ra, rb in zip(a.rows, b.rows, strict=True):
+        for k in ra:
+            assert ra[k] == rb[k] or (ra[k] != ra[k] and rb[k] != rb[k]), (ra["scheme"], k)
+    for k in a.info["outputs"]:
+        np.testing.assert_array_equal(a.info["outputs"][k], b.info["outputs"][k])
+
+
 def test_cpu_threads_auto():
     """run.threads=auto: all cores for a single run, shared out among a joblib sweep's jobs;
     torch ops on one thread."""
