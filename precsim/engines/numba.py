@@ -600,6 +600,16 @@ if numba is not None:
         for i in range(a64.shape[0]):
             _update(S, a64[i, sh], dt64[i, sh], x64[i, sh], B64[i, sh], C64[i, sh], y64[i, sh])
 
+    @njit(cache=True, inline="always")
+    def _store(st, rd, code, key, k0, base, floor, scope_none, recip, el):
+        """Round a scheme's state after an update or a fold: the master in its format and
+        rounding (SR event key ``key``), then a split scheme's read copy from it (RNE)."""
+        _quant_in(st, code[C_FMT], code[C_RND] != 0, code[C_BITS], code[C_IEEE] != 0, floor,
+                  scope_none, recip, base, k0, np.int64(key), el)
+        if code[C_KIND] == 2:
+            _quant(st, rd, code[C_RFMT], False, 0, False, floor, scope_none, recip, base, 0, 0,
+                   el)
+
     @njit(cache=True)
     def _scheme(st, rd, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, t0,
                 total, L, floor, scope_none, recip, el):
@@ -607,11 +617,6 @@ if numba is not None:
         n_steps = a32.shape[0]
         P, N = st.shape
         kind = code[C_KIND]
-        f = code[C_FMT]
-        sr = code[C_RND] != 0
-        bits = code[C_BITS]
-        ieee = code[C_IEEE] != 0
-        rf = code[C_RFMT]
         base = np.int64(sh) * P * N
         R = rd if kind == 2 else st
         for i in range(n_steps):
@@ -619,8 +624,7 @@ if numba is not None:
             y = y32[i, sh]
             if kind == 0:
                 _update(st, a32[i, sh], dt32[i, sh], x32[i, sh], B32[i, sh], C32[i, sh], y)
-                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
-                          np.int64(keys[i]), el)
+                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
             j = t % L
             Cv = C32[i, sh]
@@ -633,10 +637,7 @@ if numba is not None:
                     for n in range(N):
                         row[n] = g * row[n] + fr[n]
                     y[p] = _dot(row, Cv)
-                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
-                          np.int64(keys[i]), el)
-                if kind == 2:
-                    _quant(st, rd, rf, False, 0, False, floor, scope_none, recip, base, 0, 0, el)
+                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
             else:  # output-only: the checkpoint (read copy) is only read
                 yb = Yb[i, sh]
                 for p in range(P):
@@ -669,11 +670,6 @@ if numba is not None:
         n_steps = a32.shape[0]
         V, K = st.shape
         kind = code[C_KIND]
-        f = code[C_FMT]
-        sr = code[C_RND] != 0
-        bits = code[C_BITS]
-        ieee = code[C_IEEE] != 0
-        rf = code[C_RFMT]
         base = np.int64(sh) * V * K
         R = rd if kind == 2 else st
         RU = st if u_master else R
@@ -688,8 +684,7 @@ if numba is not None:
             if kind == 0:
                 for p in range(V):
                     y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt)
-                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
-                          np.int64(keys[i]), el)
+                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
             j = t % L
             seg = i // L
@@ -720,10 +715,7 @@ if numba is not None:
                     for c in range(K):
                         row[c] = g * row[c] + acc[c]
                     y[p] = _dot(row, qt)
-                _quant_in(st, f, sr, bits, ieee, floor, scope_none, recip, base, k0,
-                          np.int64(keys[i]), el)
-                if kind == 2:
-                    _quant(st, rd, rf, False, 0, False, floor, scope_none, recip, base, 0, 0, el)
+                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
             else:  # output-only: the checkpoint (read copy) is only read
                 Mj = M[seg, sh, j]
                 cv[:] = 0.0
