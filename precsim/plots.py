@@ -127,7 +127,9 @@ def plot_error_vs_length(rows: list[dict], labels: dict[str, str], path: Path,
             ax.set_ylim(bottom=floor)
             for j, (c, lab, v) in enumerate(below):
                 ax.annotate(f"▼ {lab}: {v:.2g} (below the axis)", xy=(0.02, 0.02 + 0.06 * j),
-                            xycoords="axes fraction", color=c, fontsize=7.5)
+                            xycoords="axes fraction", color=c, fontsize=7.5,
+                            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
+                                  "alpha": 0.85})  # readable over a curve passing beneath
         plain_ticks(ax, y_log=not lin)
         ax.set_xlabel("decode steps (tokens)")
         ax.set_ylabel(ylabel)
