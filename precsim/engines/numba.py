@@ -842,6 +842,27 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
 # host driver
 
 
+def _segment_decays(la32, L: int, Sq: int, H: int):
+    """A window's ReplaySSM segments (L steps from its start; a shorter last one), grouped by
+    length: yields ``(s0, s1, sl, k, m, Lc, decay)`` for segments ``s0..s1`` of ``m`` steps
+    (``k`` of them, steps ``sl``), ``Lc (k, m, S, H)`` the cumulative float32 log-decays and
+    ``decay (k, S, H, m, m)`` = exp(Lc_t - Lc_j) for j <= t, 0 above (families' decay_matrices,
+    batched over the segments)."""
+    n = la32.shape[0]
+    nseg, full = -(-n // L), n // L
+    for s0, s1, m in ((0, full, L), (full, nseg, n - full * L)):
+        if s1 <= s0 or m == 0:
+            continue
+        k = s1 - s0
+        sl = slice(s0 * L, s0 * L + k * m)
+        Lc = torch.cumsum(la32[sl].reshape(k, m, Sq, H), 1)
+        Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
+        causal = torch.ones(m, m, dtype=torch.bool).tril()
+        decay = torch.exp(torch.where(causal, Lh[..., :, None] - Lh[..., None, :],
+                                      torch.tensor(float("-inf"))))
+        yield s0, s1, sl, k, m, Lc, decay
+
+
 def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
     """Input-only ReplaySSM terms of a window (torch, float32, the torch engine's operations):
     ``gam (n, SH)`` = exp(Lc_t), ``Yb (n, SH, P)`` = the buffer's part of each output and
@@ -853,21 +874,9 @@ def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
     P, N = x.shape[-1], B.shape[-1]
     gam = torch.empty((n, SH), dtype=torch.float32)
     Yb = torch.empty((n, SH, P), dtype=torch.float32)
-    nseg = -(-n // L)
-    Fb = torch.empty((nseg, SH, P, N), dtype=torch.float32)
-    full = n // L
-    for s0, s1, m in ((0, full, L), (full, nseg, n - full * L)):
-        if s1 <= s0 or m == 0:
-            continue
-        sl = slice(s0 * L, s0 * L + (s1 - s0) * m)
-        k = s1 - s0
-        d = dt32[sl].reshape(k, m, Sq, H)
-        Lc = torch.cumsum(la32[sl].reshape(k, m, Sq, H), 1)  # (k, m, S, H)
-        Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
-        D = Lh[..., :, None] - Lh[..., None, :]
-        causal = torch.ones(m, m, dtype=torch.bool).tril()
-        W = torch.exp(torch.where(causal, D, torch.tensor(float("-inf")))) \
-            * d.permute(0, 2, 3, 1)[..., None, :]
+    Fb = torch.empty((-(-n // L), SH, P, N), dtype=torch.float32)
+    for s0, s1, sl, k, m, Lc, decay in _segment_decays(la32, L, Sq, H):
+        W = decay * dt32[sl].reshape(k, m, Sq, H).permute(0, 2, 3, 1)[..., None, :]
         xs = x[sl].reshape(k, m, Sq, H, P)
         Bs = B[sl].reshape(k, m, Sq, H, N)
         Cs = C[sl].reshape(k, m, Sq, H, N)
@@ -894,17 +903,7 @@ def _gdn_terms(la32, q, k, L: int, Sq: int, H: int):
     A = torch.zeros((nseg, SH, L, L), dtype=torch.float32)
     M = torch.zeros_like(A)
     wl = torch.zeros((nseg, SH, L), dtype=torch.float32)
-    full = n // L
-    for s0, s1, m in ((0, full, L), (full, nseg, n - full * L)):
-        if s1 <= s0 or m == 0:
-            continue
-        sl = slice(s0 * L, s0 * L + (s1 - s0) * m)
-        kk = s1 - s0
-        Lc = torch.cumsum(la32[sl].reshape(kk, m, Sq, H), 1)  # (k, m, S, H)
-        Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
-        causal = torch.ones(m, m, dtype=torch.bool).tril()
-        decay = torch.exp(torch.where(causal, Lh[..., :, None] - Lh[..., None, :],
-                                      torch.tensor(float("-inf"))))
+    for s0, s1, sl, kk, m, Lc, decay in _segment_decays(la32, L, Sq, H):
         ks = k[sl].reshape(kk, m, Sq, H, Kd)
         qs = q[sl].reshape(kk, m, Sq, H, Kd)
         KK = torch.einsum("ktshc,kjshc->kshtj", ks, ks)
