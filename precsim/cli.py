@@ -32,7 +32,7 @@ def keep_freed_memory() -> None:
     block afresh and returning it when freed. A run frees and reallocates its per-window arrays
     (inputs, outputs, the KL's logits: 1-10 MB each) every window; with the defaults each one
     came back as fresh pages, and the first touch of a page costs a fault: a 32K-step run on 8
-    heads took 457,000 page faults and 0.9 s of system time, 150,000 and 0.4 s with these
+    heads took 457,000 page faults and 0.9 s of system time, 150,000 and 0.4-0.5 s with these
     (engine 4.3 -> 3.9 s on a 2-core VM). The command line owns its process, so it sets them
     here; the memory a run peaks at is unchanged, it is only not given back before the exit."""
     if not sys.platform.startswith("linux"):
