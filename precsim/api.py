@@ -114,9 +114,10 @@ def write_outputs(cfg: Config, result: Result, out: Path) -> dict:
         from .plots import plot_error_vs_length
 
         m = cfg.model
-        title = (f"{m.name}: {m.heads}×{m.head_dim}×{m.state_dim}, {cfg.workload.kind}, "
-                 f"L={cfg.replay.buffer_len}" + (f", T={cfg.replay.drafts}" if cfg.replay.drafts
-                                                 else "") + f", seed {cfg.run.seed}")
+        title = result.info.get("title") or (
+            f"{m.name}: {m.heads}×{m.head_dim}×{m.state_dim}, {cfg.workload.kind}, "
+            f"L={cfg.replay.buffer_len}" + (f", T={cfg.replay.drafts}" if cfg.replay.drafts
+                                            else "") + f", seed {cfg.run.seed}")
         labels = {n: s["label"] for n, s in result.schemes.items()}
         plot_error_vs_length(result.rows, labels, out / res.PLOT_FILE, title,
                              budget=(cfg.metrics.budget_metric, cfg.metrics.budget))

@@ -39,6 +39,10 @@ class ModelConfig:
     decay_exp: str = "exact"
     path: str | None = None  # a transformers checkpoint: whole-model mode (precsim.models)
     prompt: str | None = None  # whole-model mode: prompt text (default: precsim.models')
+    text: str | None = None  # whole-model mode: documents, a .txt (one) or .jsonl (field text)
+    ids: str | None = None  # whole-model mode: token ids, a .npy of shape (N,) or (K, N)
+    mode: str = "parallel"  # whole-model mode: parallel (one pass) | decode (token by token)
+    dtype: str | None = None  # whole-model mode: load the weights in this torch dtype
 
 
 @dataclass
@@ -221,6 +225,9 @@ def validate(cfg: Config) -> None:
         check(isinstance(v, int) and v > 0, f"model.{key}", v, "a positive integer")
     check(m.heads % m.groups == 0, "model.groups", m.groups, f"a divisor of model.heads={m.heads}")
     check_choice("model.decay_exp", m.decay_exp, DECAY_EXPS)
+    check_choice("model.mode", m.mode, ("parallel", "decode"))
+    check(m.dtype in (None, "float32", "float64", "bfloat16", "float16"), "model.dtype", m.dtype,
+          "null (the checkpoint's), float32, float64, bfloat16, float16")
     r = cfg.replay
     check(isinstance(r.buffer_len, int) and r.buffer_len > 0, "replay.buffer_len", r.buffer_len,
           "an integer >= 1")

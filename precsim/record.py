@@ -1,68 +1,83 @@
-"""``python -m precsim.record --model PATH --tokens N --out DIR``: traces from a real model.
+"""``python -m precsim.record --model PATH --out DIR``: traces of a real model's SSM layers.
 
-Writes one trace per SSM layer, ``DIR/layer_XX.npz``, plus ``DIR/record.json`` (README, "Real
-models"; the hook is :mod:`precsim.models`). User errors: one line on stderr, exit status 2.
+The document: ``--text-file F`` (a ``.txt`` file, or the first line of a ``.jsonl`` file with a
+``text`` field; needs the checkpoint's tokenizer), ``--ids-file F.npy`` (token ids), or greedy
+tokens the model generates after ``--prompt TEXT`` (default prompt without). ``--tokens N``: the
+first N tokens (default: the whole document; required with a prompt). Writes ``DIR/layer_XX/``
+per recorded layer (docs/real-models.md, "Traces") and ``DIR/record.json``. User errors: one line
+on stderr, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from .errors import PrecsimError
 
 
-def record_model(model_path, tokens: int, out, prompt: str | None = None,
-                 device: str = "cpu") -> dict:
-    """Record ``tokens`` greedy tokens of the checkpoint at ``model_path`` into ``out``;
-    returns the ``record.json`` dict."""
+def record_model(model_path, out, *, tokens: int | None = None, text_file=None, ids_file=None,
+                 prompt: str | None = None, layers: str | None = None, dtype: str = "fp32",
+                 device: str = "cpu", chunk: int = 8192, progress: bool = False) -> dict:
+    """Record the checkpoint at ``model_path`` into ``out``; returns the ``record.json`` dict."""
     import torch
 
-    from . import models
+    from .models import load, recording
 
-    if not isinstance(tokens, int) or tokens < 1:
+    if tokens is not None and (not isinstance(tokens, int) or tokens < 1):
         raise PrecsimError(f"--tokens={tokens!r} is invalid; allowed: an integer >= 1")
-    model, tok = models.load_model(model_path, device)  # one-line error without transformers
-    vocab = model.get_output_embeddings().weight.shape[0]
-    ids, source = models.prompt_ids(tok, prompt, vocab)
+    if text_file is None and ids_file is None and tokens is None:
+        raise PrecsimError("--tokens is required with a prompt (greedy tokens are generated); "
+                           "allowed: --tokens N, or --text-file / --ids-file")
+    if dtype not in recording.DTYPES:
+        raise PrecsimError(f"--dtype={dtype!r} is unknown; allowed: "
+                           f"{', '.join(recording.DTYPES)}")
+    if not isinstance(chunk, int) or chunk < 1:
+        raise PrecsimError(f"--chunk={chunk!r} is invalid; allowed: an integer >= 1")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PrecsimError(f"--device={device!r} but no CUDA device is visible; allowed: cpu")
     t0 = time.perf_counter()
-    seq, rec = models.record(model, ids, tokens)
-    wall = time.perf_counter() - t0
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    layers = []
-    for idx, _, fam in models.ssm_layers(model):
-        arrs = models.trace_arrays(rec.inputs[idx])
-        np.savez(out / f"layer_{idx:02d}.npz", **arrs)
-        layers.append({"layer": idx, "file": f"layer_{idx:02d}.npz", "family": fam,
-                       "shapes": {k: list(v.shape) for k, v in arrs.items()}})
+    model, tok = load.load_model(model_path, device)  # one-line error without transformers
+    want = recording.parse_layers(layers, model)
+    ids, source = load.documents(model, tok, n_docs=1, n_tokens=tokens, text=text_file,
+                                 ids=ids_file, prompt=prompt,
+                                 keys=("--text-file", "--ids-file"))
+    rec = recording.record_document(model, ids[0], out, want, dtype=dtype, chunk=chunk,
+                                    progress=progress)
+    n = int(ids.shape[1])
+    size = recording.trace_bytes(out)
     meta = {
         "model_class": type(model).__name__, "model_path": str(model_path),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "trace_dtype": str(np.asarray(arrs["x" if "x" in arrs else "v"]).dtype),
-        "layers": layers, "prompt": prompt, "prompt_source": source, "prompt_ids": ids,
-        "tokens": seq, "generated": tokens, "steps": len(seq),
-        "start": "zero state; every token (prompt included) fed one at a time as a decode step",
-        "wall_s": wall, "s_per_token": wall / len(seq), "torch_threads": torch.get_num_threads(),
+        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "trace_dtype": dtype, "layers": rec["layers"], "source": source, "tokens": n,
+        "steps": n, "token_ids": ids[0].tolist() if n <= 65536 else None,
+        "start": "zero state at token 0; the document in parallel chunks of "
+                 f"{chunk} tokens, the model's cache carried between them",
+        "wall_s": round(rec["wall_s"], 3), "process_s": round(time.perf_counter() - t0, 3),
+        "bytes": size, "bytes_per_token_layer": size / max(1, n * len(want)),
+        "device": device,
     }
-    (out / "record.json").write_text(json.dumps(meta, indent=1))
+    recording.write_meta(out, meta)
     return meta
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m precsim.record", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m precsim.record",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="local checkpoint directory")
-    ap.add_argument("--tokens", type=int, required=True, help="tokens to generate (>= 1)")
     ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--prompt", default=None, help="prompt text (needs a tokenizer)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--text-file", default=None, help=".txt or .jsonl document (tokenizer)")
+    src.add_argument("--ids-file", default=None, help=".npy token ids (N,) or (K, N): row 0")
+    src.add_argument("--prompt", default=None, help="prompt text; greedy tokens follow")
     ap.add_argument("--prompt-file", default=None, help="file holding the prompt text")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens to record (>= 1)")
+    ap.add_argument("--layers", default=None, help="SSM layers, e.g. 0,5 (default: all)")
+    ap.add_argument("--dtype", default="fp32", help="trace storage: fp32 (default) or bf16")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    ap.add_argument("--chunk", type=int, default=8192, help="tokens per forward pass")
     a = ap.parse_args(argv)
     try:
         prompt = a.prompt
@@ -72,12 +87,15 @@ def main(argv=None) -> int:
                 raise PrecsimError(f"--prompt-file={str(pf)!r} does not exist; allowed: a text "
                                    "file")
             prompt = pf.read_text()
-        meta = record_model(a.model, a.tokens, a.out, prompt=prompt, device=a.device)
+        meta = record_model(a.model, a.out, tokens=a.tokens, text_file=a.text_file,
+                            ids_file=a.ids_file, prompt=prompt, layers=a.layers, dtype=a.dtype,
+                            device=a.device, chunk=a.chunk, progress=sys.stderr.isatty())
     except PrecsimError as e:
         print(f"precsim.record: error: {e}", file=sys.stderr)
         return 2
     print(f"recorded {len(meta['layers'])} SSM layers of {meta['model_class']}, "
-          f"{meta['steps']} steps ({meta['prompt_source']} prompt) -> {a.out}")
+          f"{meta['tokens']:,} tokens ({meta['source']}) in {meta['wall_s']:.1f} s, "
+          f"{meta['bytes'] / 2**20:,.1f} MiB -> {a.out}")
     return 0
 
 

@@ -138,16 +138,17 @@ class TraceWorkload(Workload):
     def __init__(self, cfg: Config, device="cpu"):
         self.device = torch.device(device)
         path = Path(cfg.workload.path)
-        if path.is_dir():  # a precsim.record directory: one layer's trace
-            path = _record_layer(path, cfg.workload.layer)
-        if not path.is_file():
+        if (path / "record.json").is_file():  # a precsim.record directory: one layer's trace
+            path = record_layer(path, cfg.workload.layer)
+        if not path.exists():
             raise PrecsimError(f"workload.path={str(path)!r} does not exist; allowed: an .npz "
-                               "trace file")
+                               "trace file, a layer folder or a precsim.record directory")
         try:
             data = load_trace_arrays(path)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a user error
-            raise PrecsimError(f"workload.path={str(path)!r} is not a readable .npz file "
-                               f"({type(e).__name__})") from None
+            raise PrecsimError(f"workload.path={str(path)!r} is not a readable trace "
+                               f"({type(e).__name__}: an .npz file or a folder of .npy files)"
+                               ) from None
         self.data = validate_trace(data, where=f"trace {path.name}")
         self.family = family_of(self.data)
         self.keys = FAMILIES[self.family].KEYS
@@ -156,7 +157,7 @@ class TraceWorkload(Workload):
         m = cfg.model
         m.family = self.family
         m.heads, m.head_dim, m.state_dim = trace_dims(self.data, self.family)
-        m.groups = 1
+        m.groups = self.data["B"].shape[1] if self.family == "mamba2" else 1
         from .config import validate
 
         validate(cfg)
@@ -191,22 +192,63 @@ class TraceWorkload(Workload):
         return out
 
 
-def _record_layer(root: Path, layer: int | None) -> Path:
-    have = sorted(int(p.stem[6:]) for p in root.glob("layer_*.npz") if p.stem[6:].isdigit())
+def recorded_layers(root: Path) -> dict[int, Path]:
+    """The layer traces of a precsim.record directory: ``layer_XX/`` folders (or the older
+    ``layer_XX.npz`` files)."""
+    out = {}
+    for p in sorted(root.glob("layer_*")):
+        stem = p.name[6:].removesuffix(".npz")
+        if stem.isdigit() and (p.suffix == ".npz" or (p.is_dir() and not p.suffix)):
+            out[int(stem)] = p
+    return out
+
+
+def record_layer(root: Path, layer: int | None) -> Path:
+    have = recorded_layers(root)
     if layer is None or layer not in have:
         raise PrecsimError(f"workload.layer={layer!r} for record directory {str(root)!r}; "
-                           f"allowed: {', '.join(map(str, have)) or '(no layer_XX.npz there)'}")
-    return root / f"layer_{layer:02d}.npz"
+                           f"allowed: {', '.join(map(str, have)) or '(no layer_XX there)'}")
+    return have[layer]
+
+
+class BF16Array:
+    """A memory-mapped ``.bf16.npy`` (raw bfloat16 bits, uint16) read as float32 rows."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, bits: np.ndarray):
+        self.bits = bits
+        self.shape, self.ndim = bits.shape, bits.ndim
+
+    def __getitem__(self, idx):
+        return (np.asarray(self.bits[idx]).astype(np.uint32) << 16).view(np.float32)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self[...]
+        return a if dtype is None else a.astype(dtype)
+
+    def __len__(self):
+        return self.shape[0]
 
 
 def load_trace_arrays(path) -> dict:
-    """The arrays of a trace ``.npz``: members stored uncompressed (``np.savez``) are
-    memory-mapped (read as the run goes, never held twice); compressed members
-    (``np.savez_compressed``) are read whole. The layout that streams fastest: ``np.savez`` with
-    float32 arrays, time-major (``(T, H, ...)`` as the schema says)."""
+    """The arrays of a trace folder (memory-mapped ``.npy`` files) or ``.npz``: members
+    stored uncompressed (``np.savez``) are memory-mapped (read as the run goes, never held
+    twice); compressed members (``np.savez_compressed``) are read whole. The layout that
+    streams fastest: ``np.savez`` with float32 arrays, time-major (``(T, H, ...)`` as the schema says)."""
     import zipfile
 
     out = {}
+    if Path(path).is_dir():  # a layer folder: one .npy per input (KEY.bf16.npy: bfloat16 bits)
+        for f in sorted(Path(path).glob("*.npy")):
+            a = np.load(f, mmap_mode="r", allow_pickle=False)
+            if f.name.endswith(".bf16.npy"):
+                out[f.name[:-9]] = BF16Array(a) if a.ndim > 2 else BF16Array(a)[...]
+            else:
+                out[f.stem] = a
+        if not out:
+            raise ValueError("no .npy files")
+        return out
     with zipfile.ZipFile(path) as zf:
         for info in zf.infolist():
             name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
@@ -264,7 +306,8 @@ def validate_trace(data: dict, where: str = "trace") -> dict:
     if family == "mamba2":
         T, H = data["dt"].shape
         P, N = data["x"].shape[2], data["B"].shape[2]
-        expect = {"A": (H,), "dt": (T, H), "x": (T, H, P), "B": (T, H, N), "C": (T, H, N)}
+        G = _groups_of(data["B"], H, where, "B")
+        expect = {"A": (H,), "dt": (T, H), "x": (T, H, P), "B": (T, G, N), "C": (T, G, N)}
         if "D" in data:
             expect["D"] = (H,)
             if data["D"].ndim != 1 or not np.isfinite(data["D"]).all():
@@ -278,7 +321,8 @@ def validate_trace(data: dict, where: str = "trace") -> dict:
     else:
         T, H = data["g"].shape
         K, V = data["k"].shape[2], data["v"].shape[2]
-        expect = {"g": (T, H), "beta": (T, H), "q": (T, H, K), "k": (T, H, K), "v": (T, H, V)}
+        G = _groups_of(data["k"], H, where, "k")
+        expect = {"g": (T, H), "beta": (T, H), "q": (T, G, K), "k": (T, G, K), "v": (T, H, V)}
         if not (data["g"] <= 0).all():
             raise PrecsimError(f"{where}: g has values > 0; allowed: log-decay <= 0")
         b = data["beta"]
@@ -290,6 +334,15 @@ def validate_trace(data: dict, where: str = "trace") -> dict:
     return data
 
 
+def _groups_of(a, H: int, where: str, key: str) -> int:
+    """The group count of a grouped input ``(T, G, N)``: G divides the heads H (G = H: none)."""
+    G = a.shape[1]
+    if G < 1 or H % G:
+        raise PrecsimError(f"{where}: {key} has {G} groups (shape {tuple(a.shape)}); allowed: a "
+                           f"divisor of the {H} heads")
+    return G
+
+
 def make_workload(cfg: Config, device="cpu") -> Workload:
     """The run's input stream; ``chunk(t0, t1)`` gives float64 tensors on ``device``."""
     kind = cfg.workload.kind
@@ -299,9 +352,10 @@ def make_workload(cfg: Config, device="cpu") -> Workload:
 
 
 def expand_groups(inp: dict, heads: int) -> dict:
-    """Mamba-2's grouped ``B``/``C (m, S, G, N)`` repeated per head ``(m, S, H, N)``."""
+    """Grouped inputs (Mamba-2's ``B``/``C``, GDN's ``q``/``k``: ``(m, S, G, N)``) repeated per
+    head ``(m, S, H, N)``: head ``h`` reads group ``h // (H / G)``."""
     out = dict(inp)
-    for k in ("B", "C"):
+    for k in ("B", "C", "q", "k"):
         if k in inp and inp[k].shape[2] != heads:
             out[k] = inp[k].repeat_interleave(heads // inp[k].shape[2], dim=2)
     return out

@@ -30,7 +30,7 @@ from ..families import decays, fast_exp32, get_family
 from ..metrics import DeviceAccumulator, Readout, kl_rows
 from ..result import Result, make_result
 from ..schemes import build_schemes
-from ..workload import make_workload
+from ..workload import expand_groups, make_workload
 from .base import launch_ends, progress_bar, slow_notice
 
 NAME = "triton"
@@ -349,6 +349,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
         (``families.decays``; with ``decay_exp=fast`` ``_a32`` is the kernels' ``tl.exp``)."""
         inp = wl.chunk(a, b)
+        if family.name == "gdn":  # the GDN kernel reads q/k per head (a trace keeps key heads)
+            inp = expand_groups(inp, H)
         n = b - a
         d64 = decays(family.name, inp, params, torch.float64)  # the float32 ones round these
         la32 = d64["la"].to(torch.float32)

@@ -1,0 +1,205 @@
+"""The hook into ``transformers``' SSM mixers: every scan a mixer runs goes to a handler.
+
+The Mamba-2-family mixers call the module-level functions ``mamba2_selective_state_update``
+(one decode token) and ``mamba2_chunk_scan`` (a whole sequence or chunk), the GDN mixers
+``torch_recurrent_gated_delta_rule`` / ``torch_chunk_gated_delta_rule``. While a :class:`Hook` is
+active those names in the mixer's modeling module point to a dispatcher, and each mixer
+instance's ``forward`` is wrapped to say which layer is calling. The dispatcher turns the call's
+arguments into precsim's per-head inputs with a time axis (:class:`Step`: softplus + dt bias +
+clamping as the function applies them; GDN q/k expanded to the value heads, L2-normalised when
+the model asks, q scaled by 1/sqrt(K)) and hands them to a handler, which either runs the model's
+own function (recording, reference) or a precsim scheme.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .load import HOOKED, ssm_layers
+
+
+@dataclass
+class Step:
+    """One scan call of one SSM layer, in precsim's layout with leading ``(T, b)`` axes.
+
+    ``inp``: Mamba-2 ``dt (T,b,H)`` ``x (T,b,H,P)`` ``B``/``C (T,b,G,N)`` (per group);
+    GDN ``g``/``beta (T,b,H)`` ``q``/``k (T,b,G,K)`` (per key head) ``v (T,b,H,V)``.
+    ``const``: ``A (H,)``, ``D (H,)`` (Mamba-2; D may be absent). ``state``: the state before
+    the call ``(b, H, Dv, Dk)`` or None (zero). ``recurrent``: a one-token decode call.
+    """
+
+    layer: int
+    family: str
+    inp: dict
+    const: dict
+    state: torch.Tensor | None
+    recurrent: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(T, b)``."""
+        return tuple(self.inp["dt" if self.family == "mamba2" else "g"].shape[:2])
+
+
+Handler = Callable[[Step, Callable[[], tuple]], tuple]
+
+
+class Hook:
+    """Context manager: while active, every SSM scan of ``model`` goes to ``handler`` (settable
+    between forward calls), as ``handler(step, run_own) -> (y (T,b,H,Dv), state (b,H,Dv,Dk) or
+    None)`` where ``run_own()`` runs the model's own function and returns its ``(y, state)``.
+    ``y`` includes Mamba-2's ``D x`` skip (the function's output before the gate and norm)."""
+
+    def __init__(self, model, handler: Handler | None = None):
+        self.layers = ssm_layers(model)
+        self.handler = handler
+        self.current: tuple[int, str] | None = None
+        self._saved: list[tuple] = []
+
+    def __enter__(self):
+        mods = {}
+        for idx, mixer, fam in self.layers:
+            mods[type(mixer).__module__] = fam
+            own = mixer.forward
+
+            def fwd(*a, _own=own, _idx=idx, _fam=fam, **k):
+                self.current = (_idx, _fam)
+                try:
+                    return _own(*a, **k)
+                finally:
+                    self.current = None
+
+            self._saved.append((mixer, "forward", None))
+            mixer.forward = fwd
+        for modname, fam in mods.items():
+            mod = sys.modules[modname]
+            for name, recurrent in zip(HOOKED[fam], (True, False), strict=True):
+                orig = getattr(mod, name)
+                self._saved.append((mod, name, orig))
+                setattr(mod, name, self._dispatcher(orig, fam, recurrent, mod))
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, orig in reversed(self._saved):
+            if orig is None:
+                del obj.__dict__[name]  # the instance attribute: forward reverts to the class's
+            else:
+                setattr(obj, name, orig)
+        self._saved.clear()
+        return False
+
+    def _dispatcher(self, orig, fam: str, recurrent: bool, mod):
+        sig = inspect.signature(orig)
+        l2norm = getattr(mod, "l2norm", None)
+
+        def dispatch(*args, **kwargs):
+            if self.current is None or self.handler is None:
+                return orig(*args, **kwargs)
+            b = sig.bind(*args, **kwargs)
+            b.apply_defaults()
+            a = dict(b.arguments)
+            a.update(a.pop("kwargs", {}) or {})
+            layer = self.current[0]
+            step = (mamba2_step if fam == "mamba2" else gdn_step)(a, recurrent, layer, l2norm)
+            own: list = []  # [raw result, parsed y] once the model's own function ran
+
+            def run_own():
+                raw = orig(*args, **kwargs)
+                y, state = _parse(fam, recurrent, a, raw)
+                own[:] = [raw, y]
+                return y, state
+
+            y, state = self.handler(step, run_own)
+            if own and y is own[1]:  # passed through untouched: the model's own return value
+                return own[0]
+            return _build(fam, recurrent, a, y, state)
+
+        return dispatch
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def mamba2_step(a: dict, recurrent: bool, layer: int, _l2norm=None) -> Step:
+    """The per-head inputs the Mamba-2 function is about to use (its own dt arithmetic)."""
+    bias, D = a.get("dt_bias"), a.get("D")
+    if recurrent:  # state (b,H,P,N), hidden_states (b,H,P), dt (b,H,P), A (H,P,N), B/C (b,G,N)
+        x, dt, A = a["hidden_states"][None], a["dt"][None, :, :, 0], a["A"][:, 0, 0]
+        bias, D = (None if t is None else t[:, 0] for t in (bias, D))
+        Bg, Cg = a["B"][None], a["C"][None]
+        state = a["state"]
+    else:  # hidden_states (b,l,H,P), dt (b,l,H), A (H,), B/C (b,l,G,N), initial_states (b,H,P,N)
+        x, dt, A = a["hidden_states"].transpose(0, 1), a["dt"].transpose(0, 1), a["A"]
+        Bg, Cg = a["B"].transpose(0, 1), a["C"].transpose(0, 1)
+        state = a.get("initial_states")
+    if bias is not None:
+        dt = dt + bias.to(dt.dtype)
+    if a.get("dt_softplus"):
+        dt = F.softplus(dt)
+    if not recurrent:  # the chunked function also clamps dt to dt_limit
+        lim = a.get("dt_limit", (0.0, float("inf")))
+        dt = torch.clamp(dt, min=lim[0], max=lim[1])
+    inp = {"dt": _wide(dt), "x": _wide(x), "B": _wide(Bg), "C": _wide(Cg)}
+    const = {"A": _wide(A.detach())}
+    if D is not None:
+        const["D"] = D.detach().to(inp["x"].dtype)
+    return Step(layer, "mamba2", inp, const, None if state is None else state.clone(),
+                recurrent)
+
+
+def gdn_step(a: dict, recurrent: bool, layer: int, l2norm) -> Step:
+    """GDN inputs as the function uses them: float32 (float64 under a float64 model), q/k per
+    key head (a value head reads key head ``h // (Hv/Hk)``, as B/C's groups in Mamba-2; expanded
+    by ``workload.expand_groups``), L2-normalised when the model asks, q scaled by 1/sqrt(K).
+    State ``(b, H, V, K)`` (transformers keeps ``(b, H, K, V)``)."""
+    q, k, v = a["query"], a["key"], a["value"]
+    wide = torch.float64 if v.dtype == torch.float64 else torch.float32
+    q, k, v = (t.transpose(0, 1).to(wide) for t in (q, k, v))  # q/k per key head (group)
+    if a.get("use_qk_l2norm_in_kernel"):
+        norm = l2norm or (lambda x, dim, eps: x * torch.rsqrt((x * x).sum(dim, True) + eps))
+        q, k = norm(q, dim=-1, eps=1e-6), norm(k, dim=-1, eps=1e-6)
+    q = q / (q.shape[-1] ** 0.5)
+    inp = {"g": a["g"].transpose(0, 1).to(wide), "beta": a["beta"].transpose(0, 1).to(wide),
+           "q": q, "k": k, "v": v}
+    st = a.get("initial_state")
+    state = st.transpose(-1, -2).to(wide).clone() if st is not None else None
+    return Step(layer, "gdn", inp, {}, state, recurrent)
+
+
+def _parse(fam: str, recurrent: bool, a: dict, raw) -> tuple:
+    """The model's own ``(y (T,b,H,Dv), state (b,H,Dv,Dk) or None)`` from its return value."""
+    if fam == "mamba2":
+        if recurrent:
+            return raw[None], a["state"].clone()
+        if isinstance(raw, tuple):
+            return raw[0].transpose(0, 1), raw[1]
+        return raw.transpose(0, 1), None
+    out, st = raw
+    return out.transpose(0, 1), (st.transpose(-1, -2) if st is not None else None)
+
+
+def _build(fam: str, recurrent: bool, a: dict, y: torch.Tensor, state):
+    """The function's return value (and in-place cache update) from a handler's (y, state)."""
+    if fam == "mamba2":
+        if recurrent:
+            a["state"].copy_(state.to(a["state"].dtype))
+            out = y[0]
+            if a.get("z") is not None:
+                out = out * F.silu(a["z"])
+            return out.to(a["hidden_states"].dtype)
+        out = y.transpose(0, 1).to(torch.float64 if a["hidden_states"].dtype == torch.float64
+                                   else torch.float32)
+        if a.get("return_final_states"):
+            return out, state.to(out.dtype)
+        return out
+    out = y.transpose(0, 1).to(a["query"].dtype)
+    st = state.transpose(-1, -2).float() if a.get("output_final_state") and state is not None \
+        else None
+    return out, st

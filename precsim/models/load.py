@@ -1,0 +1,269 @@
+"""Loading a checkpoint, finding its SSM layers, and the documents a run evaluates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import PrecsimError
+
+# mixer class name -> family; model class name -> family (all tested, tests/app/test_models.py)
+MIXERS = {
+    "Mamba2Mixer": "mamba2", "NemotronHMamba2Mixer": "mamba2", "BambaMixer": "mamba2",
+    "FalconH1Mixer": "mamba2", "Zamba2MambaMixer": "mamba2", "GraniteMoeHybridMambaLayer": "mamba2",
+    "Qwen3NextGatedDeltaNet": "gdn", "Qwen3_5GatedDeltaNet": "gdn",
+    "Qwen3_5MoeGatedDeltaNet": "gdn",
+}
+ARCHITECTURES = {
+    "Mamba2ForCausalLM": "mamba2", "NemotronHForCausalLM": "mamba2", "BambaForCausalLM": "mamba2",
+    "FalconH1ForCausalLM": "mamba2", "Zamba2ForCausalLM": "mamba2",
+    "GraniteMoeHybridForCausalLM": "mamba2",
+    "Qwen3NextForCausalLM": "gdn", "Qwen3_5ForCausalLM": "gdn", "Qwen3_5MoeForCausalLM": "gdn",
+}
+HOOKED = {"mamba2": ("mamba2_selective_state_update", "mamba2_chunk_scan"),
+          "gdn": ("torch_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule")}
+# the transformers releases CI tests (the lower bound and the latest); pyproject declares them
+TRANSFORMERS_RANGE = ((5, 17), (6, 0))
+# prompt ids used when the checkpoint has no tokenizer (and no ids are given)
+FIXED_PROMPT_IDS = [1, 7, 3, 11, 5, 2, 13, 4]
+DEFAULT_PROMPT = "The recurrent state of a state space model"
+
+
+def installed_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
+def require_transformers():
+    """``transformers``, of a release in :data:`TRANSFORMERS_RANGE` (one-line error if not)."""
+    try:
+        import transformers
+    except ImportError:
+        raise PrecsimError("model.path needs the optional dependency transformers; allowed: "
+                           "pip install 'precsim[models]'") from None
+    lo, hi = TRANSFORMERS_RANGE
+    version = installed_version()
+    have = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if not lo <= have < hi:
+        raise PrecsimError(f"transformers {version} is unsupported; allowed: "
+                           f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} (pip install "
+                           "'precsim[models]')")
+    return transformers
+
+
+def load_model(path, device: str = "cpu", dtype: str | None = None):
+    """Load a local causal-LM checkpoint; one-line PrecsimError for a missing path, an
+    unsupported class, a checkpoint without SSM layers or one that does not fit the device.
+    Returns ``(model, tokenizer|None)``."""
+    tf = require_transformers()
+    tf.utils.logging.disable_progress_bar()  # stderr stays for one-line errors
+    tf.utils.logging.set_verbosity_error()  # (the "falling back to PyTorch" notices included)
+    p = Path(path)
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise PrecsimError(f"model path {str(p)!r} is not a checkpoint directory (no "
+                           "config.json); allowed: a local save_pretrained directory")
+    try:
+        config = tf.AutoConfig.from_pretrained(p)
+    except Exception as e:  # noqa: BLE001 - any unreadable config is a user error
+        raise PrecsimError(f"model path {str(p)!r}: config.json is unreadable "
+                           f"({type(e).__name__})") from None
+    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    if arch not in ARCHITECTURES or not hasattr(tf, arch):
+        raise PrecsimError(f"model class {arch!r} (from {str(p)!r}) is unsupported; allowed: "
+                           f"{', '.join(a for a in ARCHITECTURES if hasattr(tf, a))}")
+    kw = {"dtype": getattr(torch, dtype)} if dtype else {}
+    try:
+        model = getattr(tf, arch).from_pretrained(p, **kw).to(device).eval()
+    except torch.OutOfMemoryError:
+        need = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+        raise PrecsimError(f"model {str(p)!r} ({need / 2**30:.1f} GiB of weights) does not fit "
+                           f"on {device}; allowed: a device with room for it") from None
+    if not ssm_layers(model):
+        raise PrecsimError(f"model class {arch!r} at {str(p)!r} has no SSM layers (layer types "
+                           f"{getattr(config, 'layer_types', '?')}); allowed: a checkpoint with "
+                           "Mamba-2 or GatedDeltaNet layers")
+    tok = None
+    if any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                       "tokenizer.model")):
+        try:
+            tok = tf.AutoTokenizer.from_pretrained(p)
+        except Exception:  # noqa: BLE001 - a broken tokenizer: fall back to fixed ids
+            tok = None
+    return model, tok
+
+
+def ssm_layers(model) -> list[tuple[int, torch.nn.Module, str]]:
+    """``(layer index, mixer, family)`` of every SSM layer, in model order."""
+    out = []
+    for mod in model.modules():
+        fam = MIXERS.get(type(mod).__name__)
+        if fam is not None:
+            out.append((int(getattr(mod, "layer_idx", len(out))), mod, fam))
+    return out
+
+
+def vocab_size(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def prompt_ids(tokenizer, prompt: str | None, vocab: int) -> tuple[list[int], str]:
+    """Prompt token ids and where they came from (``tokenizer`` or ``fixed ids``)."""
+    if tokenizer is not None:
+        ids = tokenizer(prompt or DEFAULT_PROMPT)["input_ids"]
+        if ids:
+            return [int(i) for i in ids], "tokenizer"
+    if prompt:
+        raise PrecsimError(f"prompt {prompt!r} given but the checkpoint has no tokenizer; "
+                           "allowed: omit the prompt (fixed ids are used)")
+    return [i % vocab for i in FIXED_PROMPT_IDS], "fixed ids"
+
+
+# ---------------------------------------------------------------------------------------------
+# documents
+
+
+def read_texts(path, key: str) -> list[str]:
+    """Documents of a ``.txt`` file (one) or a ``.jsonl`` file (one per line, field ``text``)."""
+    p = Path(path)
+    if not p.is_file():
+        raise PrecsimError(f"{key}={str(p)!r} does not exist; allowed: a .txt file (one "
+                           "document) or a .jsonl file (one document per line, field 'text')")
+    raw = p.read_text(encoding="utf-8", errors="replace")
+    if p.suffix == ".jsonl":
+        docs = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+                if not isinstance(text, str):
+                    raise TypeError
+            except (ValueError, KeyError, TypeError):
+                raise PrecsimError(f"{key}={str(p)!r} line {n} is not a JSON object with a "
+                                   "string field 'text'; allowed: one such object per line"
+                                   ) from None
+            docs.append(text)
+    else:
+        docs = [raw]
+    if not any(d.strip() for d in docs):
+        raise PrecsimError(f"{key}={str(p)!r} holds no text; allowed: a non-empty document")
+    return docs
+
+
+def read_ids(path, key: str, vocab: int) -> np.ndarray:
+    """Token ids of a ``.npy`` file: ``(N,)`` one document or ``(K, N)`` K documents."""
+    p = Path(path)
+    try:
+        a = np.load(p, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise PrecsimError(f"{key}={str(p)!r} is not a readable .npy file "
+                           f"({type(e).__name__}); allowed: integer token ids (N,) or (K, N)"
+                           ) from None
+    if a.ndim not in (1, 2) or not np.issubdtype(a.dtype, np.integer) or a.size == 0:
+        raise PrecsimError(f"{key}={str(p)!r} holds {a.dtype} of shape {a.shape}; allowed: "
+                           "integer token ids of shape (N,) or (K, N)")
+    if a.min() < 0 or a.max() >= vocab:
+        raise PrecsimError(f"{key}={str(p)!r} has ids {a.min()}..{a.max()}; allowed: "
+                           f"0..{vocab - 1} (the model's vocabulary)")
+    return a.reshape(-1, a.shape[-1]).astype(np.int64)
+
+
+def documents(model, tok, *, n_docs: int, n_tokens: int | None, text=None, ids=None,
+              prompt=None, keys: tuple[str, str] = ("model.text", "model.ids")
+              ) -> tuple[np.ndarray, str]:
+    """``(ids (K, N), source)``: the first ``n_tokens`` tokens (None: the shortest document's
+    length) of ``n_docs`` documents, from ``text`` (needs a tokenizer), ``ids``, or else greedy
+    tokens the model generates after the prompt (one document)."""
+    vocab = vocab_size(model)
+    kt, ki = keys
+    if text is not None and ids is not None:
+        raise PrecsimError(f"{kt} and {ki} both given; allowed: one of them")
+    if ids is not None:
+        docs, source = list(read_ids(ids, ki, vocab)), f"ids {Path(ids).name}"
+    elif text is not None:
+        texts = read_texts(text, kt)
+        if tok is None:
+            raise PrecsimError(f"{kt}={str(text)!r} needs the checkpoint's tokenizer, and "
+                               f"it has none; allowed: {ki}=FILE.npy (token ids)")
+        docs = [np.asarray(tok(t)["input_ids"], dtype=np.int64) for t in texts]
+        source = f"text {Path(text).name}"
+    else:
+        if n_docs != 1:
+            raise PrecsimError(f"run.seqs={n_docs} without {kt} or {ki}; allowed: "
+                               "1 (greedy tokens of the model) or a text/ids file")
+        p_ids, src = prompt_ids(tok, prompt, vocab)
+        n = n_tokens or len(p_ids) + 64
+        return generate(model, p_ids, n)[None], f"greedy after a {len(p_ids)}-token prompt " \
+            f"({src})"
+    if len(docs) < n_docs:
+        raise PrecsimError(f"run.seqs={n_docs} but {source} holds {len(docs)} document(s); "
+                           f"allowed: 1..{len(docs)}")
+    docs = docs[:n_docs]
+    short = min(range(n_docs), key=lambda i: len(docs[i]))
+    if n_tokens is None:
+        n_tokens = len(docs[short])
+    if len(docs[short]) < n_tokens:
+        raise PrecsimError(f"document {short} of {source} has {len(docs[short])} tokens, fewer "
+                           f"than run.steps={n_tokens}; allowed: run.steps <= "
+                           f"{len(docs[short])} or a longer document")
+    return np.stack([d[:n_tokens] for d in docs]), source
+
+
+def generate(model, prompt: list[int], n: int) -> np.ndarray:
+    """``n`` tokens: the prompt (cut to ``n``) then the model's own greedy continuation."""
+    from ..engines.base import slow_notice
+
+    dev = next(model.parameters()).device
+    ids = torch.tensor([prompt[:n]], device=dev)
+    if ids.shape[1] < n:
+        with torch.no_grad(), slow_notice(f"generating {n - ids.shape[1]} greedy tokens (give "
+                                          "model.text or model.ids to skip this)"):
+            ids = model.generate(ids, max_new_tokens=n - ids.shape[1],
+                                 min_new_tokens=n - ids.shape[1], do_sample=False,
+                                 pad_token_id=0)
+    return ids[0].cpu().numpy().astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# the output head
+
+
+def base_and_head(model):
+    """``(backbone, head)``: the model without its output head, and ``h -> logits``.
+
+    The head is the model's output embedding times the scale the model applies to it (found
+    once on a few tokens, against the model's own logits; some families multiply or divide the
+    logits by a constant)."""
+    base = model.base_model
+    lm = model.get_output_embeddings()
+    dev = next(model.parameters()).device
+    ids = torch.arange(1, 5, device=dev)[None] % vocab_size(model)
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits.double()
+        ours = lm(base(input_ids=ids, use_cache=False).last_hidden_state).double()
+    scale = float((ref * ours).sum() / (ours * ours).sum()) if bool(ours.any()) else 1.0
+    if not torch.allclose(ours * scale, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max())):
+        raise PrecsimError(f"{type(model).__name__}: the output head is not a scaled linear map "
+                           "of the backbone's last hidden state; allowed: "
+                           f"{', '.join(ARCHITECTURES)}")
+    if abs(scale - 1.0) < 1e-6:
+        return base, lm
+    return base, lambda h: lm(h) * scale
+
+
+def cache_io(model) -> tuple[str, str]:
+    """The keyword a model's forward takes its cache by, and its output's attribute holding it
+    (``cache`` in recent transformers releases, ``cache_params`` or ``past_key_values`` before)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "cache_params", "past_key_values"):
+        if name in params:
+            return name, name
+    raise PrecsimError(f"{type(model).__name__}.forward takes no cache argument; allowed: "
+                       f"{', '.join(ARCHITECTURES)} of transformers "
+                       f">={TRANSFORMERS_RANGE[0][0]}.{TRANSFORMERS_RANGE[0][1]}")

@@ -1,0 +1,159 @@
+"""Traces of a real model's SSM layers over a whole document (``python -m precsim.record``).
+
+The document goes through the model in chunks of positions, each one parallel forward pass that
+carries the model's own cache (conv and recurrent states) to the next, so memory is bounded by
+the chunk, not the document. Every recorded layer's scan inputs stream to disk as they come: one
+folder per layer, ``layer_XX/``, one ``.npy`` per input (``KEY.npy`` float32, or ``KEY.bf16.npy``
+raw bfloat16 bits under ``--dtype bf16``), B/C (Mamba-2) and q/k (GDN) per group, not per head.
+A layer's folder is written under a ``.partial`` name and renamed when complete; ``record.json``
+is written last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import PrecsimError
+from .hook import Hook
+from .load import cache_io, ssm_layers
+
+DTYPES = ("fp32", "bf16")
+
+
+def _to_disk(t: torch.Tensor, dtype: str) -> np.ndarray:
+    if dtype == "bf16":
+        return t.to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
+    return t.to(torch.float32).cpu().numpy()
+
+
+class _Writer:
+    """One layer's trace files, filled chunk by chunk (memory-mapped ``.npy``)."""
+
+    def __init__(self, folder: Path, n: int, dtype: str):
+        self.folder, self.n, self.dtype = folder, n, dtype
+        self.arrays: dict[str, np.ndarray] = {}
+        self.pos = 0
+
+    def write(self, step) -> None:
+        T = step.shape[0]
+        if self.pos + T > self.n:
+            raise PrecsimError(f"layer {step.layer}: {self.pos + T} tokens recorded, more than "
+                               f"the document's {self.n}")
+        for k, v in step.inp.items():
+            rows = _to_disk(v[:, 0], self.dtype)  # (T, ...): batch row 0
+            if k not in self.arrays:
+                name = f"{k}.bf16.npy" if self.dtype == "bf16" else f"{k}.npy"
+                self.arrays[k] = np.lib.format.open_memmap(
+                    self.folder / name, mode="w+", dtype=rows.dtype,
+                    shape=(self.n, *rows.shape[1:]))
+            self.arrays[k][self.pos:self.pos + T] = rows
+        if self.pos == 0:
+            for k, v in step.const.items():
+                np.save(self.folder / f"{k}.npy", v.detach().cpu().numpy().astype(np.float32))
+        self.pos += T
+
+    def close(self) -> dict:
+        for a in self.arrays.values():
+            a.flush()
+        shapes = {k: list(a.shape) for k, a in self.arrays.items()}
+        self.arrays.clear()
+        return shapes
+
+
+class _Recorder:
+    """Hook handler: runs the model's own scan and streams the chosen layers' inputs."""
+
+    def __init__(self, writers: dict[int, _Writer]):
+        self.writers = writers
+
+    def __call__(self, step, run_own):
+        y, state = run_own()
+        w = self.writers.get(step.layer)
+        if w is not None:
+            w.write(step)
+        return y, state
+
+
+def parse_layers(spec: str | None, model) -> list[int]:
+    """``--layers 0,5,...`` (None: every SSM layer); one-line error for a non-SSM layer."""
+    have = [idx for idx, _, _ in ssm_layers(model)]
+    if spec is None or str(spec).strip() in ("", "all"):
+        return have
+    try:
+        want = [int(x) for x in str(spec).split(",") if x.strip()]
+    except ValueError:
+        raise PrecsimError(f"--layers={spec!r} is invalid; allowed: comma-separated SSM layer "
+                           f"indices of {', '.join(map(str, have))}") from None
+    bad = [i for i in want if i not in have]
+    if bad or not want:
+        raise PrecsimError(f"--layers={spec!r} names {bad or 'nothing'}, not SSM layers of "
+                           f"{type(model).__name__}; allowed: {', '.join(map(str, have))}")
+    return sorted(set(want))
+
+
+def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str = "fp32",
+                    chunk: int = 8192, progress: bool = False) -> dict:
+    """Record the SSM layers ``layers`` of ``model`` over the token ids ``ids (N,)`` into
+    ``out``; returns ``{layer: {"file", "shapes"}}`` and the wall time."""
+    if dtype not in DTYPES:
+        raise PrecsimError(f"--dtype={dtype!r} is unknown; allowed: {', '.join(DTYPES)}")
+    from ..engines.base import progress_bar  # noqa: F401 - tqdm below, as the runs use it
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    n = int(ids.shape[-1])
+    fam = {idx: f for idx, _, f in ssm_layers(model)}
+    writers = {}
+    for layer in layers:
+        part = out / f"layer_{layer:02d}.partial"
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir()
+        writers[layer] = _Writer(part, n, dtype)
+    dev = next(model.parameters()).device
+    base = model.base_model
+    kw, attr = cache_io(base)
+    cache = None
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, unit="tok", desc="recording", leave=False)
+    t0 = time.perf_counter()
+    with torch.no_grad(), Hook(model, _Recorder(writers)):
+        for c0 in range(0, n, chunk):
+            x = torch.as_tensor(ids[None, c0:c0 + chunk], device=dev)
+            o = base(input_ids=x, use_cache=True, **({kw: cache} if cache is not None else {}))
+            cache = getattr(o, attr)
+            if bar is not None:
+                bar.update(x.shape[1])
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    if bar is not None:
+        bar.close()
+    layers_meta = []
+    for layer, w in writers.items():
+        shapes = w.close()
+        final = out / f"layer_{layer:02d}"
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(w.folder, final)
+        layers_meta.append({"layer": layer, "file": final.name, "family": fam[layer],
+                            "shapes": shapes})
+    return {"layers": layers_meta, "wall_s": time.perf_counter() - t0}
+
+
+def trace_bytes(out) -> int:
+    """Bytes of every layer folder under ``out``."""
+    return sum(f.stat().st_size for f in Path(out).glob("layer_*/*.npy"))
+
+
+def write_meta(out, meta: dict) -> None:
+    tmp = Path(out) / "record.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, Path(out) / "record.json")

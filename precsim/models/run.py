@@ -1,0 +1,116 @@
+"""``experiment=model_kl``: the whole-model study on a real checkpoint (docs/real-models.md).
+
+The reference (a float64 state in every SSM layer: the layer-level simulator's truth) and every
+scheme of the config run the checkpoint teacher-forced on the same documents; per token, the KL
+of the scheme's next-token distribution from the reference's, the top-1 agreement, the logits'
+relative error, and per layer the state drift. ``model.mode=parallel`` (default) runs one
+forward pass over the documents; ``model.mode=decode`` runs them token by token (the reference
+parallel mode is tested against).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..errors import PrecsimError
+from .load import documents, load_model, ssm_layers
+from .metrics import first_flips, window_rows
+from .scan import REFERENCE, Group
+
+MODES = ("parallel", "decode")
+
+
+def backend_for(cfg, device: str) -> str:
+    """The scan backend ``run.engine`` means in whole-model mode: ``triton`` on CUDA when the
+    kernels cover the config (``auto``), else ``torch``."""
+    eng = cfg.run.engine
+    if eng in ("numpy", "numba"):
+        raise PrecsimError(f"run.engine={eng!r} with model.path; allowed: auto, torch, triton")
+    if eng == "torch" or (eng == "auto" and device != "cuda"):
+        return "torch"
+    from ..engines import triton as tri
+
+    why = tri.supports(cfg, device) if device == "cuda" else "no CUDA device"
+    if why is None:
+        return "triton"
+    if eng == "triton":
+        raise PrecsimError(f"run.engine='triton' with model.path: {why}; allowed: auto, torch")
+    return "torch"
+
+
+def layer_shape(model) -> tuple[str, int, int, int]:
+    """``(family, heads, Dv, Dk)`` of the model's first SSM layer."""
+    _, mixer, fam = ssm_layers(model)[0]
+    if fam == "mamba2":
+        return fam, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
+    return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
+
+
+def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
+    """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
+    rows have the layer-level columns (of the model's own logits)."""
+    from ..engines.base import progress_bar
+    from ..result import make_result
+
+    t_start = time.perf_counter()
+    m = cfg.model
+    if m.mode not in MODES:
+        raise PrecsimError(f"model.mode={m.mode!r} is unknown; allowed: {', '.join(MODES)}")
+    if cfg.replay.drafts:
+        raise PrecsimError(f"replay.drafts={cfg.replay.drafts} with model.path; allowed: 0 "
+                           "(whole-model mode decodes one token per step)")
+    dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
+    dev = "cpu" if dev == "auto" else dev
+    backend = backend_for(cfg, dev) if m.mode == "parallel" else "torch"
+    model, tok = load_model(m.path, dev, m.dtype)
+    mdtype = next(model.parameters()).dtype
+    compute = torch.float64 if (cfg.run.compute_dtype == "fp64" or mdtype == torch.float64) \
+        else torch.float32
+    if backend == "triton" and compute != torch.float32:
+        backend = "torch"
+    ids, source = documents(model, tok, n_docs=cfg.run.seqs, n_tokens=cfg.run.steps,
+                            text=m.text, ids=m.ids, prompt=m.prompt)
+    K, N = ids.shape
+    layers = [idx for idx, _, _ in ssm_layers(model)]
+    shape = layer_shape(model)
+    m.family, m.heads, m.head_dim, m.state_dim = shape  # the cost model's per-head bytes
+    groups = [Group("reference", REFERENCE, reference=True),
+              *(Group(n, s) for n, s in cfg.schemes.items())]
+    bar = progress_bar(cfg, progress)
+    t_run = time.perf_counter()
+    if m.mode == "parallel":
+        from .parallel import run_parallel
+
+        if bar is not None:
+            bar.reset(total=len(layers))
+            bar.set_description("SSM layers")
+        tok_m = run_parallel(model, ids, groups, cfg, compute, backend, bar)
+    else:
+        from .decode import run_decode
+
+        if bar is not None:
+            bar.reset(total=N)
+        tok_m = run_decode(model, ids, groups, cfg, compute, bar)
+    run_s = time.perf_counter() - t_run
+    if bar is not None:
+        bar.close()
+    rows = window_rows(tok_m, groups, cfg.metrics.window, N)
+    per_step = {}
+    for g in groups[1:]:
+        for key in ("rel", "kl", "top1"):
+            per_step[g.name if key == "rel" else f"{g.name}:{key}"] = tok_m[g.name][key].T
+    name = type(model).__name__
+    info = {"workload": "model", "model_path": str(m.path), "model_class": name,
+            "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
+            "scan_backend": backend, "ssm_layers": layers, "layers": model.config.num_hidden_layers,
+            "documents": K, "tokens": N, "source": source, "model_s": round(run_s, 3),
+            "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in groups[1:]},
+            "title": f"{name} ({model.config.num_hidden_layers} layers, {len(layers)} SSM), "
+                     f"{N:,} tokens x {K} doc{'s' if K > 1 else ''}, {m.mode}, "
+                     f"L={cfg.replay.buffer_len}"}
+    return make_result(cfg, None, {g.name: g.dead_at for g in groups[1:]},
+                       engine=f"model/{backend}", device=dev, t_start=t_start, info=info,
+                       rows=rows, per_step=per_step, steps=N)
+

@@ -1,0 +1,133 @@
+"""One SSM layer's recurrence over a whole sequence, under every scheme at once.
+
+In whole-model mode the model's batch holds one group of rows per run: the reference (a float64
+state, the layer-level simulator's truth) and each scheme, ``K`` documents each. When a layer's
+mixer scans the sequence, :func:`scan` advances every group's state over it, segment by segment
+(ReplaySSM segments of ``replay.buffer_len`` tokens from token 0; a conventional scheme steps and
+rounds every token), and returns every row's outputs. A segment left incomplete at the end is
+not flushed (as in decode mode, which cannot know the run ends there).
+
+Backends: ``torch`` (the torch engine's scheme code, CPU or CUDA, any dtype) and ``triton`` (the
+fused kernels of :mod:`precsim.kernels`, CUDA, float32 schemes; one launch per group and window,
+the reference in the kernels' float64 truth slot).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..config import Config, SchemeConfig
+from ..families import decays, family_params, get_family
+from ..workload import expand_groups
+
+REFERENCE = SchemeConfig(kind="shared", fmt="fp64")  # the truth: exact up to float64 rounding
+
+
+@dataclass
+class Group:
+    """One run of the model's batch: rows ``[index*K, (index+1)*K)``."""
+
+    name: str
+    cfg: SchemeConfig
+    reference: bool = False
+    dead_at: int | None = None  # first token (1-based) of a non-finite output, any layer
+    # layer -> [(token, per-document state drift (K,), read drift (K,) or None)]
+    drift: dict = field(default_factory=dict)
+
+
+def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
+    """Per-row relative L2 distance ``||a - ref|| / ||ref||`` (float64)."""
+    a, ref = a.reshape(a.shape[0], -1).double(), ref.reshape(ref.shape[0], -1).double()
+    rn = torch.linalg.vector_norm(ref, dim=1)
+    d = torch.linalg.vector_norm(a - ref, dim=1)
+    out = torch.where(rn > 0, d / torch.where(rn > 0, rn, 1.0),
+                      torch.where(d > 0, math.inf, 0.0))
+    return out.cpu().numpy()
+
+
+def drift_due(pos: int, m: int, L: int, window: int) -> bool:
+    """Whether the drift is sampled after the full segment ``[pos, pos+m)``: the segment ends a
+    flush and crosses a multiple of the metrics window."""
+    return m == L and (pos + m) // window > pos // window
+
+
+def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
+         backend: str = "torch") -> torch.Tensor:
+    """Outputs ``(T, len(groups)*K, H, Dv)`` of one layer's scan ``step`` (``hook.Step``) under
+    every group; records the state drift against the reference group into ``group.drift``."""
+    if backend == "triton":
+        from .scan_triton import scan_triton
+
+        return scan_triton(step, groups, K, cfg)
+    return _scan_torch(step, groups, K, cfg, compute)
+
+
+def _schemes(step, groups, K, cfg, compute, dev):
+    from ..engines.base import buffer_rounder
+    from ..schemes import SCHEMES, format_options
+
+    fam = get_family(step.family)
+    H = step.inp["dt" if step.family == "mamba2" else "g"].shape[2]
+    Dv = step.inp["x" if step.family == "mamba2" else "v"].shape[-1]
+    Dk = step.inp["B" if step.family == "mamba2" else "k"].shape[-1]
+    out = []
+    for g in groups:
+        s = SCHEMES[g.cfg.kind](name=f"{g.name}@layer{step.layer}", cfg=g.cfg, seed=cfg.run.seed,
+                                fmt_options=format_options(cfg),
+                                tensor_scope=cfg.formats.tensor_scope)
+        dt = torch.float64 if g.reference else compute
+        s.init((K, H, Dv, Dk), dev, dt)
+        br = (lambda x: x) if g.reference else buffer_rounder(  # noqa: E731
+            cfg.replay.buffer_dtype, 64 if dt == torch.float64 else 32)
+        out.append((s, dt, br, family_params(fam.name, step.const, dev, dt)))
+    return fam, H, out
+
+
+def _scan_torch(step, groups, K, cfg, compute) -> torch.Tensor:
+    T, b = step.shape
+    dev = step.inp["x" if step.family == "mamba2" else "v"].device
+    fam, H, runs = _schemes(step, groups, K, cfg, compute, dev)
+    p64 = family_params(fam.name, step.const, dev, torch.float64)
+    D = step.const.get("D")
+    L, W = cfg.replay.buffer_len, cfg.metrics.window
+    u_master = cfg.replay.gdn_u_source == "master"
+    ys = []
+    for pos in range(0, T, L):
+        m = min(L, T - pos)
+        full = m == L
+        seg64 = expand_groups({k: v[pos:pos + m].double() for k, v in step.inp.items()}, H)
+        out = []
+        for gi, (g, (s, dt, br, pc)) in enumerate(zip(groups, runs, strict=True)):
+            i64 = {k: v[:, gi * K:(gi + 1) * K] for k, v in seg64.items()}
+            inp = {k: v.to(dt) for k, v in i64.items()}
+            inp.update(decays(fam.name, i64, p64, dt, cfg.model.decay_exp))
+            if s.dead_at is not None:
+                out.append(torch.full(inp["x" if fam.name == "mamba2" else "v"].shape,
+                                      math.nan, dtype=dt, device=dev))
+                continue
+            if s.replay:
+                y = s.run_segment(fam, inp, pc, full, out_from_fold=full, buffer_round=br,
+                                  u_from_master=u_master)
+            else:
+                y = s.run_segment(fam, inp, pc, True)
+            if D is not None:
+                y = y + D.to(dt)[:, None] * inp["x"]
+            finite = torch.isfinite(y).reshape(m, -1).all(dim=1)
+            if not bool(finite.all()):
+                s.dead_at = pos + int((~finite).nonzero()[0, 0]) + 1
+                g.dead_at = min(g.dead_at or s.dead_at, s.dead_at)
+            out.append(y)
+        if drift_due(pos, m, L, W):
+            ref = runs[0][0].state
+            for g, (s, *_rest) in zip(groups[1:], runs[1:], strict=True):
+                held = s.held()
+                g.drift.setdefault(step.layer, []).append(
+                    (pos + m, _rel_rows(held["state"], ref),
+                     _rel_rows(held["read"], ref) if "read" in held else None))
+        wide = torch.float64 if any(o.dtype == torch.float64 for o in out) else torch.float32
+        ys.append(torch.cat([o.to(wide) for o in out], dim=1))
+    return torch.cat(ys)
