@@ -22,17 +22,19 @@ from .scan import REFERENCE, Group
 MODES = ("parallel", "decode")
 
 
-def backend_for(cfg, device: str) -> str:
+def backend_for(cfg, device: str, check_only: bool = False) -> str:
     """The scan backend ``run.engine`` means in whole-model mode: ``triton`` on CUDA when the
-    kernels cover the config (``auto``), else ``torch``."""
+    kernels cover the config (``auto``), else ``torch``. ``check_only``: only the engine name's
+    validity (before the model is loaded)."""
     eng = cfg.run.engine
     if eng in ("numpy", "numba"):
         raise PrecsimError(f"run.engine={eng!r} with model.path; allowed: auto, torch, triton")
-    if eng == "torch" or (eng == "auto" and device != "cuda"):
+    if check_only or eng == "torch" or (eng == "auto" and device != "cuda"):
         return "torch"
     from ..engines import triton as tri
 
-    why = tri.supports(cfg, device) if device == "cuda" else "no CUDA device"
+    why = tri.supports(cfg, device) if device == "cuda" or cfg.run.engine == "triton" \
+        else "no CUDA device"
     if why is None:
         return "triton"
     if eng == "triton":
@@ -63,19 +65,20 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
                            "(whole-model mode decodes one token per step)")
     dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
     dev = "cpu" if dev == "auto" else dev
-    backend = backend_for(cfg, dev) if m.mode == "parallel" else "torch"
+    if m.mode == "parallel":
+        backend_for(cfg, dev if dev == "cuda" else "cpu", check_only=True)
     model, tok = load_model(m.path, dev, m.dtype)
     mdtype = next(model.parameters()).dtype
     compute = torch.float64 if (cfg.run.compute_dtype == "fp64" or mdtype == torch.float64) \
         else torch.float32
-    if backend == "triton" and compute != torch.float32:
-        backend = "torch"
     ids, source = documents(model, tok, n_docs=cfg.run.seqs, n_tokens=cfg.run.steps,
                             text=m.text, ids=m.ids, prompt=m.prompt)
     K, N = ids.shape
     layers = [idx for idx, _, _ in ssm_layers(model)]
-    shape = layer_shape(model)
-    m.family, m.heads, m.head_dim, m.state_dim = shape  # the cost model's per-head bytes
+    m.family, m.heads, m.head_dim, m.state_dim = layer_shape(model)  # the cost model's bytes
+    backend = "torch"
+    if m.mode == "parallel" and compute == torch.float32:
+        backend = backend_for(cfg, dev)
     groups = [Group("reference", REFERENCE, reference=True),
               *(Group(n, s) for n, s in cfg.schemes.items())]
     bar = progress_bar(cfg, progress)

@@ -1,0 +1,139 @@
+"""The ``triton`` backend of :func:`precsim.models.scan.scan`: the fused kernels of
+:mod:`precsim.kernels`, one launch per group and metrics window (of at least
+``DRIFT_EVERY`` tokens, rounded up to whole ReplaySSM segments; the state drift is sampled at
+each launch's end), the groups side by side on CUDA streams of their own.
+
+The reference group runs in the kernels' float64 truth slot, each scheme group in a scheme slot
+of its own (groups see different inputs, so they cannot share a launch). States stay on the
+device between windows; the SR keys are the torch backend's (same scheme names and events). The
+kernel's horizon is padded to whole segments, so an incomplete last segment is not flushed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+
+from ..families import decays
+from ..workload import expand_groups
+
+DRIFT_EVERY = 2048  # tokens between drift samples at least (launch windows)
+
+
+def _dist(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(a.double() - ref, dim=1)
+
+
+def _ratio(d, rn):
+    return np.where(rn > 0, d / np.where(rn > 0, rn, 1.0), np.where(d > 0, np.inf, 0.0))
+
+
+def scan_triton(step, groups, K: int, cfg) -> torch.Tensor:
+    from precsim.kernels import gdn as gdn_k
+    from precsim.kernels import mamba2 as m2_k
+    from precsim.kernels.codes import dispatch_order
+    from precsim.kernels.inputs import exp_f32
+    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
+    from precsim.kernels.rng import event_keys
+
+    from ..engines.triton import BUF_IDS, _launch, scheme_block, scheme_code
+
+    fam = step.family
+    T, b = step.shape
+    val = step.inp["x" if fam == "mamba2" else "v"]
+    dev = val.device
+    H, P = val.shape[2], val.shape[3]
+    N = step.inp["B" if fam == "mamba2" else "k"].shape[-1]
+    L = cfg.replay.buffer_len
+    total = math.ceil(T / L) * L  # no flush at the end of an incomplete last segment
+    SH = K * H
+    schemes = groups[1:]
+    codes = [scheme_code(g.cfg) for g in schemes]
+    blocks = [scheme_block(g.cfg) or min(16, N) for g in schemes]
+    S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
+    st = torch.zeros((len(schemes), SH, P, N), dtype=torch.float32, device=dev)
+    rd = torch.zeros_like(st)
+    keys = np.zeros((len(schemes), total), dtype=np.uint32)
+    ev = np.arange(total, dtype=np.int64)
+    k0 = 0
+    for i, g in enumerate(schemes):
+        if g.cfg.rounding == "sr":
+            k0, keys[i] = event_keys(cfg.run.seed, f"{g.name}@layer{step.layer}",
+                                        ev if g.cfg.kind == "conventional" else ev // L, 0)
+    k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+    params = {k: v.to(device=dev, dtype=torch.float64) for k, v in step.const.items()}
+    D = params.get("D")
+    nw = 4 if P * N <= 8192 else 8
+    LB = max(16, 1 << (L - 1).bit_length())
+    kw = dict(lpt=True, buf=BUF_IDS[cfg.replay.buffer_dtype],
+              sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
+              scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
+              u_master=cfg.replay.gdn_u_source == "master", kernels=(m2_k, gdn_k),
+              order=dispatch_order)
+    out = torch.empty((T, b, H, P), dtype=torch.float32, device=dev)
+    # a launch per window of at least DRIFT_EVERY tokens (whole segments); the state drift is
+    # sampled at each window's end. Groups run on streams of their own (on CUDA), side by side.
+    win = math.ceil(max(cfg.metrics.window, DRIFT_EVERY) / L) * L
+    fast = cfg.model.decay_exp == "fast"
+    cuda = dev.type == "cuda"
+    main = torch.cuda.current_stream(dev) if cuda else None
+    streams = [torch.cuda.Stream(device=dev) for _ in groups] if cuda else [None] * len(groups)
+    y64_none = torch.empty((1, 1, P), dtype=torch.float64, device=dev)
+    samples = []  # (token, [(state norm diff, read norm diff or None) per scheme], ref norm)
+    for t0 in range(0, T, win):
+        n = min(win, T - t0)
+        for gi, (g, stream) in enumerate(zip(groups, streams, strict=True)):
+            if stream is not None:
+                stream.wait_stream(main)
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                rows = slice(gi * K, (gi + 1) * K)
+                inp = {k: v[t0:t0 + n, rows].double().contiguous() for k, v in step.inp.items()}
+                if fam == "gdn":
+                    inp = expand_groups(inp, H)
+                d64 = decays(fam, inp, params, torch.float64)
+                la32 = d64["la"].to(torch.float32)
+                a32 = exp_f32(la32) if fast else d64["a"].to(torch.float32)
+                inp.update({"_a64": d64["a"].reshape(n, SH), "_a32": a32.reshape(n, SH),
+                            "_dA32": la32.reshape(n, SH)})
+                if g.reference:
+                    y = torch.empty((n, SH, P), dtype=torch.float64, device=dev)
+                    _launch(fam, inp, S64, st[:1], rd[:1], y, st.new_empty((1, n, SH, P)),
+                            k1[:1], _i32(k0), [], [], True, t0, n, total, L, H, min(16, N), LB,
+                            nw, None, **kw)
+                else:
+                    i = gi - 1
+                    y = torch.empty((1, n, SH, P), dtype=torch.float32, device=dev)
+                    _launch(fam, inp, S64, st[i:i + 1], rd[i:i + 1], y64_none, y, k1[i:i + 1],
+                            _i32(k0), [0], [codes[i]], False, t0, n, total, L, H, blocks[i], LB,
+                            nw, None, **kw)
+                    y = y[0]
+                y = y.view(n, K, H, P)
+                if D is not None:
+                    y = y + D[:, None] * inp["x"].view(n, K, H, P)
+                out[t0:t0 + n, rows] = y.to(torch.float32)
+        for stream in streams:
+            if stream is not None:
+                main.wait_stream(stream)
+        if n % L == 0:  # whole segments: every state is current
+            ref = S64.view(K, -1)
+            samples.append((t0 + n, [
+                (_dist(st[i].view(K, -1), ref),
+                 _dist(rd[i].view(K, -1), ref) if g.cfg.kind == "split" else None)
+                for i, g in enumerate(schemes)], torch.linalg.vector_norm(ref, dim=1)))
+    for tok, per, rn in samples:  # one device-to-host copy per sample, after the launches
+        rn = rn.cpu().numpy()
+        for (d_st, d_rd), g in zip(per, schemes, strict=True):
+            g.drift.setdefault(step.layer, []).append(
+                (tok, _ratio(d_st.cpu().numpy(), rn),
+                 None if d_rd is None else _ratio(d_rd.cpu().numpy(), rn)))
+    bad = ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, groups)
+    if bool(bad.any()):
+        for gi, g in enumerate(groups):
+            hit = torch.nonzero(bad[:, gi])
+            if hit.numel():
+                first = int(hit[0, 0]) + 1
+                g.dead_at = min(g.dead_at or first, first)
+    return out
