@@ -235,7 +235,8 @@ def load_trace_arrays(path) -> dict:
     """The arrays of a trace folder (memory-mapped ``.npy`` files) or ``.npz``: members
     stored uncompressed (``np.savez``) are memory-mapped (read as the run goes, never held
     twice); compressed members (``np.savez_compressed``) are read whole. The layout that
-    streams fastest: ``np.savez`` with float32 arrays, time-major (``(T, H, ...)`` as the schema says)."""
+    streams fastest: ``np.savez`` with float32 arrays, time-major (``(T, H, ...)`` as the
+    schema says)."""
     import zipfile
 
     out = {}
