@@ -249,3 +249,14 @@ def test_every_page_and_block_is_covered(capsys):
     with capsys.disabled():
         per = {d: sum(1 for x, _, _ in COMMANDS if x == d) for d in sorted(pages)}
         print(f"\ndocumented commands: {len(COMMANDS)} from {len(pages)} pages {per}")
+
+
+def test_doc_links_resolve():
+    """Every relative link of the README, docs/ and experiments/README.md names a file that
+    exists (after the docs and experiments/ moved, a stale path is a dead link)."""
+    dead = []
+    for page in [*DOCS, ROOT / "experiments" / "README.md"]:
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not link.startswith("http") and not (page.parent / link).exists():
+                dead.append(f"{page.relative_to(ROOT)}: {link}")
+    assert not dead, dead
