@@ -123,24 +123,33 @@ def fixtures(tmp_path_factory):
                      *TINY_RUN, "metrics.plot=false", "run.engine=torch",
                      f"hydra.sweep.dir={sweep}"]) == 0
     assert (sweep / "sweep_summary.csv").is_file()
-    return {"PATH": root / "ckpt", "trace.npz": trace, "FILE.npz": trace, "rec/": root / "rec",
-            "DIR": sweep, "SWEEP_DIR": sweep, "<dir>": sweep, "RUN_DIR": next(sweep.glob("0_*"))}
+    (root / "prompt.txt").write_text("The recurrent state of a state space model")
+    np.save(root / "ids.npy", np.arange(1, 9))
+    return {"ckpt": root / "ckpt", "trace": trace, "rec": root / "rec", "sweep": sweep,
+            "run": next(sweep.glob("0_*")), "text": root / "prompt.txt", "ids": root / "ids.npy"}
 
 
-def _substitute(argv: list[str], fx: dict, out: Path) -> list[str]:
-    """Placeholders -> fixtures (a path ending in DIR, e.g. multirun/NAME/DIR, is that
-    directory); output locations -> ``out``; a leftover placeholder fails."""
+# what a documented path stands for, by the flag or key that takes it (the report's directory is
+# its positional argument): every value there is an example the user replaces
+ROLES = {"--model": "ckpt", "model.path": "ckpt", "workload.path": "trace", "--text-file": "text",
+         "--prompt-file": "text", "--ids-file": "ids", "model.text": "text", "--out": "out"}
+
+
+def _substitute(argv: list[str], fx: dict, out: Path, kind: str) -> list[str]:
+    """Documented paths -> fixtures by role (a trace: `.npz` the tiny trace file, a directory
+    the tiny checkpoint's recording; the report's directory: the tiny sweep, or one of its runs
+    for RUN_DIR); outputs -> ``out``. A placeholder left anywhere else fails."""
     res = []
     for k, word in enumerate(argv):
-        if k and argv[k - 1] == "--out":
-            res.append(str(out / "rec"))
-            continue
-        key, eq, val = word.partition("=")
-        target = val if eq else word
-        last = target.rstrip("/").rsplit("/", 1)[-1]
-        if target in fx or last in fx:
-            target = str(fx[target] if target in fx else fx[last])
-        word = f"{key}={target}" if eq else target
+        key, eq, val = word.partition("=") if not word.startswith("-") else (word, "", "")
+        role = ROLES.get(key) if eq else ROLES.get(argv[k - 1]) if k else None
+        if kind == "report" and k == 0:
+            role = "run" if "RUN_DIR" in word else "sweep"
+        if role:
+            target = val if eq else word
+            path = out / "rec" if role == "out" else fx["rec"] if role == "trace" and not \
+                target.endswith(".npz") else fx[role]
+            word = f"{key}={path}" if eq else str(path)
         left = re.findall(r"<[^>]*>|\b[A-Z][A-Z_]{2,}\b", word)
         assert not left, f"unknown placeholder {left} in {word!r}: give it a fixture in {__file__}"
         res.append(word)
@@ -195,7 +204,7 @@ def test_documented_command_runs(doc, line, cmd, fixtures, tmp_path, capfd, requ
     if cmd in PASSED:
         return
     kind = _kind(cmd)
-    argv = _substitute(_argv(cmd), fixtures, tmp_path)
+    argv = _substitute(_argv(cmd), fixtures, tmp_path, kind)
     if kind == "report":
         rc, text = _run_inprocess(report.main, argv, capfd)
         results = [Path(argv[0]) / "sweep_summary.csv"]
