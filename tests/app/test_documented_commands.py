@@ -3,13 +3,14 @@
 Collected: each `python -m precsim…`, `precsim …`, `precsim-report …` and `python -m
 precsim.record …` line of a fenced or indented code block (a `$ ` prompt, `\\` continuations and
 `# comments` handled; `pip install … &&` parts skipped; `[optional]` parts of a synopsis left
-out). Each runs through the entry that parses its argv (`precsim.cli.main`, `precsim.report.main`,
-`precsim.record.main`; sweeps with a launcher other than Hydra's basic one in a subprocess) with
-its own overrides appended (a tiny layer, few steps, the torch engine unless the command names
-one, output into a temporary directory) and its placeholders replaced by fixtures (a tiny trace,
-a prior sweep, a tiny checkpoint built offline). A traceback, a non-zero exit (other than a
-documented one-line error) or a missing result file fails it. A placeholder this file does not
-know fails loudly, so a new documented command needs a fixture here.
+out). Each runs in process through the entry that parses its argv (`precsim.cli.main`,
+`precsim.report.main`, `precsim.record.main`) with its own overrides appended (a tiny layer, few
+steps, one job per sweep preset, the torch engine unless the command names one, output into a
+temporary directory), its paths replaced by fixtures (a tiny trace, a prior sweep, a tiny
+checkpoint built offline and its recording), and, where this machine lacks them, CUDA by the CPU
+and SLURM by submitit's local launcher. A traceback, a non-zero exit (other than a documented
+one-line error) or a missing result file fails it; a placeholder this file does not know fails
+loudly, so a new documented command needs a fixture here.
 """
 
 from __future__ import annotations
