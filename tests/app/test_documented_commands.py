@@ -100,9 +100,8 @@ def _kind(cmd: str) -> str:
 
 def _argv(cmd: str) -> list[str]:
     cmd = re.sub(r"\s\[[^\]]*\]", "", cmd)  # a synopsis' optional parts
-    words = shlex.split(cmd)
-    return words[3:] if words[:3] == ["python", "-m", "precsim"] else words[1:] if \
-        words[0] == "precsim" else words[3:] if words[0] == "python" else words[1:]
+    words = shlex.split(cmd)  # `precsim…` scripts, or `python -m precsim…`
+    return words[1:] if words[0].startswith("precsim") else words[3:]
 
 
 @pytest.fixture(scope="module")
