@@ -105,19 +105,10 @@ def _argv(cmd: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fixtures(tmp_path_factory):
-    """Stand-ins for the documented placeholders: a tiny trace file, a tiny Mamba-2 checkpoint
-    (random weights, built offline), its recording, and a finished tiny sweep."""
+def layer_fixtures(tmp_path_factory):
+    """Stand-ins for a documented trace file and sweep: a tiny trace and a finished tiny sweep."""
     root = tmp_path_factory.mktemp("docfix")
-    trace = root / "trace.npz"
-    np.savez(trace, **make_trace("mamba2", T=64, H=1, P=8, N=32))
-    tf = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    tf.Mamba2ForCausalLM(tf.Mamba2Config(
-        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
-        state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(root / "ckpt")
-    assert record.main(["--model", str(root / "ckpt"), "--tokens", "8", "--out",
-                        str(root / "rec")]) == 0
+    np.savez(root / "trace.npz", **make_trace("mamba2", T=64, H=1, P=8, N=32))
     sweep = root / "sweep"
     assert cli_main(["-m", "experiment=split_nvfp4", "replay.buffer_len=8", *TINY_LAYER,
                      *TINY_RUN, "metrics.plot=false", "run.engine=torch",
@@ -125,8 +116,35 @@ def fixtures(tmp_path_factory):
     assert (sweep / "sweep_summary.csv").is_file()
     (root / "prompt.txt").write_text("The recurrent state of a state space model")
     np.save(root / "ids.npy", np.arange(1, 9))
-    return {"ckpt": root / "ckpt", "trace": trace, "rec": root / "rec", "sweep": sweep,
-            "run": next(sweep.glob("0_*")), "text": root / "prompt.txt", "ids": root / "ids.npy"}
+    return {"trace": root / "trace.npz", "sweep": sweep, "run": next(sweep.glob("0_*")),
+            "text": root / "prompt.txt", "ids": root / "ids.npy"}
+
+
+@pytest.fixture(scope="module")
+def model_fixtures(tmp_path_factory):
+    """Stand-ins for a documented checkpoint and its recording: a tiny Mamba-2 model (random
+    weights, built offline from a config) and its recorded traces."""
+    tf = pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("docmodel")
+    torch.manual_seed(0)
+    tf.Mamba2ForCausalLM(tf.Mamba2Config(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
+        state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(root / "ckpt")
+    assert record.main(["--model", str(root / "ckpt"), "--tokens", "8", "--out",
+                        str(root / "rec")]) == 0
+    return {"ckpt": root / "ckpt", "rec": root / "rec"}
+
+
+class Fixtures(dict):
+    """The layer fixtures, and the model ones (which need transformers) on first use."""
+
+    def __init__(self, request):
+        super().__init__(request.getfixturevalue("layer_fixtures"))
+        self.request = request
+
+    def __missing__(self, role):
+        self.update(self.request.getfixturevalue("model_fixtures"))
+        return self[role]
 
 
 # what a documented path stands for, by the flag or key that takes it (the report's directory is
@@ -198,13 +216,13 @@ PASSED: set[str] = set()  # a command shown twice runs once
 
 
 @pytest.mark.parametrize("doc,line,cmd", COMMANDS, ids=[f"{d}:{n}" for d, n, _ in COMMANDS])
-def test_documented_command_runs(doc, line, cmd, fixtures, tmp_path, capfd, request):
+def test_documented_command_runs(doc, line, cmd, tmp_path, capfd, request):
     if cmd in KNOWN_FAILURES:
         request.node.add_marker(pytest.mark.xfail(reason=KNOWN_FAILURES[cmd], strict=False))
     if cmd in PASSED:
         return
     kind = _kind(cmd)
-    argv = _substitute(_argv(cmd), fixtures, tmp_path, kind)
+    argv = _substitute(_argv(cmd), Fixtures(request), tmp_path, kind)
     if kind == "report":
         rc, text = _run_inprocess(report.main, argv, capfd)
         results = [Path(argv[0]) / "sweep_summary.csv"]
