@@ -608,10 +608,10 @@ NEMOTRON = ("Nemotron 3 (median accuracy drop vs an FP32 SSM cache; RTN vs SR): 
             "-0.32%, INT8 block 128 2.87% vs 0.00%, FP8 block 128 12.68% vs 1.96%.")
 REPLAY_KL = ("ReplaySSM: KL 0.136 (shared NVFP4 checkpoint) vs 0.0038 (split precision), a ratio "
              "of ~36x, measured on a real model's next-token distributions.")
-ARTICLE = ("The article's table (README, experiments/seed_table/NOTES.md): conventional FP32 "
-           "1.8e-07 … 1.8e-06; conventional NVFP4 every step 0.681 … 1.198; shared NVFP4 "
-           "checkpoint 0.243 … 1.187; split FP32 + NVFP4 0.078 … 0.090; split FP16-SR + NVFP4 "
-           "0.079 … 0.091 (1–256 … to 32,768 steps).")
+ARTICLE = ("The article's table (docs/workloads.md, experiments/seed_table/NOTES.md): "
+           "conventional FP32 1.8e-07 … 1.8e-06; conventional NVFP4 every step 0.681 … 1.198; "
+           "shared NVFP4 checkpoint 0.243 … 1.187; split FP32 + NVFP4 0.078 … 0.090; split "
+           "FP16-SR + NVFP4 0.079 … 0.091 (1–256 … to 32,768 steps).")
 
 STUDIES = [
     Study("study_seed_table_131k", 1, "The article's table at production size",

@@ -13,7 +13,7 @@ that the formats' blocks divide), saves them to a temporary directory, records t
 ``run_info.json`` into ``--out``. THE WEIGHTS ARE RANDOM: the numbers show the pipeline and the
 ordering of schemes on the mixer-input statistics of a random model, not a trained model.
 
-On your own checkpoint the same steps are (README "Real models"):
+On your own checkpoint the same steps are (docs/real-models.md):
 
     python -m precsim.record --model CKPT --tokens 4096 --out rec/ --device cuda
     python -m precsim -m experiment=study_precision_table workload=trace workload.path=rec/ \\

@@ -6,7 +6,7 @@ This is how the article runs the experiment, written to be read, not to be fast:
 each scheme appends to its buffer, evaluates its output from the checkpoint plus the buffer
 (output-only), and flushes when the flush schedule says so. It shares nothing with the vectorised
 torch engine but the formats and the metrics, so the two cross-check each other, and it is the
-baseline of ``experiments/bench_cpu.py``.
+baseline of ``experiments/bench/bench_cpu.py``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -26,8 +27,14 @@ def test_namespace_imports_from_checkout():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
+    # from a copy without the checkout's build/ and *.egg-info: a stale SOURCES.txt there puts
+    # files in the wheel that a clean clone's build would leave out
+    src = out / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "experiments", "tests", "outputs",
+        "multirun", ".*_cache"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "-q", "-w", str(out), str(ROOT)], capture_output=True, text=True)
+                        "-q", "-w", str(out), str(src)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot build a wheel here: {r.stderr.strip()[-300:]}")
     (whl,) = out.glob("precsim-*.whl")
@@ -43,6 +50,14 @@ def test_wheel_contains_configs_and_subpackages(wheel):
               "precsim/kernels/__init__.py", "precsim/__main__.py"):
         assert f in names, f
     assert not any(n.startswith(("formats/", "kernels/", "conf/")) for n in names)
+    # every source file and every config of the checkout ships (a package missing from
+    # pyproject.toml's list, or a config group's yaml, would be silently left out)
+    tree = {f"{dst}/{f.relative_to(ROOT / src).as_posix()}"
+            for src, dst in (("precsim", "precsim"), ("formats", "precsim/formats"),
+                             ("kernels", "precsim/kernels"), ("conf", "precsim/conf"))
+            for f in (ROOT / src).rglob("*") if f.suffix in (".py", ".yaml")
+            and "__pycache__" not in f.parts}
+    assert len(tree) > 60 and not tree - names, sorted(tree - names)
 
 
 def test_installed_wheel_imports_outside_checkout(wheel, tmp_path):
@@ -50,7 +65,8 @@ def test_installed_wheel_imports_outside_checkout(wheel, tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                         str(target), str(wheel)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    code = ("import precsim.formats as f, precsim.conf as c, importlib.resources as r;"
+    code = ("import precsim.formats as f, precsim.engines, precsim.families;"
+            "import importlib.resources as r;"
             "print(f.__file__); print(r.files('precsim.conf').joinpath('config.yaml').is_file())")
     env = dict(os.environ, PYTHONPATH=str(target))
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
