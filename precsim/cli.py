@@ -457,9 +457,15 @@ def _preflight(c) -> None:
 
     resolve_engine(c.run.engine, resolve_device(c.run.device))
     if c.workload.kind == "trace":
-        from precsim.workload import make_workload
+        from precsim.layers import is_record_dir
+        from precsim.workload import make_workload, recorded_layers
 
-        make_workload(copy.deepcopy(c))  # reads and checks the file (and run.steps against it)
+        from pathlib import Path
+
+        c = copy.deepcopy(c)
+        if is_record_dir(c):  # every layer is replayed: check the first
+            c.workload.layer = min(recorded_layers(Path(c.workload.path)), default=None)
+        make_workload(c)  # reads and checks the file (and run.steps against it)
 
 
 def _remove_stub(hc) -> None:
@@ -537,6 +543,15 @@ def _run_app(cfg) -> None:
         gc.freeze()  # the imports' objects: later collections skip them (no multi-ms pauses)
         gc.enable()  # off for the start-up (main)
         age = process_age()
+        from precsim.layers import is_record_dir, run_all
+
+        if is_record_dir(c):  # every recorded layer, then the worst layer's verdict
+            summary = run_all(c, out, say, progress=not multirun)
+            if multirun:
+                _job_log(_end_text(c, summary, out))
+            else:
+                _print_end(c, summary, out)
+            return
         result = run(c, progress=not multirun)
         if age is not None and not multirun:  # a sweep's jobs share one process
             result.info["phases_s"] = {"startup": round(age, 4),

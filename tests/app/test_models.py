@@ -139,7 +139,8 @@ def test_recorded_traces_reproduce_each_layers_own_outputs(ckpt, arch, tmp_path)
             assert (tr["A"] < 0).all() and (tr["dt"] > 0).all() and "D" in tr
             assert tr["B"].shape[1] == 2  # per group, not per head
         else:
-            assert (tr["g"] <= 0).all() and tr["k"].shape[1] == 2  # per key head
+            # per key head (transformers < 5.2x expands them to the value heads first)
+            assert (tr["g"] <= 0).all() and tr["k"].shape[1] in (2, 4)
             # L2-normalised (eps 1e-6 only shrinks) and q carries the 1/sqrt(K) scale
             K = tr["k"].shape[-1]
             nq, nk = np.linalg.norm(tr["q"], axis=-1), np.linalg.norm(tr["k"], axis=-1)
@@ -330,7 +331,8 @@ def test_parallel_mode_equals_decode_mode(kl_ckpt, arch, tmp_path):
         if row_p["state_drift"] < 1e-5:  # float32 rounding noise in both (FP32 states)
             assert row_d["state_drift"] < 1e-5
         else:
-            assert row_p["state_drift"] == pytest.approx(row_d["state_drift"], rel=1e-3)
+            assert row_p["state_drift"] == pytest.approx(row_d["state_drift"],
+                                                         rel=1e-3 if wide == "float64" else 0.15)
 
 
 @pytest.mark.parametrize("arch", ["Mamba2ForCausalLM", "Qwen3_5ForCausalLM",
