@@ -152,20 +152,6 @@ def main() -> int:
              "metrics.window=32", "model.mode=decode", *hyd,
              f"hydra.run.dir={work}/kl_m2_dec_{time.time_ns()}"],
             f"model_kl decode mode, the same model, {dec_n} tokens x 1 doc", rows)
-        # the anchor: the model's own bf16 forward over the same tokens (in-process, labelled)
-        import transformers as tf
-
-        m = tf.Mamba2ForCausalLM.from_pretrained(ck, dtype=torch.bfloat16).cuda().eval()
-        ids = torch.as_tensor(np.load(work / "ids4.npy")).cuda()
-        with torch.no_grad():
-            for rep in range(2):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                m.base_model(input_ids=ids, use_cache=False)
-                torch.cuda.synchronize()
-                info[f"anchor_own_forward_s_{rep}"] = round(time.perf_counter() - t0, 2)
-        del m
-        torch.cuda.empty_cache()
         if not a.skip_gdn:
             ckg = work / "qwen3next_w"
             t0 = time.perf_counter()

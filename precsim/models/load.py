@@ -244,15 +244,16 @@ def base_and_head(model):
     ids = torch.arange(1, 5, device=dev)[None] % vocab_size(model)
     with torch.no_grad():
         ref = model(input_ids=ids, use_cache=False).logits.double()
-        ours = lm(base(input_ids=ids, use_cache=False).last_hidden_state).double()
+        ours = lm(base(input_ids=ids, use_cache=False).last_hidden_state.to(
+            lm.weight.dtype)).double()
     scale = float((ref * ours).sum() / (ours * ours).sum()) if bool(ours.any()) else 1.0
     if not torch.allclose(ours * scale, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max())):
         raise PrecsimError(f"{type(model).__name__}: the output head is not a scaled linear map "
                            "of the backbone's last hidden state; allowed: "
                            f"{', '.join(ARCHITECTURES)}")
     if abs(scale - 1.0) < 1e-6:
-        return base, lm
-    return base, lambda h: lm(h) * scale
+        return base, lambda h: lm(h.to(lm.weight.dtype))
+    return base, lambda h: lm(h.to(lm.weight.dtype)) * scale
 
 
 def cache_io(model) -> tuple[str, str]:

@@ -68,17 +68,29 @@ class _Writer:
 
 
 class _Recorder:
-    """Hook handler: runs the model's own scan and streams the chosen layers' inputs."""
+    """Hook handler: streams the chosen layers' inputs, and scans every layer with precsim's
+    float64 reference (the state carried from chunk to chunk through the model's cache), not
+    the model's own scan: transformers' PyTorch fallback of the chunked scan holds a
+    (chunks x chunk x chunk) tensor per head and is slow without the optional CUDA kernels."""
 
-    def __init__(self, writers: dict[int, _Writer]):
-        self.writers = writers
+    def __init__(self, writers: dict[int, _Writer], backend: str):
+        from ..config import to_config
+        from .scan import REFERENCE, Group
+
+        self.writers, self.backend = writers, backend
+        self.cfg = to_config({"schemes": {"reference": {"kind": "shared", "fmt": "fp64"}},
+                              "run": {"progress": False}})
+        self.groups = [Group("reference", REFERENCE, reference=True)]
 
     def __call__(self, step, run_own):
-        y, state = run_own()
+        from .scan import scan
+
         w = self.writers.get(step.layer)
         if w is not None:
             w.write(step)
-        return y, state
+        y, state = scan(step, self.groups, step.shape[1], self.cfg, torch.float64, self.backend,
+                        carry=True)
+        return y.to(step.inp["x" if step.family == "mamba2" else "v"].dtype), state
 
 
 def parse_layers(spec: str | None, model) -> list[int]:
@@ -126,7 +138,10 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
 
         bar = tqdm(total=n, unit="tok", desc="recording", leave=False)
     t0 = time.perf_counter()
-    with torch.no_grad(), Hook(model, _Recorder(writers)):
+    from precsim.kernels import available
+
+    backend = "triton" if dev.type == "cuda" and available("cuda") else "torch"
+    with torch.no_grad(), Hook(model, _Recorder(writers, backend)):
         for c0 in range(0, n, chunk):
             x = torch.as_tensor(ids[None, c0:c0 + chunk], device=dev)
             o = base(input_ids=x, use_cache=True, **({kw: cache} if cache is not None else {}))

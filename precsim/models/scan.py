@@ -56,14 +56,18 @@ def drift_due(pos: int, m: int, L: int, window: int) -> bool:
 
 
 def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
-         backend: str = "torch") -> torch.Tensor:
+         backend: str = "torch", carry: bool = False):
     """Outputs ``(T, len(groups)*K, H, Dv)`` of one layer's scan ``step`` (``hook.Step``) under
-    every group; records the state drift against the reference group into ``group.drift``."""
+    every group; records the state drift against the reference group into ``group.drift``.
+
+    ``carry`` (the reference group alone, recording a document in chunks): start from the
+    call's state (``step.state``; None: zero), flush at the end, and return ``(outputs, final
+    state (K, H, Dv, Dk) float64)``."""
     if backend == "triton":
         from .scan_triton import scan_triton
 
-        return scan_triton(step, groups, K, cfg)
-    return _scan_torch(step, groups, K, cfg, compute)
+        return scan_triton(step, groups, K, cfg, carry)
+    return _scan_torch(step, groups, K, cfg, compute, carry)
 
 
 def _schemes(step, groups, K, cfg, compute, dev):
@@ -87,10 +91,12 @@ def _schemes(step, groups, K, cfg, compute, dev):
     return fam, H, out
 
 
-def _scan_torch(step, groups, K, cfg, compute) -> torch.Tensor:
+def _scan_torch(step, groups, K, cfg, compute, carry: bool = False):
     T, b = step.shape
     dev = step.inp["x" if step.family == "mamba2" else "v"].device
     fam, H, runs = _schemes(step, groups, K, cfg, compute, dev)
+    if carry and step.state is not None:
+        runs[0][0].state = runs[0][0].read = step.state.to(device=dev, dtype=torch.float64)
     p64 = family_params(fam.name, step.const, dev, torch.float64)
     D = step.const.get("D")
     L, W = cfg.replay.buffer_len, cfg.metrics.window
@@ -98,7 +104,7 @@ def _scan_torch(step, groups, K, cfg, compute) -> torch.Tensor:
     ys = []
     for pos in range(0, T, L):
         m = min(L, T - pos)
-        full = m == L
+        full = m == L or (carry and pos + m == T)
         seg64 = expand_groups({k: v[pos:pos + m].double() for k, v in step.inp.items()}, H)
         out = []
         for gi, (g, (s, dt, br, pc)) in enumerate(zip(groups, runs, strict=True)):
@@ -130,4 +136,6 @@ def _scan_torch(step, groups, K, cfg, compute) -> torch.Tensor:
                      _rel_rows(held["read"], ref) if "read" in held else None))
         wide = torch.float64 if any(o.dtype == torch.float64 for o in out) else torch.float32
         ys.append(torch.cat([o.to(wide) for o in out], dim=1))
+    if carry:
+        return torch.cat(ys), runs[0][0].state
     return torch.cat(ys)

@@ -31,7 +31,7 @@ def _ratio(d, rn):
     return np.where(rn > 0, d / np.where(rn > 0, rn, 1.0), np.where(d > 0, np.inf, 0.0))
 
 
-def scan_triton(step, groups, K: int, cfg) -> torch.Tensor:
+def scan_triton(step, groups, K: int, cfg, carry: bool = False):
     from precsim.kernels import gdn as gdn_k
     from precsim.kernels import mamba2 as m2_k
     from precsim.kernels.codes import dispatch_order
@@ -48,12 +48,15 @@ def scan_triton(step, groups, K: int, cfg) -> torch.Tensor:
     H, P = val.shape[2], val.shape[3]
     N = step.inp["B" if fam == "mamba2" else "k"].shape[-1]
     L = cfg.replay.buffer_len
-    total = math.ceil(T / L) * L  # no flush at the end of an incomplete last segment
+    # no flush at the end of an incomplete last segment (unless carrying the state on)
+    total = T if carry else math.ceil(T / L) * L
     SH = K * H
     schemes = groups[1:]
     codes = [scheme_code(g.cfg) for g in schemes]
     blocks = [scheme_block(g.cfg) or min(16, N) for g in schemes]
     S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
+    if carry and step.state is not None:
+        S64.copy_(step.state.reshape(SH, P, N))
     st = torch.zeros((len(schemes), SH, P, N), dtype=torch.float32, device=dev)
     rd = torch.zeros_like(st)
     keys = np.zeros((len(schemes), total), dtype=np.uint32)
@@ -129,6 +132,8 @@ def scan_triton(step, groups, K: int, cfg) -> torch.Tensor:
             g.drift.setdefault(step.layer, []).append(
                 (tok, _ratio(d_st.cpu().numpy(), rn),
                  None if d_rd is None else _ratio(d_rd.cpu().numpy(), rn)))
+    if carry:
+        return out, S64.view(K, H, P, N)
     bad = ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, groups)
     if bool(bad.any()):
         for gi, g in enumerate(groups):
