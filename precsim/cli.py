@@ -457,10 +457,10 @@ def _preflight(c) -> None:
 
     resolve_engine(c.run.engine, resolve_device(c.run.device))
     if c.workload.kind == "trace":
+        from pathlib import Path
+
         from precsim.layers import is_record_dir
         from precsim.workload import make_workload, recorded_layers
-
-        from pathlib import Path
 
         c = copy.deepcopy(c)
         if is_record_dir(c):  # every layer is replayed: check the first

@@ -85,6 +85,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32768, help="GPU: whole-model tokens")
     ap.add_argument("--record-tokens", type=int, default=131072, help="GPU: 8-layer recording")
     ap.add_argument("--skip-gdn", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true", help="GPU: no decode-mode run")
+    ap.add_argument("--skip-replay", action="store_true", help="GPU: no layer replay")
     a = ap.parse_args()
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,21 +139,23 @@ def main() -> int:
             info[f"{r.name}_bytes"] = meta.get("bytes")
             info[f"{r.name}_bytes_per_token_layer"] = meta.get("bytes_per_token_layer")
             info[f"{r.name}_wall_s_in_process"] = meta.get("wall_s")
-        run([PY, "-m", "precsim", "workload=trace", f"workload.path={rec8}", "workload.layer=0",
-             f"run.steps={a.record_tokens}", "run.device=cuda", *hyd,
-             f"hydra.run.dir={work}/replay0_{time.time_ns()}"],
-            f"replay layer 0 of the recording, {a.record_tokens:,} steps", rows)
+        if not a.skip_replay:
+            run([PY, "-m", "precsim", "workload=trace", f"workload.path={rec8}",
+                 "workload.layer=0", f"run.steps={a.record_tokens}", "run.device=cuda", *hyd,
+                 f"hydra.run.dir={work}/replay0_{time.time_ns()}"],
+                f"replay layer 0 of the recording, {a.record_tokens:,} steps", rows)
         kl = [PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
               f"model.ids={work / 'ids4.npy'}", f"run.steps={a.tokens}", "run.seqs=4",
               "run.device=cuda", "metrics.window=1024", *hyd]
         run([*kl, f"hydra.run.dir={work}/kl_m2_{time.time_ns()}"],
             f"model_kl split_nvfp4, Mamba-2 1.3B, {a.tokens:,} tok x 4 docs", rows)
-        dec_n = 64
-        run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
-             f"model.ids={work / 'ids4.npy'}", f"run.steps={dec_n}", "run.device=cuda",
-             "metrics.window=32", "model.mode=decode", *hyd,
-             f"hydra.run.dir={work}/kl_m2_dec_{time.time_ns()}"],
-            f"model_kl decode mode, the same model, {dec_n} tokens x 1 doc", rows)
+        if not a.skip_decode:
+            dec_n = 64
+            run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
+                 f"model.ids={work / 'ids4.npy'}", f"run.steps={dec_n}", "run.device=cuda",
+                 "metrics.window=32", "model.mode=decode", *hyd,
+                 f"hydra.run.dir={work}/kl_m2_dec_{time.time_ns()}"],
+                f"model_kl decode mode, the same model, {dec_n} tokens x 1 doc", rows)
         if not a.skip_gdn:
             ckg = work / "qwen3next_w"
             t0 = time.perf_counter()
@@ -168,6 +172,7 @@ def main() -> int:
             if s.is_file():
                 j = json.loads(s.read_text())
                 info[f"{d.name.rsplit('_', 1)[0]}_model_s"] = j["info"].get("model_s")
+                info[f"{d.name.rsplit('_', 1)[0]}_phases_s"] = j["info"].get("phases_s")
                 info[f"{d.name.rsplit('_', 1)[0]}_final"] = {
                     n: {k: f["final"].get(k) for k in ("kl", "top1", "first_flip")}
                     for n, f in j["figures"].items()}

@@ -10,6 +10,8 @@ of the whole run are never held at once.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -36,16 +38,22 @@ class ScanHandler:
 
 
 def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
-                 bar=None, head_chunk: int = 1024) -> dict:
+                 bar=None, head_chunk: int = 1024, phases: dict | None = None) -> dict:
     """Per-token metrics ``{scheme: {"kl"|"top1"|"rel": (K, N)}}`` of every scheme group against
-    the reference group (``groups[0]``) over the documents ``ids (K, N)``."""
+    the reference group (``groups[0]``) over the documents ``ids (K, N)``; the forward pass's
+    and the output head's seconds go to ``phases``."""
+    phases = {} if phases is None else phases
     dev = next(model.parameters()).device
     K, N = ids.shape
     batch = torch.as_tensor(ids, device=dev).repeat(len(groups), 1)
     base, head = base_and_head(model)
     handler = ScanHandler(groups, K, cfg, compute, backend, bar)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
     with torch.no_grad(), Hook(model, handler):
         h = base(input_ids=batch, use_cache=False).last_hidden_state
+    sync()
+    phases["forward_s"] = round(time.perf_counter() - t0, 3)
     out = {g.name: {k: np.empty((K, N)) for k in ("kl", "top1", "rel")} for g in groups[1:]}
     with torch.no_grad():
         for c0 in range(0, N, head_chunk):
@@ -55,4 +63,5 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
                 ls = head(h[gi * K:(gi + 1) * K, c0:c1]).double()
                 for k, v in token_metrics(lr, ls).items():
                     out[g.name][k][:, c0:c1] = v
+    phases["head_s"] = round(time.perf_counter() - t0 - phases["forward_s"], 3)
     return out

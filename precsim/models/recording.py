@@ -69,7 +69,8 @@ class _Writer:
 
 class _Recorder:
     """Hook handler: streams the chosen layers' inputs, and scans every layer with precsim's
-    float64 reference (the state carried from chunk to chunk through the model's cache), not
+    float64 reference in segments of 256 tokens (the torch engine's truth; the state carried
+    from chunk to chunk through the model's cache), not
     the model's own scan: transformers' PyTorch fallback of the chunked scan holds a
     (chunks x chunk x chunk) tensor per head and is slow without the optional CUDA kernels."""
 
@@ -78,8 +79,9 @@ class _Recorder:
         from .scan import REFERENCE, Group
 
         self.writers, self.backend = writers, backend
+        # segments of 256 tokens: the float64 reference evaluated in parallel over each
         self.cfg = to_config({"schemes": {"reference": {"kind": "shared", "fmt": "fp64"}},
-                              "run": {"progress": False}})
+                              "run": {"progress": False}, "replay": {"buffer_len": 256}})
         self.groups = [Group("reference", REFERENCE, reference=True)]
 
     def __call__(self, step, run_own):
@@ -138,10 +140,7 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
 
         bar = tqdm(total=n, unit="tok", desc="recording", leave=False)
     t0 = time.perf_counter()
-    from precsim.kernels import available
-
-    backend = "triton" if dev.type == "cuda" and available("cuda") else "torch"
-    with torch.no_grad(), Hook(model, _Recorder(writers, backend)):
+    with torch.no_grad(), Hook(model, _Recorder(writers, "torch")):
         for c0 in range(0, n, chunk):
             x = torch.as_tensor(ids[None, c0:c0 + chunk], device=dev)
             o = base(input_ids=x, use_cache=True, **({kw: cache} if cache is not None else {}))

@@ -67,7 +67,9 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     dev = "cpu" if dev == "auto" else dev
     if m.mode == "parallel":
         backend_for(cfg, dev if dev == "cuda" else "cpu", check_only=True)
+    phases: dict = {}
     model, tok = load_model(m.path, dev, m.dtype)
+    phases["load_s"] = round(time.perf_counter() - t_start, 3)
     mdtype = next(model.parameters()).dtype
     compute = torch.float64 if (cfg.run.compute_dtype == "fp64" or mdtype == torch.float64) \
         else torch.float32
@@ -89,7 +91,7 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
         if bar is not None:
             bar.reset(total=len(layers))
             bar.set_description("SSM layers")
-        tok_m = run_parallel(model, ids, groups, cfg, compute, backend, bar)
+        tok_m = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases)
     else:
         from .decode import run_decode
 
@@ -107,7 +109,7 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     name = type(model).__name__
     info = {"workload": "model", "model_path": str(m.path), "model_class": name,
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
-            "scan_backend": backend, "ssm_layers": layers, "layers": model.config.num_hidden_layers,
+            "scan_backend": backend, "phases_s": phases, "ssm_layers": layers, "layers": model.config.num_hidden_layers,
             "documents": K, "tokens": N, "source": source, "model_s": round(run_s, 3),
             "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in groups[1:]},
             "title": f"{name} ({model.config.num_hidden_layers} layers, {len(layers)} SSM), "
