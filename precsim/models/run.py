@@ -109,7 +109,8 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     name = type(model).__name__
     info = {"workload": "model", "model_path": str(m.path), "model_class": name,
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
-            "scan_backend": backend, "phases_s": phases, "ssm_layers": layers, "layers": model.config.num_hidden_layers,
+            "scan_backend": backend, "phases_s": phases, "ssm_layers": layers,
+            "layers": model.config.num_hidden_layers,
             "documents": K, "tokens": N, "source": source, "model_s": round(run_s, 3),
             "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in groups[1:]},
             "title": f"{name} ({model.config.num_hidden_layers} layers, {len(layers)} SSM), "
