@@ -378,7 +378,7 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
         return False
     out = Path(out)
     fresh_dir[0] = run_dir is not None and not Path(run_dir).exists()
-    from precsim.api import reusable
+    from precsim.result import reusable
 
     stored = reusable(c, out)
     if stored is None:
@@ -517,9 +517,9 @@ def _run_app(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from precsim.api import format_table, reusable, write_outputs
     from precsim.config import to_config
     from precsim.engines import run
+    from precsim.result import format_table, reusable, write_outputs
 
     t0 = time.perf_counter()
     c = _to_config(cfg, to_config)
@@ -564,7 +564,7 @@ def _end_text(c, summary: dict, out) -> str:
 
 def _print_end(c, summary: dict, out, reused: bool = False) -> None:
     if reused:
-        from precsim.api import format_table
+        from precsim.result import format_table
 
         print(format_table(summary))
     print("\n" + _end_text(c, summary, out))

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import results as res
+from . import result as res
 
 METRICS = ("kl", "rel_err", "state_drift")
 CSV_FILE = "sweep_summary.csv"
