@@ -96,6 +96,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0o22)  # read it (mkstemp's file is 0600): the file follows it, as open's
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -168,20 +171,32 @@ def read_rows(path: Path) -> list[dict]:
 
 def is_complete(run_dir: Path) -> bool:
     """A run directory is complete when summary.json parses and its metrics.csv exists."""
-    run_dir = Path(run_dir)
-    s, m = run_dir / SUMMARY_FILE, run_dir / METRICS_FILE
-    if not (s.is_file() and m.is_file()):
-        return False
+    return _complete_flag(run_dir) is True
+
+
+def interrupted_at(run_dir: Path) -> int | None:
+    """The step an interrupted run's files end at (its summary says ``complete: false``)."""
+    flag = _complete_flag(run_dir, full=True)
+    return flag.get("info", {}).get("interrupted_at", 0) if isinstance(flag, dict) else None
+
+
+def _complete_flag(run_dir: Path, full: bool = False):
+    """summary.json's ``complete`` (its whole content when ``full`` and it is false), None when
+    summary.json or metrics.csv is missing or unreadable."""
+    s, m = Path(run_dir) / SUMMARY_FILE, Path(run_dir) / METRICS_FILE
     try:
-        data = json.loads(s.read_text())
+        data = json.loads(s.read_text()) if m.is_file() else None
     except (OSError, ValueError):
-        return False
-    return bool(data.get("complete"))
+        return None
+    if not isinstance(data, dict):
+        return None
+    done = bool(data.get("complete"))
+    return data if full and not done else done
 
 
 # keys that do not change a result's numbers: a rerun that differs only here reuses the result
-RESULT_NEUTRAL_KEYS = ("run.progress", "run.out_dir", "run.threads", "metrics.plot",
-                       "metrics.budget", "metrics.budget_metric")
+RESULT_NEUTRAL_KEYS = ("run.progress", "run.out_dir", "run.threads", "run.checkpoint_s",
+                       "run.resume", "metrics.plot", "metrics.budget", "metrics.budget_metric")
 
 
 def _flat(d, prefix: str = "") -> dict:
@@ -255,12 +270,12 @@ def reported_lengths(cfg: Config, steps: int) -> tuple[list[int], list[int]]:
     return ok, skipped
 
 
-def build_summary(cfg: Config, result: Result) -> dict:
+def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
     from .cost import scheme_costs
 
     lengths, skipped = reported_lengths(cfg, result.steps)
     return {
-        "complete": True,
+        "complete": complete,
         "name": cfg.name,
         "engine": result.engine,
         "device": result.device,
@@ -277,14 +292,15 @@ def build_summary(cfg: Config, result: Result) -> dict:
     }
 
 
-def write_outputs(cfg: Config, result: Result, out: Path) -> dict:
-    """metrics.csv, per_step.npz, the PNG, then summary.json last (it marks completion)."""
+def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True) -> dict:
+    """metrics.csv, per_step.npz, the PNG, then summary.json last (it marks completion; an
+    interrupted run's files, up to its last whole window, say ``complete: false`` and no PNG)."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / METRICS_FILE, rows_to_csv(result.rows))
     write_per_step(out / PER_STEP_FILE, result.per_step_rel_err)
-    summary = build_summary(cfg, result)
-    if cfg.metrics.plot:
+    summary = build_summary(cfg, result, complete)
+    if cfg.metrics.plot and complete:
         from .plots import plot_error_vs_length
 
         m = cfg.model
