@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .checkpoint import Checkpoint
 from .config import to_config
 from .engines import run
 from .result import Result, load_result, reusable, write_outputs
@@ -23,11 +24,15 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
         64
     """
     cfg = to_config(cfg)
-    if out_dir is not None:
+    ck = None
+    if out_dir is not None:  # a complete result is reused, a checkpoint resumed
         stored = reusable(cfg, Path(out_dir))
         if stored is not None:
             return load_result(Path(out_dir), stored)
-    result = run(cfg, progress=progress)
+        ck = Checkpoint(cfg, Path(out_dir))
+        ck.load()
+    result = run(cfg, progress=progress, ckpt=ck)
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir))
+        ck.done()
     return result

@@ -126,11 +126,16 @@ class Checkpoint:
         self._state = state
         return state
 
-    def resume(self) -> dict | None:
-        """The engine's saved state (its ``acc`` without a readout), or None; says so."""
+    def resume(self, device=None) -> dict | None:
+        """The engine's saved state (its ``acc`` without a readout), or None; says so. Tensors
+        come back on the CPU, or on ``device`` (an engine whose accumulator holds tensors)."""
         st = self._state if self._state is not None else self.load()
         if st is None:
             return None
+        if device is not None and str(device) != "cpu":
+            import torch
+
+            st = torch.load(self.path, map_location=device, weights_only=False)
         self._offset = st["elapsed_s"]
         print(f"precsim: resuming {self.out} from its checkpoint at step {st['engine']['pos']:,}"
               f" of {self.cfg.run.steps:,} ({st['elapsed_s']:.1f} s of work saved; "
@@ -172,7 +177,8 @@ class Checkpoint:
         readout, acc.readout = acc.readout, None  # the readout is rebuilt from the config
         try:
             buf = io.BytesIO()
-            torch.save({"config": asdict(self.cfg), "engine": state,
+            torch.save({"config": asdict(self.cfg),
+                        "engine": {k: v for k, v in state.items() if k != "finish"},
                         "elapsed_s": self._offset + t0 - self._t_start}, buf)
         finally:
             acc.readout = readout
@@ -189,6 +195,8 @@ class Checkpoint:
         from .result import make_result
 
         acc = state["acc"]
+        if "finish" in state:  # e.g. statistics still on the device: to the host first
+            state["finish"]()
         res = make_result(self.cfg, acc, state["dead_at"], engine=self._engine,
                           device=self._device, t_start=self._t_start, steps=acc.done)
         res.info["interrupted_at"] = state["pos"]

@@ -120,12 +120,15 @@ output files (in outputs/NAME/DATE_ID/, or hydra.run.dir=DIR, or run.out_dir=DIR
   summary.json         headline figures, bytes per step, config; written last (= complete)
   error_vs_length.png  error, KL and drift vs length, with the budget line
   per_step.npz         per-step rel_err of every scheme
-  precsim.log          the log (a sweep job's table and verdict go here)
+  precsim.log          the log, with the table and verdict
+  checkpoint.pt        while a run is unfinished: its state (run.checkpoint_s, default 120 s)
   a sweep directory (multirun/NAME/DATE_ID/) adds sweep_summary.csv, sweep_error_vs_length.png,
   sweep_pareto.png
 
 A finished result is never overwritten: rerunning the same config into its directory reuses it,
-another config there is an error. Hydra's own options: --hydra-help; the composed config: --cfg job
+another config there is an error. An interrupted run (Ctrl-C, kill, preemption) resumes from its
+checkpoint when rerun the same way (run.resume=false: start over; docs/resume.md).
+Hydra's own options: --hydra-help; the composed config: --cfg job
 """
 
 _MULTIRUN_FLAGS = ("-m", "--multirun")
