@@ -562,7 +562,7 @@ def _run_app(cfg) -> None:
         age = process_age()
         ck.load()  # another config's checkpoint: a one-line error before the engine starts
         try:
-            with ck, _submitit_preemption():
+            with ck, _job_signals():
                 result = run(c, progress=not multirun, ckpt=ck)
         except Interrupted as e:  # the windows done so far, marked incomplete
             e.out, e.job = out, (hc.job.num if multirun else None)
@@ -602,6 +602,9 @@ def _interrupt_lines(e, args: list[str]) -> list[str]:
 
     what = f"precsim: interrupted ({e})"
     out = getattr(e, "out", None)
+    if out is None and any(a in _MULTIRUN_FLAGS for a in args):
+        return [f"{what}; rerun the same command with the same hydra.sweep.dir to resume "
+                "(finished jobs are reused, interrupted ones resume from their checkpoints)"]
     if out is None:
         return [f"{what} before a run started; nothing to resume"]
     given = {a.split("=", 1)[0].lstrip("+") for a in args if "=" in a}
@@ -634,21 +637,23 @@ def _jobs_left(e) -> list[tuple[int, list[str]]]:
     return []
 
 
-def _submitit_preemption():
-    """In a submitit job, its preemption/time-out signal (SIGUSR2) stops the engine at the next
-    window boundary like SIGINT does (a checkpoint saved), then goes on to submitit's handler,
-    which requeues the job: the requeued job resumes from the checkpoint."""
+def _job_signals():
+    """The signals that stop a job's engine at its next window boundary (a checkpoint saved) in a
+    launcher's worker process, where :func:`main` did not install them: SIGINT and SIGTERM (a
+    joblib worker), or submitit's preemption/time-out signal, SIGUSR2, which then goes on to
+    submitit's handler: it requeues the job, and the requeued job resumes from the checkpoint."""
     import contextlib
     import signal
 
-    from precsim.checkpoint import Interrupted, install_handlers, restore_handlers
+    from precsim.checkpoint import Interrupted, _on_signal, install_handlers, restore_handlers
 
-    if not os.environ.get("SUBMITIT_EXECUTOR"):  # not a submitit job
-        return contextlib.nullcontext()
+    submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    if not submitit and signal.getsignal(signal.SIGINT) is _on_signal:
+        return contextlib.nullcontext()  # the command line's own process: installed already
 
     @contextlib.contextmanager
     def chain():
-        old = install_handlers(("SIGUSR2",))
+        old = install_handlers(("SIGUSR2",) if submitit else ("SIGINT", "SIGTERM"))
         try:
             yield
         except Interrupted as e:
@@ -672,7 +677,7 @@ def _print_end(c, summary: dict, out, reused: bool = False) -> None:
         from precsim.result import format_table
 
         print(format_table(summary))
-    _say("\n" + _end_text(c, summary, out))
+    (print if reused else _say)("\n" + _end_text(c, summary, out))  # a reuse writes nothing
 
 
 def _job_log(text: str) -> None:
