@@ -2,15 +2,18 @@
 
 The protocol an engine (or any long runner, e.g. the whole-model one) follows:
 
-* ``state = ckpt.resume()`` at the start: the state dict it saved last, or None (start at 0);
+* ``ckpt.start(name, device, t_start)``, then ``state = ckpt.resume()``: the state dict it saved
+  last, or None (start at step 0); at the end ``info.update(ckpt.info())``;
 * ``ckpt.window(pos, get_state)`` at every point where its state is whole (a window boundary:
   every step before ``pos`` is reduced or held in the accumulator, nothing after it started);
   ``get_state()`` returns a picklable dict (tensors and arrays are saved exactly) holding at
-  least ``pos``, ``acc`` (the ``metrics.Accumulator``; its readout is not saved) and
-  ``dead_at`` (scheme -> first non-finite step or None). It is called only when a checkpoint is
-  due (``run.checkpoint_s`` seconds after the last) or a stop was asked for (SIGINT, SIGTERM,
-  submitit's SIGUSR2): then the checkpoint is saved and :class:`Interrupted` raised, carrying the
-  partial result (the windows reduced so far).
+  least ``pos``, ``dead_at`` (scheme -> first non-finite step or None) and either ``acc`` (the
+  ``metrics.Accumulator``; its readout is not saved) or ``rows`` and ``per_step`` (a runner
+  that reduces its own rows, as :func:`precsim.result.make_result` takes them); an optional
+  ``finish`` callable (not saved) readies ``acc`` for a partial result. ``get_state`` is called
+  only when a checkpoint is due (``run.checkpoint_s`` seconds after the last) or a stop was
+  asked for (SIGINT, SIGTERM, submitit's SIGUSR2): then the checkpoint is saved and
+  :class:`Interrupted` raised, carrying the partial result (the windows reduced so far).
 
 The random streams are counter-based (keyed by seed, scheme, event), so a run resumed from a
 saved state draws exactly the numbers the uninterrupted run draws: results are bit-identical.
@@ -173,15 +176,18 @@ class Checkpoint:
         from .result import atomic_write_bytes
 
         t0 = time.perf_counter()
-        acc = state["acc"]
-        readout, acc.readout = acc.readout, None  # the readout is rebuilt from the config
+        acc = state.get("acc")
+        readout = getattr(acc, "readout", None)
+        if acc is not None:
+            acc.readout = None  # the readout is rebuilt from the config
         try:
             buf = io.BytesIO()
             torch.save({"config": asdict(self.cfg),
                         "engine": {k: v for k, v in state.items() if k != "finish"},
                         "elapsed_s": self._offset + t0 - self._t_start}, buf)
         finally:
-            acc.readout = readout
+            if acc is not None:
+                acc.readout = readout
         atomic_write_bytes(self.path, buf.getvalue())
         self._last = time.perf_counter()
         self.saved_s.append((self._last - t0, buf.tell()))
@@ -194,11 +200,13 @@ class Checkpoint:
     def partial(self, state: dict):
         from .result import make_result
 
-        acc = state["acc"]
+        acc = state.get("acc")
         if "finish" in state:  # e.g. statistics still on the device: to the host first
             state["finish"]()
         res = make_result(self.cfg, acc, state["dead_at"], engine=self._engine,
-                          device=self._device, t_start=self._t_start, steps=acc.done)
+                          device=self._device, t_start=self._t_start, rows=state.get("rows"),
+                          per_step=state.get("per_step"),
+                          steps=acc.done if acc is not None else state["pos"])
         res.info["interrupted_at"] = state["pos"]
         return res
 

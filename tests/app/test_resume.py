@@ -216,7 +216,6 @@ def test_sweep_interrupted_one_line_per_unfinished_job(tmp_path, reference):
     assert all(j.status == "complete" for j in report.collect(sweep))
 
 
-@pytest.mark.slow
 def test_submitit_local_job_preempted_resumes(tmp_path):
     """A submitit_local job signalled as a cluster preempts (SIGUSR2) stops at a window
     boundary with a checkpoint, is requeued by submitit and resumes from it."""
@@ -229,7 +228,7 @@ def test_submitit_local_job_preempted_resumes(tmp_path):
     simulate(_compose_config(over), tmp_path / "ref", progress=False)
     sweep = tmp_path / "sweep"
     args = ["-m", *over, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
-            "run.checkpoint_s=0.5", f"hydra.sweep.dir={sweep}"]
+            "run.checkpoint_s=0.2", f"hydra.sweep.dir={sweep}"]
     env = {k: v for k, v in os.environ.items() if k != "PRECSIM_SIGNAL_AT"}
     p = subprocess.Popen([sys.executable, "-m", "precsim", *args], cwd=tmp_path, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
