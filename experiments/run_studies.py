@@ -86,7 +86,7 @@ def _thin(steps: list[int], points: int = 48) -> set[int]:
 def tidy_rows(study: str, sweep_dir: Path, thin: bool = True) -> list[dict]:
     """The tidy rows of every complete job under ``sweep_dir`` (see the module docstring)."""
     from precsim import report
-    from precsim import results as res
+    from precsim import result as res
 
     out = []
     for job in report.collect(sweep_dir):

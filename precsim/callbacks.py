@@ -99,7 +99,7 @@ class SweepCallback(Callback):
             if err_file.exists():
                 err_file.unlink()  # an earlier attempt failed; this one did not
             return
-        from .results import atomic_write_text
+        from .result import atomic_write_text
 
         exc = job_return._return_value
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -167,10 +167,10 @@ def _wants_gpu_spread(config: DictConfig) -> bool:
 def _set_aside_broken(out: Path) -> None:
     """If ``out`` claims completion but its files do not hold up, move the summary aside."""
     from .report import check_run_dir
-    from .results import SUMMARY_FILE
+    from .result import SUMMARY_FILE, interrupted_at
 
     summary = out / SUMMARY_FILE
-    if not summary.is_file():
+    if not summary.is_file() or interrupted_at(out) is not None:  # interrupted: resumes
         return
     why = check_run_dir(out)
     if why is not None:

@@ -120,12 +120,15 @@ output files (in outputs/NAME/DATE_ID/, or hydra.run.dir=DIR, or run.out_dir=DIR
   summary.json         headline figures, bytes per step, config; written last (= complete)
   error_vs_length.png  error, KL and drift vs length, with the budget line
   per_step.npz         per-step rel_err of every scheme
-  precsim.log          the log (a sweep job's table and verdict go here)
+  precsim.log          the log, with the table and verdict
+  checkpoint.pt        while a run is unfinished: its state (run.checkpoint_s, default 120 s)
   a sweep directory (multirun/NAME/DATE_ID/) adds sweep_summary.csv, sweep_error_vs_length.png,
   sweep_pareto.png
 
 A finished result is never overwritten: rerunning the same config into its directory reuses it,
-another config there is an error. Hydra's own options: --hydra-help; the composed config: --cfg job
+another config there is an error. An interrupted run (Ctrl-C, kill, preemption) resumes from its
+checkpoint when rerun the same way (run.resume=false: start over; docs/resume.md).
+Hydra's own options: --hydra-help; the composed config: --cfg job
 """
 
 _MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -160,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (user
     errors raise ``SystemExit(2)`` after one line on stderr)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    from precsim.checkpoint import Interrupted, install_handlers, restore_handlers
+
+    old_handlers = install_handlers()  # SIGINT/SIGTERM: one line and 130/143, no traceback
     keep_freed_memory()
     collecting = gc.isenabled()
     # no cyclic garbage collection while the imports run (the collections they set off took
@@ -180,7 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except (Interrupted, KeyboardInterrupt) as e:
+        if isinstance(e, KeyboardInterrupt):
+            import signal
+
+            e = Interrupted(signal.SIGINT)
+        for line in _interrupt_lines(e, args):
+            print(line, file=sys.stderr, flush=True)
+        return e.exit_code
     finally:  # an in-process caller (tests, a notebook) gets its collector back as it was
+        restore_handlers(old_handlers)
         gc.unfreeze()
         if collecting:
             gc.enable()
@@ -224,6 +239,8 @@ def _main(args: list[str]) -> int:
             _fail(one_line(e))
         raise
 
+    from precsim.checkpoint import Interrupted
+
     @hydra.main(version_base="1.3", config_path="pkg://precsim.conf", config_name="config")
     def _app(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -231,6 +248,10 @@ def _main(args: list[str]) -> int:
 
         try:
             _run_app(cfg)
+        except Interrupted as e:
+            if e.pos is None and fresh_dir[0] and HydraConfig.get().mode == RunMode.RUN:
+                _remove_stub(HydraConfig.get())  # nothing of this run in it: no stray folder
+            raise
         except Exception as e:
             # a single run ends here with one line; in a sweep the callback records the job's
             # error and the other jobs go on
@@ -378,7 +399,7 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
         return False
     out = Path(out)
     fresh_dir[0] = run_dir is not None and not Path(run_dir).exists()
-    from precsim.api import reusable
+    from precsim.result import reusable
 
     stored = reusable(c, out)
     if stored is None:
@@ -523,17 +544,19 @@ def _run_app(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from precsim.api import format_table, reusable, write_outputs
+    from precsim.checkpoint import Checkpoint, Interrupted
     from precsim.config import to_config
     from precsim.engines import run
+    from precsim.result import format_table, reusable, write_outputs
 
     t0 = time.perf_counter()
     c = _to_config(cfg, to_config)
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    say = _job_log if multirun else print
+    say = _job_log if multirun else _say
     out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
     stored = reusable(c, out)
+    ck = Checkpoint(c, out)
     if stored is not None:
         gc.enable()  # off for the start-up (main)
         say(f"precsim: {out} already holds a complete result of this config; reused")
@@ -552,11 +575,21 @@ def _run_app(cfg) -> None:
             else:
                 _print_end(c, summary, out)
             return
-        result = run(c, progress=not multirun)
+        ck.load()  # another config's checkpoint: a one-line error before the engine starts
+        try:
+            with ck, _job_signals():
+                result = run(c, progress=not multirun, ckpt=ck)
+        except Interrupted as e:  # the windows done so far, marked incomplete
+            e.out, e.job = out, (hc.job.num if multirun else None)
+            if e.partial is not None:
+                write_outputs(c, e.partial, out, complete=False)
+            _job_log(f"interrupted ({e}) at step {e.pos}; checkpoint {e.path}")
+            raise
         if age is not None and not multirun:  # a sweep's jobs share one process
             result.info["phases_s"] = {"startup": round(age, 4),
                                        **result.info.get("phases_s", {})}
         summary = write_outputs(c, result, out)
+        ck.done()
         say(format_table(summary))
         say(f"\nengine={result.engine} device={result.device} steps={result.steps} "
             f"wall={result.wall_s:.2f}s -> {out}")
@@ -571,6 +604,83 @@ def _run_app(cfg) -> None:
         _print_end(c, summary, out, reused=stored is not None)
 
 
+def _say(text: str) -> None:
+    """Print, and keep it in the run's log (precsim.log holds the table and the verdict)."""
+    print(text)
+    _job_log(text)
+
+
+def _interrupt_lines(e, args: list[str]) -> list[str]:
+    """What an interrupted run or sweep says: one line per unfinished job, each with where it
+    stopped, its checkpoint and the command that resumes it."""
+    import shlex
+
+    what = f"precsim: interrupted ({e})"
+    out = getattr(e, "out", None)
+    if out is None and any(a in _MULTIRUN_FLAGS for a in args):
+        return [f"{what}; rerun the same command with the same hydra.sweep.dir to resume "
+                "(finished jobs are reused, interrupted ones resume from their checkpoints)"]
+    if out is None:
+        return [f"{what} before a run started; nothing to resume"]
+    given = {a.split("=", 1)[0].lstrip("+") for a in args if "=" in a}
+    multirun = any(a in _MULTIRUN_FLAGS for a in args)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    where = out.parent if multirun else out
+    pin = [] if {key, "run.out_dir"} & given else [f"{key}={where}"]
+    cmd = "python -m precsim " + shlex.join([*args, *pin])
+    at = (f"at step {e.pos:,}; checkpoint {e.path}, partial results (complete: false) in {out}"
+          if e.path is not None else f"with nothing saved in {out}" if e.pos is None else
+          f"at step {e.pos:,} (nothing saved)")
+    if not multirun:
+        return [f"{what} {at}; resume: {cmd}"]
+    lines = [f"{what}: job {e.job} {at}"]
+    lines += [f"precsim: job {n} not started ({' '.join(o)})" for n, o in _jobs_left(e)]
+    return lines + [f"precsim: resume the sweep: {cmd}"]
+
+
+def _jobs_left(e) -> list[tuple[int, list[str]]]:
+    """The jobs of Hydra's basic launcher after the interrupted one (from the launcher's loop,
+    which the interrupt left); none found for other launchers."""
+    tb = e.__traceback__
+    while tb is not None:
+        loc = tb.tb_frame.f_locals
+        if tb.tb_frame.f_code.co_name == "launch" and "job_overrides" in loc and "idx" in loc:
+            first = loc.get("initial_job_idx", 0)
+            return [(first + i, list(o)) for i, o in enumerate(loc["job_overrides"])
+                    if first + i > loc["idx"]]
+        tb = tb.tb_next
+    return []
+
+
+def _job_signals():
+    """The signals that stop a job's engine at its next window boundary (a checkpoint saved) in a
+    launcher's worker process, where :func:`main` did not install them: SIGINT and SIGTERM (a
+    joblib worker), or submitit's preemption/time-out signal, SIGUSR2, which then goes on to
+    submitit's handler: it requeues the job, and the requeued job resumes from the checkpoint."""
+    import contextlib
+    import signal
+
+    from precsim.checkpoint import Interrupted, _on_signal, install_handlers, restore_handlers
+
+    submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    if not submitit and signal.getsignal(signal.SIGINT) is _on_signal:
+        return contextlib.nullcontext()  # the command line's own process: installed already
+
+    @contextlib.contextmanager
+    def chain():
+        old = install_handlers(("SIGUSR2",) if submitit else ("SIGINT", "SIGTERM"))
+        try:
+            yield
+        except Interrupted as e:
+            if e.signum == signal.SIGUSR2 and callable(old.get(signal.SIGUSR2)):
+                old[signal.SIGUSR2](e.signum, None)  # submitit: requeue, exit
+            raise
+        finally:
+            restore_handlers(old)
+
+    return chain()
+
+
 def _end_text(c, summary: dict, out) -> str:
     from precsim import report
 
@@ -579,10 +689,10 @@ def _end_text(c, summary: dict, out) -> str:
 
 def _print_end(c, summary: dict, out, reused: bool = False) -> None:
     if reused:
-        from precsim.api import format_table
+        from precsim.result import format_table
 
         print(format_table(summary))
-    print("\n" + _end_text(c, summary, out))
+    (print if reused else _say)("\n" + _end_text(c, summary, out))  # a reuse writes nothing
 
 
 def _job_log(text: str) -> None:

@@ -107,6 +107,10 @@ class RunConfig:
     threads: Any = "auto"
     progress: bool = True
     out_dir: str | None = None  # default: Hydra's run directory (cwd when no Hydra)
+    # the engine's state saved beside the results at most every checkpoint_s seconds (0: never;
+    # docs/resume.md); a rerun into the directory resumes from it unless resume=false
+    checkpoint_s: float = 120.0
+    resume: bool = True
 
 
 @dataclass
@@ -260,6 +264,9 @@ def validate(cfg: Config) -> None:
     check_choice("run.device", run.device, DEVICES)
     check_choice("run.engine", run.engine, ENGINES)
     check_choice("run.compute_dtype", run.compute_dtype, COMPUTE_DTYPES)
+    check(isinstance(run.checkpoint_s, (int, float)) and not isinstance(run.checkpoint_s, bool)
+          and run.checkpoint_s >= 0, "run.checkpoint_s", run.checkpoint_s,
+          "seconds >= 0 (0: no checkpoints)")
     check(run.threads == "auto" or (isinstance(run.threads, int) and not isinstance(
         run.threads, bool) and run.threads >= 0), "run.threads", run.threads,
           "auto or an integer >= 0 (0 = all cores)")

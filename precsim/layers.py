@@ -26,9 +26,9 @@ def is_record_dir(cfg) -> bool:
 
 def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     """Replay every layer of ``cfg.workload.path`` into ``out``; returns the combined summary."""
-    from . import results as res
-    from .api import reusable, write_outputs
+    from . import result as res
     from .engines import run
+    from .result import reusable, write_outputs
     from .errors import PrecsimError
     from .workload import recorded_layers
 

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import results as res
+from . import result as res
 
 METRICS = ("kl", "rel_err", "state_drift")
 CSV_FILE = "sweep_summary.csv"
@@ -130,8 +130,11 @@ def collect(root: Path) -> list[Job]:
             job.summary = json.loads((p / res.SUMMARY_FILE).read_text())
         else:
             err = p / ERROR_FILE
+            at = res.interrupted_at(p)
             if err.is_file():
                 job.status, job.error = "failed", (err.read_text().splitlines() or [""])[0]
+            elif at is not None:
+                job.status, job.error = "incomplete", f"interrupted at step {at:,}"
             elif (p / res.SUMMARY_FILE).exists():
                 job.status, job.error = "broken", why
             else:

@@ -1,13 +1,32 @@
-"""What a run produced (``Result``), built in one place (:func:`make_result`) by every engine,
-and the headline figures of a summary (:func:`summary_figures`)."""
+"""A run's result in one place: what it produced (:class:`Result`, built by every engine with
+:func:`make_result`), its summary (:func:`build_summary`, headline figures by
+:func:`summary_figures`), its table text (:func:`format_table`) and its files
+(:func:`write_outputs`, read back by :func:`load_result`): ``metrics.csv`` (tidy),
+``per_step.npz``, the PNG, then ``summary.json`` last (its ``complete`` flag marks a finished
+run; sweeps and reuse rely on it).
+
+Every file is written to a temporary name in the same directory and renamed into place, so a
+reader never sees half a file and an interrupted run leaves no corrupt result behind.
+"""
 
 from __future__ import annotations
 
+import csv
+import datetime as _dt
+import io
+import json
 import math
+import os
+import platform
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
+
+from .config import Config
+from .errors import PrecsimError
 
 
 @dataclass
@@ -63,3 +82,285 @@ def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
             figs["final"]["first_flip"] = last["first_flip"]
             figs["final"]["flipped"] = int(last["flipped"])
     return out
+
+
+# -- files ------------------------------------------------------------------------------------
+METRICS_FILE = "metrics.csv"
+SUMMARY_FILE = "summary.json"
+PER_STEP_FILE = "per_step.npz"
+PLOT_FILE = "error_vs_length.png"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0o22)  # read it (mkstemp's file is 0600): the file follows it, as open's
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, (np.floating,)):
+        return _clean(float(v))
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    return v
+
+
+def rows_to_csv(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))  # every key, in first-seen order
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else
+                        (f"{v:.6e}" if isinstance(v, float) else v)) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
+
+
+def write_per_step(path: Path, per_step: dict[str, np.ndarray]) -> None:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: v.astype(np.float32) for k, v in per_step.items()})
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for r in rows:
+        d = {}
+        for k, v in r.items():
+            if k == "scheme":
+                d[k] = v
+            elif k == "step":
+                d[k] = int(v)
+            else:
+                try:
+                    d[k] = float(v) if v != "" else math.nan
+                except ValueError:
+                    d[k] = v
+        out.append(d)
+    return out
+
+
+def is_complete(run_dir: Path) -> bool:
+    """A run directory is complete when summary.json parses and its metrics.csv exists."""
+    return _complete_flag(run_dir) is True
+
+
+def interrupted_at(run_dir: Path) -> int | None:
+    """The step an interrupted run's files end at (its summary says ``complete: false``)."""
+    flag = _complete_flag(run_dir, full=True)
+    return flag.get("info", {}).get("interrupted_at", 0) if isinstance(flag, dict) else None
+
+
+def _complete_flag(run_dir: Path, full: bool = False):
+    """summary.json's ``complete`` (its whole content when ``full`` and it is false), None when
+    summary.json or metrics.csv is missing or unreadable."""
+    s, m = Path(run_dir) / SUMMARY_FILE, Path(run_dir) / METRICS_FILE
+    try:
+        data = json.loads(s.read_text()) if m.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    done = bool(data.get("complete"))
+    return data if full and not done else done
+
+
+# keys that do not change a result's numbers: a rerun that differs only here reuses the result
+RESULT_NEUTRAL_KEYS = ("run.progress", "run.out_dir", "run.threads", "run.checkpoint_s",
+                       "run.resume", "metrics.plot", "metrics.budget", "metrics.budget_metric")
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]:
+    """``(key, stored value, current value)`` for every result-changing key that differs
+    between two configs (as written in ``summary.json``). With ``workload.kind=trace`` the trace
+    fixes ``model.*``, so those keys are not compared."""
+    a = _flat(json.loads(json.dumps(_clean(stored))))
+    b = _flat(json.loads(json.dumps(_clean(current))))
+    trace = b.get("workload.kind") == "trace"
+    out = []
+    for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k)):
+        if k in RESULT_NEUTRAL_KEYS or (trace and k.startswith("model.")):
+            continue
+        if a.get(k) != b.get(k):
+            out.append((k, a.get(k), b.get(k)))
+    return out
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """The parsed ``summary.json`` of a complete run directory, else None."""
+    if not is_complete(run_dir):
+        return None
+    return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
+
+
+def reusable(cfg: Config, out: Path) -> dict | None:
+    """The summary of a complete result in ``out`` made by the same config (result-neutral keys
+    such as ``run.progress`` or the budget aside); ``None`` when ``out`` holds no complete result.
+    A complete result of a *different* config is a one-line :class:`PrecsimError`: a finished
+    result is never overwritten."""
+    stored = read_summary(out)
+    if stored is None:
+        return None
+    diff = config_diff(stored.get("config", {}), asdict(cfg))
+    if diff:
+        key, old, new = diff[0]
+        more = f" and {len(diff) - 1} more" if len(diff) > 1 else ""
+        raise PrecsimError(f"{out} already holds a complete result of another config ({key}="
+                           f"{old!r} there, {new!r} now{more}); allowed: the same config, or "
+                           "another directory (run.out_dir / hydra.run.dir); delete it to redo")
+    return stored
+
+
+def load_result(out: Path, summary: dict) -> Result:
+    """A :class:`Result` read back from a complete run directory."""
+    with np.load(out / PER_STEP_FILE) as z:
+        per_step = {k: z[k].astype(np.float64) for k in z.files}
+    return Result(rows=read_rows(out / METRICS_FILE), per_step_rel_err=per_step,
+                  schemes=summary.get("schemes", {}), engine=summary.get("engine", ""),
+                  device=summary.get("device", ""), wall_s=float(summary.get("wall_s") or 0.0),
+                  steps=int(summary["steps"]), info={**summary.get("info", {}), "reused": True})
+
+
+def reported_lengths(cfg: Config, steps: int) -> tuple[list[int], list[int]]:
+    """``metrics.lengths`` split into (reported, skipped): a length is reported when a window
+    ends there (a multiple of ``metrics.window``) and the run reaches it, so a figure is never
+    labelled with a length its window does not end at."""
+    w = cfg.metrics.window
+    ok = [L for L in cfg.metrics.lengths if L <= steps and L % w == 0]
+    skipped = [L for L in cfg.metrics.lengths if L <= steps and L % w != 0]
+    return ok, skipped
+
+
+def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
+    from .cost import scheme_costs
+
+    lengths, skipped = reported_lengths(cfg, result.steps)
+    return {
+        "complete": complete,
+        "name": cfg.name,
+        "engine": result.engine,
+        "device": result.device,
+        "wall_s": round(result.wall_s, 4),
+        "steps": result.steps,
+        "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "figures": summary_figures(result.rows, lengths, result.steps),
+        "lengths_skipped": skipped,
+        "schemes": result.schemes,
+        "cost": scheme_costs(cfg),
+        "info": result.info,
+        "config": asdict(cfg),
+    }
+
+
+def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True) -> dict:
+    """metrics.csv, per_step.npz, the PNG, then summary.json last (it marks completion; an
+    interrupted run's files, up to its last whole window, say ``complete: false`` and no PNG)."""
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / METRICS_FILE, rows_to_csv(result.rows))
+    write_per_step(out / PER_STEP_FILE, result.per_step_rel_err)
+    summary = build_summary(cfg, result, complete)
+    if cfg.metrics.plot and complete:
+        from .plots import plot_error_vs_length
+
+        m = cfg.model
+        title = result.info.get("title") or (
+            f"{m.name}: {m.heads}×{m.head_dim}×{m.state_dim}, {cfg.workload.kind}, "
+            f"L={cfg.replay.buffer_len}" + (f", T={cfg.replay.drafts}" if cfg.replay.drafts
+                                            else "") + f", seed {cfg.run.seed}")
+        labels = {n: s["label"] for n, s in result.schemes.items()}
+        plot_error_vs_length(result.rows, labels, out / PLOT_FILE, title,
+                             budget=(cfg.metrics.budget_metric, cfg.metrics.budget))
+    if "phases_s" in summary.get("info", {}):  # the files before summary.json (it is written last)
+        summary["info"]["phases_s"]["files"] = round(time.perf_counter() - t0, 4)
+    write_json(out / SUMMARY_FILE, summary)
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    """A plain-text table of the headline figures (printed by the CLI)."""
+    figs = summary["figures"]
+    lengths = sorted({int(k) for f in figs.values() for k in f if k.isdigit()})
+    seqs = summary.get("config", {}).get("run", {}).get("seqs")
+    div = any("first_flip" in f.get("final", {}) for f in figs.values())
+    head = f"{'scheme':<26}" + "".join(f"{'err@' + _k(L):>11}" for L in lengths) + \
+        f"{'err(final)':>11}{'KL(final)':>11}" + \
+        (f"{'top1':>8}{'1st flip':>15}" if div else "") + f"{'drift':>10}{'B/step/hd':>11}"
+    lines = [head, "-" * len(head)]
+    cost = summary.get("cost", {})
+    for name, f in figs.items():
+        cells = "".join(f"{_fmt(f.get(str(L), {}).get('rel_err')):>11}" for L in lengths)
+        fin = f.get("final", {})
+        b = cost.get(name, {}).get("bytes_per_step")
+        dead = summary["schemes"].get(name, {}).get("dead_at")
+        tail = f"  (non-finite from step {dead})" if dead else ""
+        lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}{_fmt(fin.get('kl')):>11}"
+                     + (f"{_share(fin.get('top1')):>8}{_flip(fin, seqs):>15}" if div else "")
+                     + f"{_fmt(fin.get('state_drift')):>10}"
+                     f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")
+    return "\n".join(lines)
+
+
+def _share(v) -> str:
+    """A share in [0, 1] with 4 decimals (0.9996 must not print as 1)."""
+    return "nan" if v is None or not math.isfinite(v) else f"{v:.4f}"
+
+
+def _flip(fin: dict, seqs) -> str:
+    """``first_flip`` with the count of sequences that flipped (``none`` when none did)."""
+    n = fin.get("flipped")
+    if n is None:
+        return "-"
+    if not n:
+        return "none"
+    return f"{fin['first_flip']:,.0f} ({n}/{seqs if seqs else '?'})"
+
+
+def _k(L: int) -> str:
+    return f"{L // 1024}K" if L >= 1024 and L % 1024 == 0 else str(L)
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "nan"
+    return f"{v:.3g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"

@@ -127,7 +127,7 @@ def replay(study: str, name: str, rec: dict, work: Path, window: int) -> tuple[P
 
 def tidy(study: str, sweep: Path, rec: dict) -> list[dict]:
     from precsim import report
-    from precsim import results as res
+    from precsim import result as res
 
     out = []
     for job in report.collect(sweep):

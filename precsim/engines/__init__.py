@@ -67,8 +67,9 @@ def resolve_engine(name: str, device: str, cfg: Config | None = None) -> str:
     return name
 
 
-def run(cfg: Config, progress: bool = True) -> Result:
-    """Run a validated config on the engine and device it asks for."""
+def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
+    """Run a validated config on the engine and device it asks for; ``ckpt``: its
+    :class:`precsim.checkpoint.Checkpoint` (saves and restores the engine's state)."""
     import torch
 
     device = resolve_device(cfg.run.device)
@@ -80,7 +81,7 @@ def run(cfg: Config, progress: bool = True) -> Result:
     nt = torch_threads(cfg.run.threads)
     if nt is not None and torch.get_num_threads() != nt:
         torch.set_num_threads(nt)
-    return engine_module(engine).run(cfg, device, progress=progress)
+    return engine_module(engine).run(cfg, device, progress=progress, ckpt=ckpt)
 
 
 __all__ = ["ENGINES", "AUTO", "engine_module", "resolve_device", "resolve_engine", "run"]

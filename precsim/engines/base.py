@@ -53,6 +53,18 @@ def flush_schedule(cfg: Config) -> Iterator[int]:
             committed = 0
 
 
+def skip_to(segments: Iterator[int], pos: int) -> Iterator[int]:
+    """The segments of ``segments`` after the first ``pos`` steps (a resumed run: a checkpoint
+    is saved where a segment ends)."""
+    done = 0
+    for m in segments:
+        if done >= pos:
+            yield m
+        done += m
+        if done > pos and done - m < pos:
+            raise ValueError(f"step {pos} is inside a segment")
+
+
 def progress_bar(cfg: Config, enabled: bool):
     """A tqdm bar over the run's steps (None when disabled, not a TTY, or tqdm is missing)."""
     if not (enabled and cfg.run.progress):

@@ -36,6 +36,7 @@ import torch
 from precsim import formats as pf
 from precsim.formats.rng import event_keys
 
+from ..checkpoint import Checkpoint, restore_acc
 from ..config import Config
 from ..families import decays
 from ..metrics import Accumulator, Readout
@@ -915,10 +916,12 @@ def _gdn_terms(la32, q, k, L: int, Sq: int, H: int):
     return gam, A, M, wl
 
 
-def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs: bool = False):
+def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs: bool = False,
+        ckpt: Checkpoint | None = None):
     """Run ``cfg`` on the fused CPU engine; the same ``Result`` as the torch engine's.
 
-    ``record_outputs`` keeps every output in ``info["outputs"]`` (tests, small runs).
+    ``record_outputs`` keeps every output in ``info["outputs"]`` (tests, small runs); ``ckpt``
+    saves and restores its state (:mod:`precsim.checkpoint`).
     """
     t_start = time.perf_counter()
     wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
@@ -930,10 +933,13 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
 
         logging.getLogger("precsim").warning(
             "precsim: the numba engine does not support %s; running the torch engine", reason)
-        res = torch_engine.run(cfg, device, progress=progress, record_outputs=record_outputs)
+        res = torch_engine.run(cfg, device, progress=progress, record_outputs=record_outputs,
+                               ckpt=ckpt)
         res.info["numba_fallback"] = reason
         return res
     threads = min(cpu_threads(cfg.run.threads), numba.config.NUMBA_NUM_THREADS)
+    ck = ckpt or Checkpoint(cfg, None)
+    ck.start(NAME, "cpu", t_start)
     m = cfg.model
     Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
     SH = Sq * H
@@ -1102,10 +1108,24 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     # kernel beside the host thread oversubscribed the cores). One thread: window after window.
     overlap = threads > 1
     ends = launch_ends(steps, cfg.metrics.window, L)
+    t0 = 0
+    saved = ck.resume()
+    if saved is not None:  # the arrays in place: every window's arguments refer to them
+        t0, dead_at[:] = saved["pos"], saved["dead"]
+        for a, k in ((S64, "S64"), (st, "st"), (rd, "rd")):
+            a[...] = saved[k]
+        restore_acc(acc, saved["acc"])
+        ends = [e for e in ends if e > t0]
+        if bar is not None:
+            bar.update(t0)
+
+    def whole(pos: int):  # the state when window ``pos`` is finished and the next not started
+        return lambda: {"pos": pos, "S64": S64, "st": st, "rd": rd, "dead": dead_at, "acc": acc,
+                        "dead_at": {s.name: dead_at[i] for i, s in enumerate(schemes)}}
+
     first = slow_notice("compiling the fused CPU engine (the first run after an install; numba "
                         "caches it on disk)", bar is not None, after=4.0)
     if not overlap:
-        t0 = 0
         for t1 in ends:
             w = prepare(t0, t1)
             with first if t0 == 0 else contextlib.nullcontext():
@@ -1113,11 +1133,12 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
             snapshot(w)
             finish(w)
             t0 = t1
+            ck.window(t1, whole(t1))
     else:
         from concurrent.futures import ThreadPoolExecutor, wait
 
         with ThreadPoolExecutor(threads - 1, thread_name_prefix="precsim-numba") as pool:
-            futs, prev, t0 = [], None, 0
+            futs, prev = [], None
             for t1 in ends:
                 w = prepare(t0, t1)
                 if prev is not None:
@@ -1127,6 +1148,10 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                     for f in futs:
                         f.result()
                     snapshot(prev)
+                    if ck.due(prev["t1"]):  # whole: finish it before the next one starts
+                        finish(prev)
+                        ck.window(prev["t1"], whole(prev["t1"]))
+                        prev = None
                 futs = [pool.submit(kernel, w) for _ in range(threads - 1)]
                 if prev is not None:
                     finish(prev)
@@ -1144,7 +1169,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     n_flush = len(seg_ends)
     info = {"flushes": n_flush, "workload": cfg.workload.kind,
             "mean_segment": steps / max(n_flush, 1), "kernel_s": sum(t_kernel),
-            "threads": threads}
+            "threads": threads, **ck.info()}
     if record_outputs:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
     return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,

@@ -16,13 +16,14 @@ import time
 import numpy as np
 import torch
 
+from ..checkpoint import Checkpoint, restore_acc
 from ..config import Config
 from ..families import decays, get_family
 from ..metrics import Accumulator, Readout
 from ..result import Result, make_result
 from ..schemes import format_options, quantize_state
 from ..workload import expand_groups, make_workload
-from .base import buffer_rounder, flush_schedule, progress_bar
+from .base import buffer_rounder, flush_schedule, progress_bar, skip_to
 
 NAME = "numpy"
 
@@ -49,8 +50,10 @@ def supports(cfg: Config, device: str) -> str | None:
 
 
 def run(cfg: Config, device: str = "cpu", progress: bool = True,
-        record_outputs: bool = False) -> Result:
+        record_outputs: bool = False, ckpt: Checkpoint | None = None) -> Result:
     t_start = time.perf_counter()
+    ck = ckpt or Checkpoint(cfg, None)
+    ck.start(NAME, "cpu", t_start)
     wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
     fam = cfg.model.family
     family = get_family(fam)
@@ -79,7 +82,19 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
     bar = progress_bar(cfg, progress)
     tdt = torch.float32 if dt_ == np.float32 else torch.float64
     pos = 0
-    for m in flush_schedule(cfg):
+    saved = ck.resume()
+    if saved is not None:
+        pos, S_ref, state, read, events, dead = (saved[k] for k in (
+            "pos", "S_ref", "state", "read", "events", "dead_at"))
+        restore_acc(acc, saved["acc"])
+        if bar is not None:
+            bar.update(pos)
+
+    def whole() -> dict:  # the state at a flush (every buffer empty)
+        return {"pos": pos, "S_ref": S_ref, "state": state, "read": read, "events": events,
+                "dead_at": dead, "acc": acc}
+
+    for m in skip_to(flush_schedule(cfg), pos):
         t64 = expand_groups(wl.chunk(pos, pos + m), H)
         inp64 = {k: v.numpy() for k, v in t64.items()}
         inp64.update({k: v.numpy() for k, v in decays(fam, t64, p64, torch.float64).items()})
@@ -133,10 +148,11 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                 for n, h in held.items()})
         if bar is not None:
             bar.update(m)
+        ck.window(pos, whole)
     acc.finish()
     if bar is not None:
         bar.close()
-    info = {}
+    info = ck.info()
     if record_outputs:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
     return make_result(cfg, acc, dead, engine=NAME, device="cpu", t_start=t_start, info=info)

@@ -14,13 +14,14 @@ import time
 import numpy as np
 import torch
 
+from ..checkpoint import Checkpoint, restore_acc
 from ..config import Config
 from ..families import decays, family_params, get_family
 from ..metrics import Accumulator, Readout
 from ..result import Result, make_result
 from ..schemes import build_schemes
 from ..workload import expand_groups, make_workload
-from .base import buffer_rounder, flush_schedule, progress_bar
+from .base import buffer_rounder, flush_schedule, progress_bar, skip_to
 
 NAME = "torch"
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
@@ -31,9 +32,12 @@ def supports(cfg: Config, device: str) -> str | None:
 
 
 def run(cfg: Config, device: str = "cpu", progress: bool = True,
-        record_outputs: bool = False) -> Result:
-    """Run ``cfg``; ``record_outputs`` keeps every output in ``info["outputs"]`` (tests)."""
+        record_outputs: bool = False, ckpt: Checkpoint | None = None) -> Result:
+    """Run ``cfg``; ``record_outputs`` keeps every output in ``info["outputs"]`` (tests);
+    ``ckpt`` saves and restores its state (:mod:`precsim.checkpoint`)."""
     t_start = time.perf_counter()
+    ck = ckpt or Checkpoint(cfg, None)
+    ck.start(NAME, device, t_start)
     wl = make_workload(cfg, device)  # first: a trace fixes model.family and the shape
     family = get_family(cfg.model.family)
     cdt = DTYPES[cfg.run.compute_dtype]
@@ -60,7 +64,21 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
     bar = progress_bar(cfg, progress)
     pos = n_flush = 0
     recorded: dict[str, list] = {n: [] for n in ["truth", *(s.name for s in schemes)]}
-    for m in flush_schedule(cfg):
+    saved = ck.resume()
+    if saved is not None:
+        pos, n_flush, S_ref = saved["pos"], saved["n_flush"], saved["S_ref"].to(dev)
+        restore_acc(acc, saved["acc"])
+        for s, d in zip(schemes, saved["schemes"], strict=True):
+            s.__dict__.update({k: v.to(dev) if torch.is_tensor(v) else v for k, v in d.items()})
+        if bar is not None:
+            bar.update(pos)
+
+    def state() -> dict:
+        return {"pos": pos, "n_flush": n_flush, "S_ref": S_ref, "acc": acc,
+                "schemes": [vars(s) for s in schemes],
+                "dead_at": {s.name: s.dead_at for s in schemes}}
+
+    for m in skip_to(flush_schedule(cfg), pos):
         inp64 = expand_groups(wl.chunk(pos, pos + m), H)
         inp64["la"] = family.log_decay(inp64, p64)
         y_ref, S_ref = family.segment(S_ref, S_ref, inp64, p64, out_from_fold=True,
@@ -98,10 +116,11 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                                           for s in schemes})
         if bar is not None:
             bar.update(m)
+        ck.window(pos, state)
     acc.finish()
     if bar is not None:
         bar.close()
-    info = {"flushes": n_flush, "mean_segment": cfg.run.steps / max(n_flush, 1)}
+    info = {"flushes": n_flush, "mean_segment": cfg.run.steps / max(n_flush, 1), **ck.info()}
     if record_outputs:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
     return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,

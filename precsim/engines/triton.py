@@ -24,6 +24,7 @@ import torch
 
 from precsim import formats as pf
 
+from ..checkpoint import Checkpoint, restore_acc
 from ..config import Config
 from ..errors import PrecsimError
 from ..families import decays, fast_exp32, get_family
@@ -162,10 +163,11 @@ class Options:
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
-        **kw) -> Result:
+        ckpt: Checkpoint | None = None, **kw) -> Result:
     """Run ``cfg`` with the fused kernels (``kw``: fields of :class:`Options`). Settings the
     kernels do not cover fall back to the torch engine with a logged note
-    (``Result.info["triton_fallback"]``)."""
+    (``Result.info["triton_fallback"]``). ``ckpt`` saves and restores its state at batch
+    boundaries (:mod:`precsim.checkpoint`)."""
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
      maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag,
@@ -182,10 +184,12 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
 
         log.warning("precsim: the Triton engine does not support %s; running the torch engine",
                     reason)
-        res = torch_engine.run(cfg, device, progress=progress)
+        res = torch_engine.run(cfg, device, progress=progress, ckpt=ckpt)
         res.info["triton_fallback"] = reason
         return res
     t_start = time.perf_counter()
+    ck = ckpt or Checkpoint(cfg, None)
+    ck.start(NAME, device, t_start)
     from precsim.kernels import gdn as gdn_kernels
     from precsim.kernels import mamba2 as mamba2_kernels
     from precsim.kernels.codes import dispatch_order
@@ -336,6 +340,47 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     batches = [ends[k:k + G] for k in range(0, len(ends), G)]
     next_drift = cfg.metrics.window  # fused drift samples, as Accumulator.want_drift
     drift_parts: list[tuple[int, torch.Tensor]] = []
+    T0 = 0
+    saved = ck.resume(dev)
+    if saved is not None:  # the same batches as the uninterrupted run, from the saved one on
+        T0, next_drift, drift_parts = saved["pos"], saved["next_drift"], saved["drift_parts"]
+        for t in ("S64", "st", "rd", "first_bad", "dead", "dead_at_dev"):
+            {"S64": S64, "st": st, "rd": rd, "first_bad": first_bad, "dead": dead,
+             "dead_at_dev": dead_at}[t].copy_(saved[t])
+        restore_acc(acc, saved["acc"])
+        batches = [b for b in batches if b[-1] > T0]
+        if bar is not None:
+            bar.update(T0)
+
+    def dead_map() -> dict:
+        firsts = [-1 if v == NO_STEP else v for v in first_bad.tolist()] if fused else \
+            dead_at.tolist()
+        return {s.name: firsts[slot[i]] if firsts[slot[i]] >= 0 else None
+                for i, s in enumerate(schemes)}
+
+    def close_metrics(dead_by_name: dict) -> None:
+        """Every window's statistics on the host (the device synchronised)."""
+        if drift_parts:  # every fused drift sample finished at once, one copy to the host
+            d_st, d_rd = drift_from_partials(torch.stack([p for _, p in drift_parts]))
+            d_st, d_rd = d_st.cpu().numpy(), d_rd.cpu().numpy()
+            names_slot = [schemes[i].name for i in by_slot]
+            for j, (pos, _) in enumerate(drift_parts):
+                acc.record_drift_norms(pos, d_st[j], d_rd[j], names_slot, split)
+        acc.finish()
+        acc.to_host(dead_by_name)
+
+    def whole() -> dict:  # after drain(): every launch and window metric before T0 done
+        return {"pos": T0, "S64": S64, "st": st, "rd": rd, "first_bad": first_bad, "dead": dead,
+                "dead_at_dev": dead_at, "drift_parts": list(drift_parts),
+                "next_drift": next_drift, "acc": acc, "dead_at": dead_map(),
+                "finish": lambda: close_metrics(dead_map())}
+
+    def drain() -> None:
+        while pending:
+            p = pending.pop(0)
+            p.result() if worker is not None else process(p)
+        if cuda:
+            torch.cuda.synchronize(dev)
 
     fast = cfg.model.decay_exp == "fast"
     launch_kw = dict(lpt=lpt, buf=BUF_IDS[cfg.replay.buffer_dtype],
@@ -393,7 +438,6 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         if pre is not None:
             pre.wait_stream(main)  # the inputs' parameters were copied on the default stream
         nxt = None
-        T0 = 0
         if cuda:  # the GPU's idle time between launches (info["gpu_idle_s"]), from here
             e_loop = torch.cuda.Event(enable_timing=True)
             e_loop.record()
@@ -468,26 +512,18 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             else:
                 process(item)
             T0 = T1
-        while pending:
-            p = pending.pop(0)
-            p.result() if worker is not None else process(p)
+            if ck.due(T0):
+                drain()
+                ck.window(T0, whole)
+        drain()
         if warm is not None:
             warm.result()  # long done; raises what it raised
     if cuda:
         torch.cuda.synchronize(dev)
-    if drift_parts:  # every fused drift sample finished at once, one copy to the host
-        d_st, d_rd = drift_from_partials(torch.stack([p for _, p in drift_parts]))
-        d_st, d_rd = d_st.cpu().numpy(), d_rd.cpu().numpy()
-        names_slot = [schemes[i].name for i in by_slot]
-        for j, (pos, _) in enumerate(drift_parts):
-            acc.record_drift_norms(pos, d_st[j], d_rd[j], names_slot, split)
-    firsts = [-1 if v == NO_STEP else v for v in first_bad.tolist()] if fused else \
-        dead_at.tolist()
-    for i, s in enumerate(schemes):
-        s.dead_at = firsts[slot[i]] if firsts[slot[i]] >= 0 else None
+    for s, d in zip(schemes, dead_map().values(), strict=True):
+        s.dead_at = d
     phases["kernels"] = time.perf_counter()
-    acc.finish()
-    acc.to_host({s.name: s.dead_at for s in schemes})
+    close_metrics({s.name: s.dead_at for s in schemes})
     if bar is not None:
         bar.close()
     phases["metrics"] = time.perf_counter()
@@ -501,7 +537,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             "phases_s": _phases(phases, compile_s),
             "registers": [getattr(k, "n_regs", None) for k in kern.values()],
             "spills": [getattr(k, "n_spills", None) for k in kern.values()],
-            "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
+            "interpreted": os.environ.get("TRITON_INTERPRET") == "1", **ck.info()}
     if recorded:
         info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
     return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,

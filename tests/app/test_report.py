@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from precsim import report
-from precsim.results import rows_to_csv
+from precsim.result import rows_to_csv
 
 LENGTHS = (256, 1024, 4096)
 # scheme -> (label, kind, fmt, rounding, read_fmt)

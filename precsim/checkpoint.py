@@ -1,0 +1,242 @@
+"""Checkpoints and interrupts of a run (user guide: docs/resume.md).
+
+The protocol an engine (or any long runner, e.g. the whole-model one) follows:
+
+* ``ckpt.start(name, device, t_start)``, then ``state = ckpt.resume()``: the state dict it saved
+  last, or None (start at step 0); at the end ``info.update(ckpt.info())``;
+* ``ckpt.window(pos, get_state)`` at every point where its state is whole (a window boundary:
+  every step before ``pos`` is reduced or held in the accumulator, nothing after it started);
+  ``get_state()`` returns a picklable dict (tensors and arrays are saved exactly) holding at
+  least ``pos``, ``dead_at`` (scheme -> first non-finite step or None) and either ``acc`` (the
+  ``metrics.Accumulator``; its readout is not saved) or ``rows`` and ``per_step`` (a runner
+  that reduces its own rows, as :func:`precsim.result.make_result` takes them); an optional
+  ``finish`` callable (not saved) readies ``acc`` for a partial result. ``get_state`` is called
+  only when a checkpoint is due (``run.checkpoint_s`` seconds after the last) or a stop was
+  asked for (SIGINT, SIGTERM, submitit's SIGUSR2): then the checkpoint is saved and
+  :class:`Interrupted` raised, carrying the partial result (the windows reduced so far).
+
+The random streams are counter-based (keyed by seed, scheme, event), so a run resumed from a
+saved state draws exactly the numbers the uninterrupted run draws: results are bit-identical.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+CHECKPOINT_FILE = "checkpoint.pt"
+SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR2")  # SIGUSR2: submitit's preemption / time-out
+
+
+class Interrupted(BaseException):
+    """A run stopped by a signal (a ``BaseException``, as ``KeyboardInterrupt``: no ``except
+    Exception`` on the way swallows it). ``pos``: the step whose checkpoint was saved (None:
+    stopped outside the engine), ``partial``: the Result of the windows reduced so far."""
+
+    def __init__(self, signum: int, pos: int | None = None, partial=None, path=None):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.pos, self.partial, self.path = signum, pos, partial, path
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+# the signal waiting for the next window boundary
+_STOP: dict = {"defer": False, "signum": None, "notice": None}
+
+
+def _on_signal(signum, frame) -> None:
+    """While an engine runs, the first signal waits for its next window boundary (a whole
+    state to save); a second one, or one outside the engine, stops at once."""
+    if _STOP["defer"] and _STOP["signum"] is None:
+        import threading
+
+        _STOP["signum"] = signum  # a window longer than 2 s: say why nothing happens yet
+        _STOP["notice"] = threading.Timer(2.0, print, (
+            f"precsim: {signal.Signals(signum).name}: stopping at the next window boundary "
+            "(again to stop at once, without a checkpoint)",), {"file": sys.stderr,
+                                                                 "flush": True})
+        _STOP["notice"].daemon = True
+        _STOP["notice"].start()
+        return
+    raise Interrupted(signum)
+
+
+def install_handlers(names=SIGNALS[:2]) -> dict:
+    """Route ``names`` to :func:`_on_signal`; returns the previous handlers (main thread only)."""
+    old = {}
+    for n in names:
+        s = getattr(signal, n, None)
+        try:
+            old[s] = signal.signal(s, _on_signal)
+        except (TypeError, ValueError):  # no such signal here, or not the main thread
+            pass
+    return old
+
+
+def restore_handlers(old: dict) -> None:
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+class Checkpoint:
+    """The checkpoint of one run directory (``path`` None: never saved, signals still stop)."""
+
+    def __init__(self, cfg, out: Path | None, every_s: float | None = None):
+        self.cfg, self.out = cfg, (Path(out) if out is not None else None)
+        self.path = self.out / CHECKPOINT_FILE if self.out is not None else None
+        self.every_s = cfg.run.checkpoint_s if every_s is None else every_s
+        self.saved_s: list[tuple[float, int]] = []  # (seconds, bytes) of each save
+        self._state = None
+        self._last = time.perf_counter()
+        self._offset = 0.0  # engine seconds of the run before this process (resumed)
+        # tests: PRECSIM_SIGNAL_AT=SIGINT@1024 sends SIGINT to this process at the first window
+        # boundary at or after step 1,024 (an interrupt at a known step)
+        name, _, at = os.environ.get("PRECSIM_SIGNAL_AT", "").partition("@")
+        self._signal_at = (getattr(signal, name), int(at)) if at else None
+
+    # -- reading --------------------------------------------------------------------------
+    def load(self) -> dict | None:
+        """The stored state of this config, None when there is none; a one-line PrecsimError
+        when it holds another config's run. ``run.resume=false`` deletes it instead."""
+        from .errors import PrecsimError
+        from .result import config_diff
+
+        if self.path is None or not self.path.is_file():
+            return None
+        if not self.cfg.run.resume:
+            self.path.unlink()
+            return None
+        import torch
+
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - a damaged file: say so, in one line
+            raise PrecsimError(f"{self.path} is unreadable ({type(e).__name__}); allowed: "
+                               "run.resume=false (start over) or delete it") from None
+        diff = config_diff(state["config"], asdict(self.cfg))
+        if diff:
+            key, old, new = diff[0]
+            raise PrecsimError(f"{self.out} holds a checkpoint of another config ({key}={old!r} "
+                               f"there, {new!r} now); allowed: the same config, run.resume="
+                               "false (start over), or another directory")
+        self._state = state
+        return state
+
+    def resume(self, device=None) -> dict | None:
+        """The engine's saved state (its ``acc`` without a readout), or None; says so. Tensors
+        come back on the CPU, or on ``device`` (an engine whose accumulator holds tensors)."""
+        st = self._state if self._state is not None else self.load()
+        if st is None:
+            return None
+        if device is not None and str(device) != "cpu":
+            import torch
+
+            st = torch.load(self.path, map_location=device, weights_only=False)
+        self._offset = st["elapsed_s"]
+        print(f"precsim: resuming {self.out} from its checkpoint at step {st['engine']['pos']:,}"
+              f" of {self.cfg.run.steps:,} ({st['elapsed_s']:.1f} s of work saved; "
+              "run.resume=false starts over)", file=sys.stderr, flush=True)
+        return st["engine"]
+
+    # -- the engine's hook ------------------------------------------------------------------
+    def due(self, pos: int) -> bool:
+        """Whether :meth:`window` at ``pos`` would save or stop (an engine that overlaps
+        windows makes its state whole only then)."""
+        if self._signal_at is not None and pos >= self._signal_at[1]:
+            os.kill(os.getpid(), self._signal_at[0])  # the handler runs before the next line
+            self._signal_at = None
+        if pos >= self.cfg.run.steps:
+            return False  # the end: nothing left to save time for
+        return _STOP["signum"] is not None or bool(
+            self.every_s and self.path is not None
+            and time.perf_counter() - self._last >= self.every_s)
+
+    def window(self, pos: int, get_state) -> None:
+        """Call where the engine's state is whole; saves when due, stops when asked to."""
+        if not self.due(pos):
+            return
+        stop, state = _STOP["signum"], get_state()
+        if self.path is not None:
+            self.save(state)
+        if stop is not None:
+            _STOP["signum"] = None
+            _STOP["notice"].cancel()
+            raise Interrupted(stop, pos, self.partial(state), self.path)
+
+    def save(self, state: dict) -> None:
+        import torch
+
+        from .result import atomic_write_bytes
+
+        t0 = time.perf_counter()
+        acc = state.get("acc")
+        readout = getattr(acc, "readout", None)
+        if acc is not None:
+            acc.readout = None  # the readout is rebuilt from the config
+        try:
+            buf = io.BytesIO()
+            torch.save({"config": asdict(self.cfg),
+                        "engine": {k: v for k, v in state.items() if k != "finish"},
+                        "elapsed_s": self._offset + t0 - self._t_start}, buf)
+        finally:
+            if acc is not None:
+                acc.readout = readout
+        atomic_write_bytes(self.path, buf.getvalue())
+        self._last = time.perf_counter()
+        self.saved_s.append((self._last - t0, buf.tell()))
+
+    def start(self, engine: str, device: str, t_start: float) -> None:
+        """What a partial result says of itself (the engine calls this as it starts)."""
+        self._engine, self._device, self._t_start = engine, str(device), t_start
+        self._last = time.perf_counter()
+
+    def partial(self, state: dict):
+        from .result import make_result
+
+        acc = state.get("acc")
+        if "finish" in state:  # e.g. statistics still on the device: to the host first
+            state["finish"]()
+        res = make_result(self.cfg, acc, state["dead_at"], engine=self._engine,
+                          device=self._device, t_start=self._t_start, rows=state.get("rows"),
+                          per_step=state.get("per_step"),
+                          steps=acc.done if acc is not None else state["pos"])
+        res.info["interrupted_at"] = state["pos"]
+        return res
+
+    def info(self) -> dict:
+        """What to add to the result's info: the saves' count, seconds and size."""
+        if not self.saved_s:
+            return {"resumed_s": round(self._offset, 4)} if self._offset else {}
+        return {"checkpoints": len(self.saved_s),
+                "checkpoint_s": round(sum(s for s, _ in self.saved_s), 4),
+                "checkpoint_bytes": self.saved_s[-1][1],
+                **({"resumed_s": round(self._offset, 4)} if self._offset else {})}
+
+    def done(self) -> None:
+        """The run's result is written: its checkpoint is no longer needed."""
+        if self.path is not None and self.path.exists():
+            self.path.unlink()
+
+    def __enter__(self):
+        _STOP["defer"], _STOP["signum"] = True, None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _STOP["defer"] = False
+        if _STOP["notice"] is not None:
+            _STOP["notice"].cancel()
+
+
+def restore_acc(acc, saved) -> None:
+    """Give the engine's fresh accumulator ``acc`` the saved one's contents (keeping ``acc``'s
+    readout)."""
+    readout = acc.readout
+    acc.__dict__.update(saved.__dict__)
+    acc.readout = readout
