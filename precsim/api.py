@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import engines
 from .checkpoint import Checkpoint
-from .config import to_config
-from .engines import run
+from .config import Config, to_config
 from .result import Result, load_result, reusable, write_outputs
 
 
@@ -36,3 +36,13 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
         write_outputs(cfg, result, Path(out_dir))
         ck.done()
     return result
+
+
+def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
+    """Run a validated config: a layer on its engine (:func:`precsim.engines.run`), or with
+    ``model.path`` a whole checkpoint (:func:`precsim.models.run_model_kl`)."""
+    if cfg.model.path:
+        from .models import run_model_kl
+
+        return run_model_kl(cfg, engines.resolve_device(cfg.run.device), progress=progress)
+    return engines.run(cfg, progress=progress, ckpt=ckpt)

@@ -544,9 +544,9 @@ def _run_app(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from precsim.api import run
     from precsim.checkpoint import Checkpoint, Interrupted
     from precsim.config import to_config
-    from precsim.engines import run
     from precsim.result import format_table, reusable, write_outputs
 
     t0 = time.perf_counter()

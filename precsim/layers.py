@@ -27,9 +27,9 @@ def is_record_dir(cfg) -> bool:
 def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     """Replay every layer of ``cfg.workload.path`` into ``out``; returns the combined summary."""
     from . import result as res
-    from .engines import run
-    from .result import reusable, write_outputs
+    from .api import run
     from .errors import PrecsimError
+    from .result import reusable, write_outputs
     from .workload import recorded_layers
 
     layers = recorded_layers(Path(cfg.workload.path))

@@ -73,10 +73,6 @@ def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
     import torch
 
     device = resolve_device(cfg.run.device)
-    if getattr(cfg.model, "path", None):  # whole-model mode: a transformers checkpoint
-        from precsim.models import run_model_kl
-
-        return run_model_kl(cfg, device, progress=progress)
     engine = resolve_engine(cfg.run.engine, device, cfg)
     nt = torch_threads(cfg.run.threads)
     if nt is not None and torch.get_num_threads() != nt:

@@ -6,9 +6,9 @@ each launch's end), the groups side by side on CUDA streams of their own.
 The reference group runs in the kernels' float64 truth slot (measured faster here than the torch
 engine's chunked truth beside the scheme launches: 44 against 51 s for a 1.3B-shape model over
 4 x 32,768 tokens on one H200), each scheme group in a kernel scheme slot of its own (groups
-see different inputs, so they cannot share a launch). States stay on the device between windows; the SR keys are the torch
-backend's (same scheme names and events). The kernel's horizon is padded to whole segments, so
-an incomplete last segment is not flushed.
+see different inputs, so they cannot share a launch). States stay on the device between
+windows; the SR keys are the torch backend's (same scheme names and events). The kernel's
+horizon is padded to whole segments, so an incomplete last segment is not flushed.
 """
 
 from __future__ import annotations
