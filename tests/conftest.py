@@ -10,7 +10,10 @@ import pytest
 import torch
 import yaml
 
-torch.set_num_threads(2)
+# one intra-op thread, as the engines' run.threads=auto: torch's OpenMP workers spin, and with two
+# on a busy 2-core machine tests/engines/test_decays.py took 79 s against 11 s with one (the
+# float64 truth's tiny einsums went from ~45 us to ~24 ms each)
+torch.set_num_threads(1)
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
