@@ -102,23 +102,22 @@ TOL = {"conventional_fp16": 2e-4, "conventional_nvfp4": 3e-7, "shared_fp8": 1e-5
        "split_fp32_nvfp4": 6e-5, "split_bf16_mxfp4": 4e-2, "split_fp16sr_nvfp4": 2e-3}
 
 
-def _engines_agree(cfg, tol: dict, drift_factor: dict) -> None:
-    """Rows of the torch and NumPy engines agree within ``tol[scheme]`` relative (state drift
-    within a factor ``drift_factor[scheme]`` where given)."""
+def engine_deviation(cfg) -> dict:
+    """Worst ``max(a/b, b/a) - 1`` over the windows between the torch (a) and NumPy (b) engines'
+    rows, per (scheme, column) of rel_err, state_drift and read_drift."""
     a = run_torch(cfg, "cpu", progress=False)
     b = run_numpy(cfg, progress=False)
     assert len(a.rows) == len(b.rows) == len(cfg.schemes) * cfg.run.steps // cfg.metrics.window
+    dev: dict = {}
     for ra, rb in zip(a.rows, b.rows, strict=True):
-        name = ra["scheme"]
-        assert (name, ra["step"]) == (rb["scheme"], rb["step"])
-        assert ra["rel_err"] == pytest.approx(rb["rel_err"], rel=tol[name], abs=0), name
-        if name in drift_factor:
-            f = drift_factor[name]
-            assert 1 / f < ra["state_drift"] / rb["state_drift"] < f, name
-        else:
-            assert ra["state_drift"] == pytest.approx(rb["state_drift"], rel=tol[name], abs=0)
-        if name.startswith("split"):
-            assert ra["read_drift"] == pytest.approx(rb["read_drift"], rel=tol[name], abs=0)
+        assert (ra["scheme"], ra["step"]) == (rb["scheme"], rb["step"])
+        for key in ("rel_err", "state_drift", "read_drift"):
+            if ra["scheme"].startswith("split") or key != "read_drift":
+                r = ra[key] / rb[key]
+                assert r > 0, (ra, rb)
+                k = (ra["scheme"], key)
+                dev[k] = max(dev.get(k, 0.0), max(r, 1 / r) - 1)
+    return dev
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
@@ -127,25 +126,31 @@ def test_torch_engine_matches_numpy_engine(family, buffer_dtype):
     """Two engines (vectorised segments against a step-by-step buffer list), the same schemes:
     per-window errors and drifts agree to the measured tolerance of each scheme. The FP32 master
     of split_fp32_nvfp4 drifts by float32 rounding alone (~1e-7 on Mamba-2), which the two
-    engines' folds round differently (measured up to 1.8x apart): within 3x here, to 1e-6 in
+    engines' folds round differently (measured up to 1.8x apart): within 3x here, to 1e-7 in
     test_fp32_master_drift_matches_with_float64_compute."""
     cfg = to_config(tiny_cfg(family, steps=128, schemes=LOWP,
                              replay__buffer_dtype=buffer_dtype, replay__buffer_len=8))
-    drift = {"split_fp32_nvfp4": 3.0} if (family, buffer_dtype) == ("mamba2", "fp32") else {}
-    _engines_agree(cfg, TOL, drift)
+    for (name, key), d in engine_deviation(cfg).items():
+        noise = (family, buffer_dtype, name, key) == ("mamba2", "fp32", "split_fp32_nvfp4",
+                                                      "state_drift")
+        assert d < (2.0 if noise else TOL[name]), (name, key, d)
+
+
+def fp32_master_cfg(family):
+    sch = {k: LOWP[k] for k in ("split_fp32_nvfp4", "split_fp16sr_nvfp4")}
+    sch["shared_fp32"] = {"kind": "shared", "fmt": "fp32"}
+    return to_config(tiny_cfg(family, steps=128, schemes=sch, run__compute_dtype="fp64",
+                              replay__buffer_len=8))
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_fp32_master_drift_matches_with_float64_compute(family):
     """With float64 arithmetic the engines' folds agree to ~1e-16, so the FP32 masters round
     alike and their drift (float32 rounding, ~5e-8) agrees to 1.3e-9 relative (measured; 4e-9 on
-    shared FP32's rel_err, 1e-13 on the rest): tolerance 1e-7, 25x over. A drift off by 40%
-    on an FP32 master fails by far."""
-    sch = {k: LOWP[k] for k in ("split_fp32_nvfp4", "split_fp16sr_nvfp4")}
-    sch["shared_fp32"] = {"kind": "shared", "fmt": "fp32"}
-    cfg = to_config(tiny_cfg(family, steps=128, schemes=sch, run__compute_dtype="fp64",
-                             replay__buffer_len=8))
-    _engines_agree(cfg, dict.fromkeys(sch, 1e-7), {})
+    shared FP32's rel_err, 1e-13 on the rest): limit 1e-7, 25x over. A drift off by 40% on an
+    FP32 master fails by far."""
+    for (name, key), d in engine_deviation(fp32_master_cfg(family)).items():
+        assert d < 1e-7, (name, key, d)
 
 
 def test_sr_schemes_reproducible_and_seed_dependent():

@@ -115,43 +115,57 @@ KL_SCHEMES = {"fp16": {"kind": "conventional", "fmt": "fp16"},
               "split": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"}}
 
 
-@pytest.mark.parametrize("engine", ["torch", "numpy"])
-def test_kl_matches_rel_entr(engine):
-    """The engines' ``kl`` column against ``reference_kl`` of their own recorded outputs (2
-    sequences, vocab 64). The engines project the float32 difference ``yh_sim - yh_ref`` (not
-    the logits) to keep tiny KLs; measured agreement (KL 1e-6 fp16 ... 0.8 NVFP4): within 3e-8
-    relative in both engines; tolerance 1e-6 (30x). A halved KL is off by 0.5."""
+def kl_deviation(engine: str) -> float:
+    """Worst ``|kl / reference_kl - 1|`` of the engine's rows (2 sequences, vocab 64, 3 windows)
+    against ``reference_kl`` of its own recorded outputs."""
     cfg = _mamba2_cfg(KL_SCHEMES, steps=96, run__seqs=2)
     res = (run_torch(cfg, "cpu", progress=False, record_outputs=True) if engine == "torch"
            else run_numpy(cfg, progress=False, record_outputs=True))
     out = res.info["outputs"]
     ro = Readout(cfg.model.heads * cfg.model.head_dim, cfg.metrics.vocab,
                  cfg.metrics.logit_scale, "cpu")
+    dev = 0.0
     for name in KL_SCHEMES:
         want = reference_kl(out["truth"], out[name], ro, cfg.metrics.window)
-        np.testing.assert_allclose(_column(res, name, "kl"), want, rtol=1e-6, err_msg=name)
         assert want.min() > 0
+        dev = max(dev, float(np.abs(_column(res, name, "kl") / want - 1).max()))
+    return dev
 
 
-@pytest.mark.parametrize("rounding", ["sr", "rne"])
-def test_split_read_copy_is_the_masters_rne_rounding(rounding):
-    """The split scheme's read copy is the master rounded to ``read_fmt`` with RNE whatever the
-    master's own rounding (README, schemes): after flushes, the read copy equals an ml_dtypes
-    E4M3 cast of the master (RNE; the values stay within E4M3's range)."""
+@pytest.mark.parametrize("engine", ["torch", "numpy"])
+def test_kl_matches_rel_entr(engine):
+    """The engines' ``kl`` column against ``scipy.special.rel_entr``. The engines project the
+    float32 difference ``yh_sim - yh_ref`` (not the logits) to keep tiny KLs; measured agreement
+    (KL 1e-6 fp16 ... 0.8 NVFP4): within 3e-8 relative in both engines; limit 1e-6 (30x). A
+    halved KL is off by 0.5."""
+    assert kl_deviation(engine) < 1e-6
+
+
+def split_read_mismatches(rounding: str) -> tuple[int, int]:
+    """(elements where the split read copy differs from an ml_dtypes E4M3 cast of the master,
+    elements) after two flushes of split(fp16/``rounding`` + fp8_e4m3 read), through
+    ``precsim.schemes.Split`` (the torch engine's scheme)."""
     from precsim.families import get_family
     from precsim.schemes import build_schemes
 
     cfg = _mamba2_cfg({"s": {"kind": "split", "fmt": "fp16", "rounding": rounding,
                              "read_fmt": "fp8_e4m3"}})
     (s,) = build_schemes(cfg)
-    fam = get_family("mamba2")
     s.init((1, 2, 8, 32), "cpu", torch.float32)
     wl = make_workload(cfg)
     for t0 in (0, 16):
         inp = {k: v.to(torch.float32) for k, v in wl.chunk(t0, t0 + 16).items()}
         inp["la"] = inp["dt"] * torch.as_tensor(wl.params["A"], dtype=torch.float32)
-        s.run_segment(fam, inp, {}, True, buffer_round=lambda v: v)
+        s.run_segment(get_family("mamba2"), inp, {}, True, buffer_round=lambda v: v)
     master, read = s.state.numpy(), s.read.numpy()
     assert np.abs(master).max() < 400 and np.count_nonzero(master) > master.size // 2
     want = master.astype(ml_dtypes.float8_e4m3fn).astype(f32)
-    assert np.count_nonzero(read != want) == 0, np.count_nonzero(read != want)
+    return int(np.count_nonzero(read != want)), read.size
+
+
+@pytest.mark.parametrize("rounding", ["sr", "rne"])
+def test_split_read_copy_is_the_masters_rne_rounding(rounding):
+    """The split scheme's read copy is the master rounded to ``read_fmt`` with RNE whatever the
+    master's own rounding (README, schemes): equal, element for element, to an ml_dtypes E4M3
+    cast of the master (RNE; the values stay within E4M3's range)."""
+    assert split_read_mismatches(rounding)[0] == 0
