@@ -290,7 +290,9 @@ def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
     assert "B/step/hd" not in r.stdout and "budget: rel_err" not in r.stdout  # no job tables
     assert r.stderr.count("precsim: job ") == 2
     assert r.stdout.count("metric rel_err <= 0.0625") == 1
-    assert ("recommended:" in r.stdout or "NO configuration" in r.stdout)
+    # 64 steps: only FP32 fits the budget; the next cheaper (split, rel_err ~0.08) misses it
+    assert "recommended: conventional(fp32)" in r.stdout
+    assert "the next cheaper (split(fp32 update + nvfp4 read)" in r.stdout
     assert f"python -m precsim.report {sweep} --metric rel_err --budget 0.0625" in r.stdout
     for job in _jobs(sweep).values():
         log = (job / "precsim.log").read_text()
