@@ -34,6 +34,19 @@ def tiny_cfg(family="mamba2", steps=96, heads=2, schemes=None, **over):
     return cfg
 
 
+def run_main(args, capsys):
+    """(exit status, stdout, non-empty stderr lines) of the app run in process,
+    ``precsim.cli.main(argv)``."""
+    from precsim.cli import main
+
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code
+    cap = capsys.readouterr()
+    return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
+
+
 def make_trace(family="mamba2", T=64, H=2, P=4, N=8, seed=0, with_D=False):
     rng = np.random.default_rng(seed)
     if family == "mamba2":

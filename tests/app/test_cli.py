@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_trace
+from conftest import make_trace, run_main
 from hydra import compose, initialize_config_module
 
-from precsim.cli import main, register_configs
+from precsim.cli import register_configs
 from precsim.config import to_config
 
 FAST = ["run.steps=64", "model.heads=2", "model.head_dim=8", "model.state_dim=32",
@@ -25,16 +25,9 @@ def _cli(args, cwd, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _main(args, capsys):
-    """(exit status, stdout, non-empty stderr lines) of the app run in process, ``main(argv)``:
-    what a subprocess adds (the interpreter's exit, os._exit after flushing) has its own test,
-    test_run_into_hydras_directory_flushes_everything_and_times_its_phases."""
-    try:
-        rc = main(list(args))
-    except SystemExit as e:
-        rc = e.code
-    cap = capsys.readouterr()
-    return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
+# the app in process, main(argv): what a subprocess adds (the interpreter's exit, os._exit after
+# flushing) has its own test, test_run_into_hydras_directory_flushes_everything_and_times_its_phases
+_main = run_main
 
 
 def _compose(overrides):
