@@ -10,7 +10,10 @@ import pytest
 import torch
 import yaml
 
-torch.set_num_threads(2)
+# one intra-op thread, as the engines' run.threads=auto: torch's OpenMP workers spin, and with two
+# on a busy 2-core machine tests/engines/test_decays.py took 79 s against 11 s with one (the
+# float64 truth's tiny einsums went from ~45 us to ~24 ms each)
+torch.set_num_threads(1)
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -29,6 +32,19 @@ def tiny_cfg(family="mamba2", steps=96, heads=2, schemes=None, **over):
         sec, _, k = key.partition("__")
         cfg.setdefault(sec, {})[k] = val
     return cfg
+
+
+def run_main(args, capsys):
+    """(exit status, stdout, non-empty stderr lines) of the app run in process,
+    ``precsim.cli.main(argv)``."""
+    from precsim.cli import main
+
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code
+    cap = capsys.readouterr()
+    return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
 
 
 def make_trace(family="mamba2", T=64, H=2, P=4, N=8, seed=0, with_D=False):
@@ -65,14 +81,16 @@ SEED_TABLE = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "sch
 
 def torchao_nvfp4(x: torch.Tensor, scope: str) -> torch.Tensor:
     """torchao's NVFP4 fake quantisation of a float32 ``(m, k)`` tensor (``scope``: "tensor" with
-    a per-tensor FP32 scale, "none" without), dequantised; the test is skipped without torchao
-    or with an API this helper does not know."""
-    nvt = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
-    kern = pytest.importorskip("torchao.prototype.mx_formats.kernels")
-    if not all(hasattr(m, a) for m, a in ((nvt, "nvfp4_quantize"),
-                                          (nvt, "per_tensor_amax_to_scale"),
-                                          (kern, "unpack_uint4"), (kern, "f4_unpacked_to_f32"))):
-        pytest.skip("torchao's nvfp4 API differs from the one this helper knows")
+    a per-tensor FP32 scale, "none" without), dequantised. torchao is in the ``test`` extra (the
+    production quantiser the NVFP4 tests compare against): missing, or with an API this helper
+    does not know, the test fails rather than skips."""
+    from torchao.prototype.mx_formats import kernels as kern
+    from torchao.prototype.mx_formats import nvfp4_tensor as nvt
+
+    missing = [a for m, a in ((nvt, "nvfp4_quantize"), (nvt, "per_tensor_amax_to_scale"),
+                              (kern, "unpack_uint4"), (kern, "f4_unpacked_to_f32"))
+               if not hasattr(m, a)]
+    assert not missing, f"torchao's nvfp4 API differs from the one this helper knows: {missing}"
     m, k = x.shape
     pts = None if scope == "none" else nvt.per_tensor_amax_to_scale(x.abs().max())
     scales, packed = nvt.nvfp4_quantize(x, 16, pts)

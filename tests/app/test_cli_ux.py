@@ -8,23 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_main as _run  # (exit status, stdout, stderr lines), in process
 
 from precsim import report
-from precsim.cli import main
 
 TINY = ["model.heads=1", "model.head_dim=8", "model.state_dim=32", "run.steps=64",
         "run.seqs=1", "metrics.window=32", "metrics.vocab=32", "run.progress=false",
         "metrics.plot=false"]
-
-
-def _run(args, capsys):
-    """(exit status, stdout, stderr lines) of one in-process call."""
-    try:
-        rc = main(list(args))
-    except SystemExit as e:
-        rc = e.code
-    cap = capsys.readouterr()
-    return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
 
 
 def _one_line(rc, err, *needles):

@@ -46,18 +46,28 @@ def _reference(cfg) -> np.ndarray:
     return err.reshape(-1, WINDOW).mean(axis=1)
 
 
-def test_fp32_baseline_matches_a_float32_state_with_exact_decays():
+# measured max |ratio - 1| per window against _reference: torch 3.2e-3 (its float32 output
+# sums in another order), NumPy 2e-16 (the same float32 operations); limits ~6x and ~1e7x over
+# those. A decay from float32 exp (the bug this test is for) is off by 0.36 in the first window
+# and 2.2 by the last.
+DECAY_TOL = {"torch": 2e-2, "numpy": 1e-6}
+
+
+def baseline_deviation(engine: str) -> np.ndarray:
+    """Per window |rel_err / reference - 1| of the FP32 baseline on ``engine``."""
     cfg = _cfg()
-    wl = make_workload(cfg)
-    assert (np.abs(wl.params["A"]) < 1e-3).sum() >= 2  # long-memory heads are there
-    ref = _reference(cfg)
-    tor = np.array([r["rel_err"] for r in run_torch(cfg, "cpu", progress=False).rows])
-    num = np.array([r["rel_err"] for r in run_numpy(cfg, progress=False).rows])
-    assert tor.shape == num.shape == ref.shape
-    assert np.all(np.maximum(tor / num, num / tor) < 2), (tor, num)
-    for got in (tor, num):
-        assert np.all(np.maximum(got / ref, ref / got) < 3), (got, ref)
-    assert ref[-1] > ref[0]  # the baseline does drift with length (the test can tell)
+    res = run_torch(cfg, "cpu", progress=False) if engine == "torch" else \
+        run_numpy(cfg, progress=False)
+    got, ref = np.array([r["rel_err"] for r in res.rows]), _reference(cfg)
+    assert got.shape == ref.shape and ref[-1] > ref[0]  # it does drift with length
+    return np.abs(got / ref - 1)
+
+
+@pytest.mark.parametrize("engine", ["torch", "numpy"])
+def test_fp32_baseline_matches_a_float32_state_with_exact_decays(engine):
+    assert (np.abs(make_workload(_cfg()).params["A"]) < 1e-3).sum() >= 2  # long-memory heads
+    dev = baseline_deviation(engine)
+    assert dev.max() < DECAY_TOL[engine], dev
 
 
 def test_decays_are_the_rounded_float64_ones_and_fast_is_exp2_of_the_float32_product():

@@ -23,31 +23,34 @@ def _seed_table(steps: int, heads: int):
     return by
 
 
+# the published split error is 0.09 (the article's table, 32,768 steps); measured on every
+# window from step 512 on: 0.0882-0.0897 here (4,096 steps, 4 heads), 0.0876-0.0914 at 32,768
+# steps (both splits); limit 0.09 +- 5%, about twice the worst measured distance (2.7%)
+SPLIT_PUBLISHED, SPLIT_TOL = 0.09, 0.05
+
+
 def _check_shape(by, end):
     conv, shared = by["conventional_nvfp4_sr"], by["shared_nvfp4_sr"]
     s32, s16 = by["split_fp32_nvfp4"], by["split_fp16sr_nvfp4"]
     assert shared[256] < 0.5 * conv[256]  # fewer roundings at first...
+    assert shared[end] > 3 * shared[256]  # ...but shared error grows with length
+    assert conv[end] >= 0.8 and shared[end] >= 0.8  # both lose the signal (0.94-1.1 measured)
     assert max(by["conventional_fp32"].values()) < 1e-5
     for split in (s32, s16):
         vals = [v for k, v in split.items() if k >= 512]
-        assert all(0.03 < v < 0.2 for v in vals)
-        mid = sorted(vals)[len(vals) // 2]
-        assert all(abs(v / mid - 1) < 0.25 for v in vals)  # flat: the read error only
-    assert abs(s16[end] / s32[end] - 1) < 0.10  # FP16-SR update ~ FP32 update
-    return conv, shared
+        assert all(abs(v / SPLIT_PUBLISHED - 1) < SPLIT_TOL for v in vals), vals
+    # FP16-SR update ~ FP32 update: 0.49% (4,096 steps) and 0.36% (32,768) apart measured
+    assert abs(s16[end] / s32[end] - 1) < 0.02
 
 
-def test_seed_table_shape_short():
-    """1,024 steps: the early part of the published shape."""
-    by = _seed_table(1024, 2)
-    conv, shared = _check_shape(by, 1024)
-    assert conv[1024] > 0.8
-    assert shared[1024] > 2 * shared[256]  # ...but shared error grows with length
+def test_seed_table_shape():
+    """4,096 steps, 4 heads (8 s on 2 cores): the published shape, long enough for shared
+    to lose the signal (0.94 at the end) while split stays flat at 0.09."""
+    _check_shape(_seed_table(4096, 4), 4096)
 
 
 @pytest.mark.slow
 def test_seed_table_shape_32k():
-    """The full acceptance check: 32,768 steps, 4 heads (several minutes on 2 cores)."""
-    by = _seed_table(32768, 4)
-    conv, shared = _check_shape(by, 32768)
-    assert conv[32768] >= 0.8 and shared[32768] >= 0.8
+    """The published length: 32,768 steps, 4 heads (74 s on 2 cores, 10 min when they were
+    busy). CI runs the same checks at 4,096 steps (test_seed_table_shape)."""
+    _check_shape(_seed_table(32768, 4), 32768)

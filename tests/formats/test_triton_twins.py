@@ -84,7 +84,7 @@ def test_engine_runs_int_and_row_scaled_formats(row):
                    "conv_fp8_b32": {"kind": "conventional", "fmt": "fp8_e4m3_b32"},
                    "split_fp16_int8_b32": {"kind": "split", "fmt": "fp16", "rounding": "sr",
                                            "read_fmt": "int8_b32"}}
-    d = tiny_cfg("mamba2", steps=32, heads=2, schemes=schemes, metrics__window=16)
+    d = tiny_cfg("mamba2", steps=24, heads=1, schemes=schemes, metrics__window=16)
     d["model"].update(head_dim=16, state_dim=32)
     cfg = to_config(d)
     assert unsupported_reason(cfg) is None

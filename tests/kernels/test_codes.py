@@ -47,15 +47,27 @@ def test_kernel_decode_matches_codes(kernel):
             assert got == want[key], (kernel, var)
 
 
+def _exprs(path: Path, pick) -> list[ast.expr]:
+    return [node for node in ast.walk(ast.parse(path.read_text())) if pick(node)]
+
+
 @pytest.mark.parametrize("kernel", ["mamba2.py", "gdn.py"])
 def test_kernel_dispatch_unpacks_launcher_packing(kernel):
-    """The slot dispatch's ``(CODES // B**k) % B`` inverts the launcher's packing."""
-    src = (KERNELS / kernel).read_text()
-    base = 1 << codes.CODE_BITS
-    assert f"(CODES // {base}**k) % {base}" in src
-    cs = [codes.pack(2, 6, 7, 1, 0, 8), codes.pack(0, 0), codes.pack(1, 25, 0, 1, 1, 63)]
-    packed = sum(c << (codes.CODE_BITS * k) for k, c in enumerate(cs))
-    assert [(packed // base**k) % base for k in range(3)] == cs
+    """The launcher's ``packed = sum(...)`` and the slot dispatch's ``(CODES // B**k) % B``, both
+    evaluated as written in the kernel module, against known values: 20-bit slot codes packed
+    side by side read as 5-hex-digit groups (0x12345, 0xABCDE, 0x00007, 0xFFFFF ->
+    0xFFFFF00007ABCDE12345)."""
+    path = KERNELS / kernel
+    cs, want = [0x12345, 0xABCDE, 0x00007, 0xFFFFF], 0xFFFFF_00007_ABCDE_12345
+    assert codes.CODE_BITS == 20 and codes.fields(0xFFFFF)["srb"] == 63  # 20 bits, all used
+    (pack,) = _exprs(path, lambda n: isinstance(n, ast.Assign) and len(n.targets) == 1 and
+                     getattr(n.targets[0], "id", None) == "packed")
+    ns = {"codes": cs, "_CB": codes.CODE_BITS}
+    assert eval(compile(ast.Expression(pack.value), kernel, "eval"), ns) == want
+    (dispatch,) = _exprs(path, lambda n: isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+                         and "CODES" in ast.unparse(n))
+    expr = compile(ast.Expression(dispatch), kernel, "eval")
+    assert [eval(expr, {"CODES": want, "k": k}) for k in range(4)] == cs
 
 
 def test_dispatch_order_puts_costly_slots_first():

@@ -98,7 +98,8 @@ def test_quantize_bit_exact(fmt, rounding):
 def test_mamba2_matches_torch_engine_and_oracle():
     cfg = cfg_of("mamba2", {**SEED_TABLE, "conventional_fp16": {"kind": "conventional",
                                                                 "fmt": "fp16"},
-                            "shared_e4m3": {"kind": "shared", "fmt": "fp8_e4m3"}})
+                            "shared_e4m3": {"kind": "shared", "fmt": "fp8_e4m3"}},
+                 heads=1)
     tri = run_triton(cfg, DEV, progress=False, record_outputs=["truth"])
     ref = run_torch(cfg, DEV, progress=False)
     assert tri.engine == "triton" and "triton_fallback" not in tri.info
@@ -118,7 +119,8 @@ def test_gdn_matches_torch_engine_and_oracle(u_source):
     sch = {k: SEED_TABLE[k] for k in ("conventional_fp32", "shared_nvfp4_sr",
                                       "split_fp16sr_nvfp4")}
     sch["conventional_bf16"] = {"kind": "conventional", "fmt": "bf16"}
-    cfg = cfg_of("gdn", sch, steps=24, replay__gdn_u_source=u_source, replay__buffer_len=8)
+    cfg = cfg_of("gdn", sch, steps=24, heads=1, replay__gdn_u_source=u_source,
+                 replay__buffer_len=8)
     tri = run_triton(cfg, DEV, progress=False, record_outputs=["truth"])
     ref = run_torch(cfg, DEV, progress=False)
     assert_rows_match(cfg, tri, ref)
@@ -203,10 +205,12 @@ def test_trace_with_skip_and_a_dead_scheme(trace_file):
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_fused_metrics_match_torch_ops(family):
     """The fused window metrics (kernels.metrics.row_stats / drift_partials) against the torch-ops
-    path of DeviceAccumulator on the same kernel outputs: 2 sequences, a partial last window."""
-    sch = {k: SEED_TABLE[k] for k in ("conventional_fp32", "conventional_nvfp4_sr",
-                                      "split_fp16sr_nvfp4")}
-    d = tiny_cfg(family, steps=24, heads=2, schemes=sch, metrics__window=16)
+    path of DeviceAccumulator on the same kernel outputs: 2 sequences, a partial last window, a
+    split scheme's read drift. Element formats: the metrics do not depend on the format, and the
+    interpreter spends most of a run in block quantisation."""
+    sch = {"conventional_bf16": {"kind": "conventional", "fmt": "bf16", "rounding": "sr"},
+           "split_fp32_fp8": {"kind": "split", "fmt": "fp32", "read_fmt": "fp8_e4m3"}}
+    d = tiny_cfg(family, steps=20, heads=1, schemes=sch, metrics__window=16)
     d["model"].update(head_dim=16, state_dim=32)
     d["workload"] = {"kind": "seed_article" if family == "mamba2" else "synthetic"}
     d["run"]["seqs"] = 2
@@ -234,11 +238,17 @@ def test_dispatch_order_changes_nothing_but_the_order():
     from precsim.engines.triton import scheme_code
     from precsim.schemes import build_schemes
 
-    cfg = cfg_of("mamba2", SEED_TABLE, steps=20)
-    codes = [scheme_code(s.cfg) for s in build_schemes(cfg)]
+    codes = [scheme_code(s.cfg) for s in build_schemes(cfg_of("mamba2", SEED_TABLE))]
     digits = [(dispatch_order(True, codes) >> (4 * k)) & 15 for k in range(6)]
     assert sorted(digits) == list(range(6)) and digits[0] == 2  # conventional_nvfp4_sr first
     assert dispatch_order(True, codes, lpt=False) == sum(k << (4 * k) for k in range(6))
+    # the run: three schemes (element formats: cheap in the interpreter), LPT order (2, 3, 0, 1)
+    sch = {"conventional_fp32": SEED_TABLE["conventional_fp32"],
+           "conventional_fp16": {"kind": "conventional", "fmt": "fp16", "rounding": "sr"},
+           "shared_bf16": {"kind": "shared", "fmt": "bf16", "rounding": "sr"}}
+    cfg = cfg_of("mamba2", sch, steps=16, heads=1)
+    codes = [scheme_code(s.cfg) for s in build_schemes(cfg)]
+    assert dispatch_order(True, codes) == 2 | 3 << 4 | 0 << 8 | 1 << 12
     a = run_triton(cfg, DEV, progress=False, lpt=True)
     b = run_triton(cfg, DEV, progress=False, lpt=False)
     for k in b.per_step_rel_err:
