@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 PY = sys.executable
+OUT_JSON: Path | None = None
 
 
 def run(cmd: list[str], label: str, rows: list, env=None, timeout=1800) -> float:
@@ -35,6 +36,8 @@ def run(cmd: list[str], label: str, rows: list, env=None, timeout=1800) -> float
     rows.append({"what": label, "wall_s": round(wall, 2), "rc": p.returncode,
                  "cmd": " ".join(cmd), "tail": tail})
     print(f"{label:<58} {wall:8.1f} s  rc={p.returncode}", flush=True)
+    if OUT_JSON is not None:  # after every process: a run cut short keeps what it measured
+        OUT_JSON.write_text(json.dumps({"rows": rows}, indent=1))
     if p.returncode:
         print("\n".join((p.stdout + p.stderr).strip().splitlines()[-15:]), flush=True)
     return wall
@@ -88,7 +91,9 @@ def main() -> int:
     ap.add_argument("--skip-decode", action="store_true", help="GPU: no decode-mode run")
     ap.add_argument("--skip-replay", action="store_true", help="GPU: no layer replay")
     a = ap.parse_args()
+    global OUT_JSON
     out, work = Path(a.out), Path(a.work)
+    OUT_JSON = out / "bench_models_rows.json"
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     rows: list = []
