@@ -196,7 +196,8 @@ class Accumulator:
             self._reduce(self._pending)
 
     def _take(self, parts: list, n: int) -> torch.Tensor:
-        cat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        # (parts restored from a checkpoint may sit on another device than the new ones)
+        cat = torch.cat([p.to(parts[-1].device) for p in parts]) if len(parts) > 1 else parts[0]
         head, tail = cat[:n], cat[n:]
         parts.clear()
         if tail.shape[0]:

@@ -69,22 +69,22 @@ class _Writer:
 
 class _Recorder:
     """Hook handler: streams the chosen layers' inputs, and scans every layer with precsim's
-    float64 reference in long segments (the torch engine's truth; the state carried
+    float64 reference (the state carried
     from chunk to chunk through the model's cache), not
     the model's own scan: transformers' PyTorch fallback of the chunked scan holds a
     (chunks x chunk x chunk) tensor per head and is slow without the optional CUDA kernels."""
 
-    def __init__(self, writers: dict[int, _Writer], backend: str, seg: int = 256):
+    def __init__(self, writers: dict[int, _Writer], backend: str):
         from ..config import to_config
         from .scan import REFERENCE, Group
 
         self.writers, self.backend = writers, backend
-        # segments of `seg` tokens: the float64 reference evaluated in parallel over each (on
-        # a GPU long ones, so the host issues few operations: 256 took 74 s in the loop for
-        # 8 of 48 layers over 131,072 tokens of a 1.3B-shape model, the kernels' sequential
-        # float64 slot 62 s)
+        # the float64 reference in segments of 256 tokens on the CPU (the torch engine's
+        # truth), the kernels' float64 slot on a GPU: for 8 of 48 layers over 131,072 tokens of
+        # a 1.3B-shape model the slot took 62 s in the loop, the torch truth 74 s (segments of
+        # 256) and 103 s (2,048)
         self.cfg = to_config({"schemes": {"reference": {"kind": "shared", "fmt": "fp64"}},
-                              "run": {"progress": False}, "replay": {"buffer_len": seg}})
+                              "run": {"progress": False}, "replay": {"buffer_len": 256}})
         self.groups = [Group("reference", REFERENCE, reference=True)]
 
     def __call__(self, step, run_own):
@@ -143,8 +143,10 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
 
         bar = tqdm(total=n, unit="tok", desc="recording", leave=False)
     t0 = time.perf_counter()
-    seg = 2048 if dev.type == "cuda" else 256
-    with torch.no_grad(), Hook(model, _Recorder(writers, "torch", seg)):
+    from precsim.kernels import available
+
+    backend = "triton" if dev.type == "cuda" and available("cuda") else "torch"
+    with torch.no_grad(), Hook(model, _Recorder(writers, backend)):
         for c0 in range(0, n, chunk):
             x = torch.as_tensor(ids[None, c0:c0 + chunk], device=dev)
             o = base(input_ids=x, use_cache=True, **({kw: cache} if cache is not None else {}))
