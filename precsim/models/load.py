@@ -40,6 +40,12 @@ def installed_version() -> str:
 
 def require_transformers():
     """``transformers``, of a release in :data:`TRANSFORMERS_RANGE` (one-line error if not)."""
+    import logging
+
+    # transformers imports torchao when it is installed, and torchao logs a traceback for each
+    # CUDA extension it cannot load on a CPU-only machine: nothing precsim uses
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # (its enum notices)
     try:
         import transformers
     except ImportError:

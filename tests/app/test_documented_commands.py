@@ -39,7 +39,7 @@ TINY_RUN = ["run.steps=64", "run.seqs=1", "metrics.window=32", "metrics.vocab=32
             "run.progress=false"]
 TINY_TRACE = ["run.steps=8", "run.seqs=1", "metrics.window=8", "metrics.vocab=32",
               "run.progress=false"]
-TINY_MODEL_KL = ["run.steps=6", "metrics.window=3", "run.progress=false"]
+TINY_MODEL_KL = ["run.steps=6", "run.seqs=1", "metrics.window=3", "run.progress=false"]
 # swept lists replaced by one value each, so the 24-job preset runs one tiny job
 FEWER_JOBS = {"experiment=precision_sweep": ["schemes.candidate.fmt=fp32",
                                              "schemes.candidate.rounding=rne",
@@ -53,10 +53,7 @@ SLURM_ONLY_KEYS = ("hydra.launcher.partition=", "hydra.launcher.account=")
 # documented one-line errors: command text -> the start of its one line on stderr
 DOCUMENTED_ERRORS: dict[str, str] = {}
 # commands known to fail today, keyed by their text (xfail, not strict)
-KNOWN_FAILURES = {
-    "python -m precsim experiment=model_kl model.path=PATH run.steps=256":
-        "whole-model mode is being rewritten (summary.json of a model run)",
-}
+KNOWN_FAILURES: dict[str, str] = {}  # command -> why it is expected to fail (none now)
 
 
 def collect(path: Path) -> list[tuple[str, int, str]]:
@@ -124,15 +121,30 @@ def layer_fixtures(tmp_path_factory):
 def model_fixtures(tmp_path_factory):
     """Stand-ins for a documented checkpoint and its recording: a tiny Mamba-2 model (random
     weights, built offline from a config) and its recorded traces."""
-    tf = pytest.importorskip("transformers")
+    from precsim.models.load import require_transformers
+
+    pytest.importorskip("transformers")
+    tf = require_transformers()  # (quiets torchao's import-time notices, as the commands do)
     root = tmp_path_factory.mktemp("docmodel")
     torch.manual_seed(0)
     tf.Mamba2ForCausalLM(tf.Mamba2Config(
         vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
         state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(root / "ckpt")
+    char_tokenizer().save_pretrained(root / "ckpt")  # so that documented text files tokenize
     assert record.main(["--model", str(root / "ckpt"), "--tokens", "8", "--out",
                         str(root / "rec")]) == 0
     return {"ckpt": root / "ckpt", "rec": root / "rec"}
+
+
+def char_tokenizer():
+    """A character-level tokenizer of printable ASCII (ids 1..95, 0 unknown), built offline."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{chr(c): c - 31 for c in range(32, 127)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
 
 
 class Fixtures(dict):
@@ -150,7 +162,8 @@ class Fixtures(dict):
 # what a documented path stands for, by the flag or key that takes it (the report's directory is
 # its positional argument): every value there is an example the user replaces
 ROLES = {"--model": "ckpt", "model.path": "ckpt", "workload.path": "trace", "--text-file": "text",
-         "--prompt-file": "text", "--ids-file": "ids", "model.text": "text", "--out": "out"}
+         "--prompt-file": "text", "--ids-file": "ids", "model.text": "text", "model.ids": "ids",
+         "--out": "out"}
 
 
 def _substitute(argv: list[str], fx: dict, out: Path, kind: str) -> list[str]:
@@ -229,7 +242,7 @@ def test_documented_command_runs(doc, line, cmd, tmp_path, capfd, request):
     elif kind == "record":
         argv = [*argv, "--tokens", "4"]
         rc, text = _run_inprocess(record.main, argv, capfd)
-        results = [tmp_path / "rec" / "record.json", tmp_path / "rec" / "layer_00.npz"]
+        results = [tmp_path / "rec" / "record.json", tmp_path / "rec" / "layer_00"]
     elif "--help" in argv or "-h" in argv:
         rc, text = _run_inprocess(cli_main, argv, capfd)
         assert "usage:" in text
@@ -242,6 +255,9 @@ def test_documented_command_runs(doc, line, cmd, tmp_path, capfd, request):
             jobs = [d for d in where.iterdir() if d.is_dir() and d.name[0].isdigit()]
             assert jobs, f"no job directories in {where}"
             results += [d / "summary.json" for d in jobs]
+        elif "workload=trace" in argv and not any(a.startswith("workload.layer=") for a in argv) \
+                and not any(a.endswith(".npz") for a in argv):  # every layer of a recording
+            results = [where / "summary.json", where / "layers.csv", where / "layer_00"]
         else:
             results = [where / "summary.json", where / "metrics.csv"]
     assert "Traceback" not in text, f"{doc}:{line}: {cmd}\n{text[-3000:]}"
@@ -251,7 +267,7 @@ def test_documented_command_runs(doc, line, cmd, tmp_path, capfd, request):
         assert first and lines and lines[-1].startswith(first), \
             f"{doc}:{line}: exit {rc}: {cmd}\n{text[-3000:]}"
         return
-    missing = [str(p) for p in results if not p.is_file()]
+    missing = [str(p) for p in results if not p.exists()]
     assert not missing, f"{doc}:{line}: {cmd}: missing {missing}"
     for p in results:
         if p.name == "summary.json":
