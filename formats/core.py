@@ -570,7 +570,7 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
                    tensor_scope="matrix", scale_mode="reciprocal", sr_source="hash"):
     """Fake-quantize along the last axis in blocks of ``fmt.block``. Scales are deterministic.
 
-    NVFP4's ``scale_mode`` (README, "Block-scaled formats"): ``"reciprocal"`` (default) multiplies
+    NVFP4's ``scale_mode`` (docs/formats.md): ``"reciprocal"`` (default) multiplies
     the elements by ``r = (1/s_tensor) / bs`` (float32, each step correctly rounded; ``1/bs``
     without a tensor scale) as production quantizers do; ``"divide"`` computes ``x / (s_tensor ·
     bs)``. The two differ by one E2M1 step near rounding midpoints.

@@ -1,5 +1,5 @@
-"""Counter-based random bits for stochastic rounding (README, "Rounding": the generator, the
-Philox option and the lane layout).
+"""Counter-based random bits for stochastic rounding (docs/formats.md, "Rounding": the generator,
+the Philox option and the lane layout).
 
 Every random bit is a pure function of ``(seed, stream, element index)``, so a result never
 depends on chunking, device or scheme order. ``bits = mix(mix(lo ^ k0) ^ hi ^ k1)`` with ``mix``

@@ -1,5 +1,5 @@
-"""Hydra glue for sweeps (``hydra.callbacks`` in ``conf/config.yaml``; the behaviour is README's
-"Launchers" and "Resume, failures, directories"). :class:`SweepCallback`:
+"""Hydra glue for sweeps (``hydra.callbacks`` in ``conf/config.yaml``; the behaviour is
+docs/sweeps.md's "Launchers" and "Resume, failures, directories"). :class:`SweepCallback`:
 
 * **on_job_start** — moves aside the summary of a job whose files are broken (the app redoes
   it); under joblib with several visible GPUs, takes a free GPU (exclusive lock, ``job.num %

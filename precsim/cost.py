@@ -1,5 +1,5 @@
 """Cost model: bytes moved per decode step per head and sequence, averaged over one buffer window
-of ``L`` steps (the table is README's "Cost model"): conventional ``2·B(F)``; shared
+of ``L`` steps (the table is docs/sweeps.md's "Cost model"): conventional ``2·B(F)``; shared
 ``B(F)·(1 + 1/L)``; split ``((L-1)·B(F_read) + 2·B(F_upd) + B(F_read)) / L``; ReplaySSM schemes
 add one buffer entry written per step (Mamba-2: x, B in the buffer dtype plus dt in FP32; GDN: u,
 k plus the decay) and ``(L+1)/2`` entries read. ``B(F) = P·N·bits_per_element(F)/8`` plus the

@@ -1,4 +1,4 @@
-"""Metrics (definitions: README "Metrics", docs/design.md): per-step layer-wide ``rel_err``,
+"""Metrics (definitions: docs/metrics.md, docs/design.md): per-step layer-wide ``rel_err``,
 ``kl`` and top-1 agreement through a fixed random readout head, and ``state_drift``; window means
 per sequence, then the mean and 10/50/90th percentiles across sequences. The simulated logits are
 ``logits_ref + W (yhat_sim - yhat_ref)`` so tiny errors are not lost to rounding. ``flip`` per
@@ -285,7 +285,7 @@ class Accumulator:
     def rows(self) -> list[dict]:
         """Tidy rows: one per scheme and window end, each metric's mean and 10/50/90th
         percentiles across sequences (NaN where a value is not finite), and with the readout
-        ``first_flip`` (censored at the row's step) and ``flipped`` (README, "Metrics"). All
+        ``first_flip`` (censored at the row's step) and ``flipped`` (docs/metrics.md). All
         windows and schemes in a few vectorised NumPy calls (one set of reductions per window,
         scheme and metric took ~0.1 s of a 32,768-step GPU study's host time)."""
         cells = [(w, name) for w in self.windows for name in self.names]

@@ -1,6 +1,6 @@
 """Sweep reports: ``python -m precsim.report DIR [--metric rel_err --budget 0.0625 --horizon N]``.
 
-What it reads and writes is :data:`REPORT_HELP` (README, "The decision: precsim-report"); jobs
+What it reads and writes is :data:`REPORT_HELP` (docs/sweeps.md); jobs
 that failed or never finished get one row each in ``sweep_summary.csv``. Also :func:`run_verdict`,
 the budget verdict the CLI prints at the end of a single run.
 """

@@ -133,7 +133,7 @@ class RandomWorkload(Workload):
 
 
 class TraceWorkload(Workload):
-    """Inputs recorded from a real model (``.npz``; schema in the README)."""
+    """Inputs recorded from a real model (``.npz`` or a folder of ``.npy``; docs/workloads.md)."""
 
     def __init__(self, cfg: Config, device="cpu"):
         self.device = torch.device(device)

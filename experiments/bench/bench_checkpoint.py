@@ -8,7 +8,8 @@ and size (``info.checkpoints`` / ``checkpoint_s`` / ``checkpoint_bytes``; the ch
 written and then removed when the run completes). The cost at the default interval (120 s) is
 the per-checkpoint seconds over 120 s.
 
-    python experiments/bench/bench_checkpoint.py [--heads 8] [--steps 32768] [--forced 1] [--repeats 3]
+    python experiments/bench/bench_checkpoint.py [--heads 8] [--steps 32768] [--forced 1]
+        [--repeats 3]
 """
 
 from __future__ import annotations

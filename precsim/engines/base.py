@@ -162,7 +162,7 @@ def cpu_threads(threads, cores: int | None = None) -> int:
 def torch_threads(threads) -> int | None:
     """torch's intra-op threads for ``run.threads`` (None: leave torch's default): ``auto`` = 1,
     because torch's OpenMP workers spin (with 2 threads on a shared 2-core machine the torch
-    engine ran 3-20x slower than with one; README, CPU section); 0 = torch's default; n = n."""
+    engine ran 3-20x slower than with one; docs/performance.md); 0 = torch's default; n = n."""
     if threads == "auto":
         return 1
     return None if threads == 0 else int(threads)

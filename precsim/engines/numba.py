@@ -15,7 +15,7 @@ host draws only the segments' input-only matrices (:func:`_gdn_terms`) and each 
 engine's (:class:`precsim.metrics.Accumulator`), fed once per window with rows a compiled pass
 reduced (rel_err, the readout's normalised inputs).
 
-Threads (``run.threads``, README "The fused numba engine"): with n > 1, n - 1 worker threads
+Threads (``run.threads``, docs/performance.md): with n > 1, n - 1 worker threads
 take the window's tasks (nogil calls) while the host prepares the next window and reduces the
 last one's metrics, then takes tasks too; results are the same bit for bit at any n.
 :func:`supports` names what is not covered (the torch engine runs it then). Compiled code is

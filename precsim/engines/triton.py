@@ -138,8 +138,8 @@ class Options:
     high-priority stream. ``inflight``: launches the host may queue ahead of the GPU (it then
     waits for the oldest). ``metrics_lag`` (with ``overlap``, without ``metrics_thread``): a
     batch's metrics are reduced once this many later batches are queued behind it. Neither
-    changed a first run's time on the H200 machine (5-64 launches, lags 1-4; README, GPU
-    section). ``metrics_thread`` (with ``overlap``): a thread of its own queues each batch's
+    changed a first run's time on the H200 machine (5-64 launches, lags 1-4; docs/performance.md,
+    GPU section). ``metrics_thread`` (with ``overlap``): a thread of its own queues each batch's
     metrics, after calling every metrics kernel once on zeros while the first batch launches
     (a first run: 0.46-0.48 s against 0.47-0.48 s without, and no stall between launches).
     """

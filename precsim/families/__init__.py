@@ -52,7 +52,7 @@ def fast_exp32(x: torch.Tensor) -> torch.Tensor:
     rounded to float32 (Triton's ``tl.exp`` is ``ex2.approx.f32`` of that product on NVIDIA).
     Here the ``exp2`` is correctly rounded (evaluated in float64, rounded once; torch's float32
     ``exp2`` on the CPU is not); the GPU's ``ex2.approx`` adds up to ~2 ulp of its own, which the
-    Triton engine reproduces by taking ``tl.exp`` itself (documented in the README)."""
+    Triton engine reproduces by taking ``tl.exp`` itself (docs/performance.md)."""
     return torch.exp2((x.to(torch.float32) * LOG2E_F32).to(torch.float64)).to(torch.float32)
 
 
