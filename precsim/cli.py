@@ -71,8 +71,9 @@ def _gpu_count() -> int:
 
 
 def register_resolvers() -> None:
-    """``${precsim_uid:}`` (cached per config, so every job of a sweep agrees on it) and
-    ``${precsim_gpus:}`` (visible CUDA devices, at least 1). Call before Hydra resolves dirs."""
+    """``${precsim_uid:}`` (cached per config, so every job of a sweep agrees on it),
+    ``${precsim_gpus:}`` (visible CUDA devices, at least 1) and ``${precsim_short:NAME}`` (a
+    directory name cut to fit, :func:`short_name`). Call before Hydra resolves dirs."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("precsim_uid"):
@@ -80,6 +81,19 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("precsim_gpus"):
         OmegaConf.register_new_resolver("precsim_gpus", lambda: max(1, _gpu_count()),
                                         use_cache=True)
+    if not OmegaConf.has_resolver("precsim_short"):
+        OmegaConf.register_new_resolver("precsim_short", short_name)
+
+
+def short_name(name: str, limit: int = 200) -> str:
+    """A sweep job's directory name within the file system's 255 bytes: ``name`` itself, or its
+    first characters and a hash of the whole (the same overrides, the same name: resume works)."""
+    import zlib
+
+    name = str(name)
+    if len(name.encode()) <= limit:
+        return name
+    return name.encode()[:limit - 9].decode(errors="ignore") + f"~{zlib.crc32(name.encode()):08x}"
 
 
 def register_configs() -> None:
