@@ -314,6 +314,21 @@ def _g(v: float) -> str:
 
 
 # -- one run's verdict -----------------------------------------------------------------------
+# in a whole-model run the same columns measure the model's logits against the float64-state
+# reference (precsim.models)
+MODEL_MEANING = {
+    "rel_err": lambda b: f"the logits' relative RMS error <= {b:g} vs the float64-state reference",
+    "kl": lambda b: f"KL(p_ref || p_scheme) <= {b:g} nats/token of the model's own next-token "
+                    "distributions",
+}
+
+
+def _meaning(summary: dict, metric: str, budget: float) -> str:
+    if (summary.get("info") or {}).get("workload") == "model" and metric in MODEL_MEANING:
+        return MODEL_MEANING[metric](budget)
+    return BUDGET_MEANING[metric](budget)
+
+
 BUDGET_MEANING = {
     "rel_err": lambda b: (f"the layer output's RMS error <= {100 * b:.3g}% of its RMS vs the "
                           f"float64 truth, i.e. an output SNR >= {-20 * math.log10(b):.1f} dB"
@@ -374,7 +389,7 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         rows.append((float(cost.get(name, {}).get("bytes_per_step") or math.inf), v, name, info))
     rows.sort(key=lambda r: (r[0], r[1]))
     lines = [f"budget: {metric} <= {budget:g} at step {steps:,} "
-             f"({BUDGET_MEANING[metric](budget)}; metrics.budget_metric, metrics.budget)"]
+             f"({_meaning(summary, metric, budget)}; metrics.budget_metric, metrics.budget)"]
     w = max([len(r[2]) for r in rows] + [6])
     lines.append(f"  {'scheme':<{w}}  {'B/step/head':>11}  {metric:>9}  status")
     for b, v, name, _ in rows:

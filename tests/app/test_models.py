@@ -450,3 +450,15 @@ def test_model_bad_inputs_are_one_line(kl_ckpt, tmp_path):
     with pytest.raises(PrecsimError, match="model.ids=.* is not a readable .npy"):
         run_model_kl(_kl_cfg(path, SCHEMES, 8, model__ids=str(tmp_path / "no.npy")), "cpu",
                      progress=False)
+
+
+def test_a_whole_model_verdict_says_what_its_budget_measures():
+    from precsim.report import run_verdict
+
+    summary = {"steps": 8, "info": {"workload": "model"}, "schemes": {"a": {}},
+               "figures": {"a": {"final": {"kl": 1e-3, "rel_err": 1e-2}}},
+               "cost": {"a": {"bytes_per_step": 100}}}
+    assert "the model's own next-token distributions" in run_verdict(summary, "kl", 0.01, ".")
+    assert "logits' relative RMS error" in run_verdict(summary, "rel_err", 0.1, ".")
+    summary["info"]["workload"] = "synthetic"
+    assert "layer output's RMS error" in run_verdict(summary, "rel_err", 0.1, ".")
