@@ -69,3 +69,14 @@ def first_flips(top1: np.ndarray) -> list[int | None]:
         f = np.flatnonzero(d < 0.5)
         out.append(int(f[0]) + 1 if f.size else None)
     return out
+
+
+def row_dist(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per-row L2 distance ``||a - ref||`` (float64, on the tensors' device)."""
+    return torch.linalg.vector_norm(a.reshape(a.shape[0], -1).double()
+                                    - ref.reshape(ref.shape[0], -1).double(), dim=1)
+
+
+def rel_ratio(d: np.ndarray, rn: np.ndarray) -> np.ndarray:
+    """``d / rn`` where the reference's norm ``rn`` is positive; else 0 (no error) or inf."""
+    return np.where(rn > 0, d / np.where(rn > 0, rn, 1.0), np.where(d > 0, np.inf, 0.0))

@@ -121,8 +121,6 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
     ``out``; returns ``{layer: {"file", "shapes"}}`` and the wall time."""
     if dtype not in DTYPES:
         raise PrecsimError(f"--dtype={dtype!r} is unknown; allowed: {', '.join(DTYPES)}")
-    from ..engines.base import progress_bar  # noqa: F401 - tqdm below, as the runs use it
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n = int(ids.shape[-1])

@@ -23,6 +23,7 @@ import torch
 from ..config import Config, SchemeConfig
 from ..families import decays, family_params, get_family
 from ..workload import expand_groups
+from .metrics import rel_ratio, row_dist
 
 REFERENCE = SchemeConfig(kind="shared", fmt="fp64")  # the truth: exact up to float64 rounding
 
@@ -41,12 +42,8 @@ class Group:
 
 def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
     """Per-row relative L2 distance ``||a - ref|| / ||ref||`` (float64)."""
-    a, ref = a.reshape(a.shape[0], -1).double(), ref.reshape(ref.shape[0], -1).double()
-    rn = torch.linalg.vector_norm(ref, dim=1)
-    d = torch.linalg.vector_norm(a - ref, dim=1)
-    out = torch.where(rn > 0, d / torch.where(rn > 0, rn, 1.0),
-                      torch.where(d > 0, math.inf, 0.0))
-    return out.cpu().numpy()
+    rn = torch.linalg.vector_norm(ref.reshape(ref.shape[0], -1).double(), dim=1)
+    return rel_ratio(row_dist(a, ref).cpu().numpy(), rn.cpu().numpy())
 
 
 def drift_due(pos: int, m: int, L: int, window: int) -> bool:

@@ -21,16 +21,9 @@ import torch
 
 from ..families import decays
 from ..workload import expand_groups
+from .metrics import rel_ratio, row_dist
 
 DRIFT_EVERY = 2048  # tokens between drift samples at least (launch windows)
-
-
-def _dist(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(a.double() - ref, dim=1)
-
-
-def _ratio(d, rn):
-    return np.where(rn > 0, d / np.where(rn > 0, rn, 1.0), np.where(d > 0, np.inf, 0.0))
 
 
 def scan_triton(step, groups, K: int, cfg, carry: bool = False):
@@ -125,15 +118,15 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
         if n % L == 0:  # whole segments: every state is current
             ref = S64.view(K, -1)
             samples.append((t0 + n, [
-                (_dist(st[i].view(K, -1), ref),
-                 _dist(rd[i].view(K, -1), ref) if g.cfg.kind == "split" else None)
+                (row_dist(st[i].view(K, -1), ref),
+                 row_dist(rd[i].view(K, -1), ref) if g.cfg.kind == "split" else None)
                 for i, g in enumerate(schemes)], torch.linalg.vector_norm(ref, dim=1)))
     for tok, per, rn in samples:  # one device-to-host copy per sample, after the launches
         rn = rn.cpu().numpy()
         for (d_st, d_rd), g in zip(per, schemes, strict=True):
             g.drift.setdefault(step.layer, []).append(
-                (tok, _ratio(d_st.cpu().numpy(), rn),
-                 None if d_rd is None else _ratio(d_rd.cpu().numpy(), rn)))
+                (tok, rel_ratio(d_st.cpu().numpy(), rn),
+                 None if d_rd is None else rel_ratio(d_rd.cpu().numpy(), rn)))
     if carry:
         return out, S64.view(K, H, P, N)
     bad = ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, groups)
