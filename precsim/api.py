@@ -44,5 +44,6 @@ def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
     if cfg.model.path:
         from .models import run_model_kl
 
-        return run_model_kl(cfg, engines.resolve_device(cfg.run.device), progress=progress)
+        return run_model_kl(cfg, engines.resolve_device(cfg.run.device), progress=progress,
+                            ckpt=ckpt)
     return engines.run(cfg, progress=progress, ckpt=ckpt)

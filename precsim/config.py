@@ -43,6 +43,9 @@ class ModelConfig:
     ids: str | None = None  # whole-model mode: token ids, a .npy of shape (N,) or (K, N)
     mode: str = "parallel"  # whole-model mode: parallel (one pass) | decode (token by token)
     dtype: str | None = None  # whole-model mode: load the weights in this torch dtype
+    # whole-model parallel mode: positions per forward pass (rounded up to whole metric windows
+    # of whole ReplaySSM segments; 0 = the whole document at once); checkpoints fall between
+    chunk: int = 8192
 
 
 @dataclass
@@ -230,6 +233,8 @@ def validate(cfg: Config) -> None:
     check(m.heads % m.groups == 0, "model.groups", m.groups, f"a divisor of model.heads={m.heads}")
     check_choice("model.decay_exp", m.decay_exp, DECAY_EXPS)
     check_choice("model.mode", m.mode, ("parallel", "decode"))
+    check(isinstance(m.chunk, int) and m.chunk >= 0, "model.chunk", m.chunk,
+          "an integer >= 0 (positions per forward pass; 0 = the whole document)")
     check(m.dtype in (None, "float32", "float64", "bfloat16", "float16"), "model.dtype", m.dtype,
           "null (the checkpoint's), float32, float64, bfloat16, float16")
     r = cfg.replay

@@ -212,13 +212,16 @@ def _flat(d, prefix: str = "") -> dict:
 def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]:
     """``(key, stored value, current value)`` for every result-changing key that differs
     between two configs (as written in ``summary.json``). With ``workload.kind=trace`` the trace
-    fixes ``model.*``, so those keys are not compared."""
+    fixes ``model.*``, and with ``model.path`` the checkpoint fixes the layer shape, so those
+    keys are not compared."""
     a = _flat(json.loads(json.dumps(_clean(stored))))
     b = _flat(json.loads(json.dumps(_clean(current))))
     trace = b.get("workload.kind") == "trace"
+    shape = {f"model.{k}" for k in ("family", "heads", "head_dim", "state_dim", "groups")} \
+        if b.get("model.path") else set()
     out = []
     for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k)):
-        if k in RESULT_NEUTRAL_KEYS or (trace and k.startswith("model.")):
+        if k in RESULT_NEUTRAL_KEYS or (trace and k.startswith("model.")) or k in shape:
             continue
         if a.get(k) != b.get(k):
             out.append((k, a.get(k), b.get(k)))

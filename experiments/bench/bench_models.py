@@ -90,6 +90,9 @@ def main() -> int:
     ap.add_argument("--skip-gdn", action="store_true")
     ap.add_argument("--skip-decode", action="store_true", help="GPU: no decode-mode run")
     ap.add_argument("--skip-replay", action="store_true", help="GPU: no layer replay")
+    ap.add_argument("--skip-record", action="store_true", help="GPU: no recording, no replay")
+    ap.add_argument("--one-pass", action="store_true",
+                    help="GPU: the Mamba-2 whole-model run also with model.chunk=0")
     a = ap.parse_args()
     global OUT_JSON
     out, work = Path(a.out), Path(a.work)
@@ -127,33 +130,37 @@ def main() -> int:
         rng = np.random.default_rng(0)
         np.save(work / "ids_long.npy", rng.integers(0, 50288, (1, a.record_tokens)))
         np.save(work / "ids4.npy", rng.integers(0, 50288, (4, a.tokens)))
-        rec8 = work / "rec8"
-        layers8 = ",".join(str(i) for i in range(0, 48, 6))
-        run([PY, "-m", "precsim.record", "--model", str(ck), "--ids-file",
-             str(work / "ids_long.npy"), "--layers", layers8, "--dtype", "bf16", "--device",
-             "cuda", "--out", str(rec8)],
-            f"record {a.record_tokens:,} tokens, 8 layers, bf16", rows)
-        rec48 = work / "rec48"
-        run([PY, "-m", "precsim.record", "--model", str(ck), "--ids-file",
-             str(work / "ids4.npy"), "--tokens", str(a.tokens), "--dtype", "bf16", "--device",
-             "cuda", "--out", str(rec48)], f"record {a.tokens:,} tokens, all 48 layers, bf16",
-            rows)
-        for r in (rec8, rec48):
-            meta = json.loads((r / "record.json").read_text()) if (r / "record.json").is_file() \
-                else {}
-            info[f"{r.name}_bytes"] = meta.get("bytes")
-            info[f"{r.name}_bytes_per_token_layer"] = meta.get("bytes_per_token_layer")
-            info[f"{r.name}_wall_s_in_process"] = meta.get("wall_s")
-        if not a.skip_replay:
-            run([PY, "-m", "precsim", "workload=trace", f"workload.path={rec8}",
-                 "workload.layer=0", f"run.steps={a.record_tokens}", "run.device=cuda", *hyd,
-                 f"hydra.run.dir={work}/replay0_{time.time_ns()}"],
-                f"replay layer 0 of the recording, {a.record_tokens:,} steps", rows)
+        if not a.skip_record:
+            rec8 = work / "rec8"
+            layers8 = ",".join(str(i) for i in range(0, 48, 6))
+            run([PY, "-m", "precsim.record", "--model", str(ck), "--ids-file",
+                 str(work / "ids_long.npy"), "--layers", layers8, "--dtype", "bf16", "--device",
+                 "cuda", "--out", str(rec8)],
+                f"record {a.record_tokens:,} tokens, 8 layers, bf16", rows)
+            rec48 = work / "rec48"
+            run([PY, "-m", "precsim.record", "--model", str(ck), "--ids-file",
+                 str(work / "ids4.npy"), "--tokens", str(a.tokens), "--dtype", "bf16", "--device",
+                 "cuda", "--out", str(rec48)], f"record {a.tokens:,} tokens, all 48 layers, bf16",
+                rows)
+            for r in (rec8, rec48):
+                f = r / "record.json"
+                meta = json.loads(f.read_text()) if f.is_file() else {}
+                info[f"{r.name}_bytes"] = meta.get("bytes")
+                info[f"{r.name}_bytes_per_token_layer"] = meta.get("bytes_per_token_layer")
+                info[f"{r.name}_wall_s_in_process"] = meta.get("wall_s")
+            if not a.skip_replay:
+                run([PY, "-m", "precsim", "workload=trace", f"workload.path={rec8}",
+                     "workload.layer=0", f"run.steps={a.record_tokens}", "run.device=cuda", *hyd,
+                     f"hydra.run.dir={work}/replay0_{time.time_ns()}"],
+                    f"replay layer 0 of the recording, {a.record_tokens:,} steps", rows)
         kl = [PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
               f"model.ids={work / 'ids4.npy'}", f"run.steps={a.tokens}", "run.seqs=4",
               "run.device=cuda", "metrics.window=1024", *hyd]
         run([*kl, f"hydra.run.dir={work}/kl_m2_{time.time_ns()}"],
             f"model_kl split_nvfp4, Mamba-2 1.3B, {a.tokens:,} tok x 4 docs", rows)
+        if a.one_pass:
+            run([*kl, "model.chunk=0", f"hydra.run.dir={work}/kl_m2_onepass_{time.time_ns()}"],
+                "the same, model.chunk=0 (one pass per document)", rows)
         if not a.skip_decode:
             dec_n = 64
             run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",

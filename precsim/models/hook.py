@@ -186,7 +186,11 @@ def _parse(fam: str, recurrent: bool, a: dict, raw) -> tuple:
 
 
 def _build(fam: str, recurrent: bool, a: dict, y: torch.Tensor, state):
-    """The function's return value (and in-place cache update) from a handler's (y, state)."""
+    """The function's return value (and in-place cache update) from a handler's (y, state);
+    ``state`` None (a handler that keeps the states itself): the cache gets zeros."""
+    if state is None:
+        Dk = (a["B"] if fam == "mamba2" else a["key"]).shape[-1]
+        state = y.new_zeros((*y.shape[1:], Dk))
     if fam == "mamba2":
         if recurrent:
             a["state"].copy_(state.to(a["state"].dtype))
@@ -200,6 +204,5 @@ def _build(fam: str, recurrent: bool, a: dict, y: torch.Tensor, state):
             return out, state.to(out.dtype)
         return out
     out = y.transpose(0, 1).to(a["query"].dtype)
-    st = state.transpose(-1, -2).float() if a.get("output_final_state") and state is not None \
-        else None
+    st = state.transpose(-1, -2).float() if a.get("output_final_state") else None
     return out, st

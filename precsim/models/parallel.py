@@ -1,15 +1,18 @@
 """Whole-model mode, sequence-parallel (``model.mode=parallel``, the default).
 
 Under teacher forcing everything in the model but the SSM recurrences is parallel over positions.
-So one forward pass over the documents runs the reference and every scheme as batch elements
+So a forward pass over the documents runs the reference and every scheme as batch elements
 (group ``g`` holds rows ``[g*K, (g+1)*K)``), and each SSM mixer's scan is replaced by
-:func:`precsim.models.scan.scan`, which advances every group's state over the whole sequence.
-The output head runs in chunks of positions on the backbone's last hidden state, so the logits
-of the whole run are never held at once.
+:func:`precsim.models.scan.scan`, which advances every group's state over the pass's positions.
+The documents go through in chunks of ``model.chunk`` positions (the model's cache and every
+layer's group states carried from one pass to the next; a checkpoint can fall between two), and
+the output head runs on each chunk's last hidden state, so neither the hidden states nor the
+logits of the whole run are held at once.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -18,50 +21,121 @@ import torch
 from .hook import Hook
 from .load import base_and_head
 from .metrics import token_metrics
-from .scan import scan
+from .scan import Chunks, scan
 
 
 class ScanHandler:
-    """Hook handler: every SSM layer's scan under every group (see :mod:`.scan`)."""
+    """Hook handler: every SSM layer's scan under every group (see :mod:`.scan`); the states
+    continue from chunk to chunk in ``chunks``."""
 
-    def __init__(self, groups, K: int, cfg, compute, backend: str, bar=None):
+    def __init__(self, groups, K: int, cfg, compute, backend: str, chunks: Chunks | None = None,
+                 bar=None):
         self.groups, self.K, self.cfg, self.compute = groups, K, cfg, compute
-        self.backend, self.bar = backend, bar
-        self.layers_done = 0
+        self.backend, self.chunks, self.bar = backend, chunks, bar
 
     def __call__(self, step, run_own):
-        y = scan(step, self.groups, self.K, self.cfg, self.compute, self.backend)
-        self.layers_done += 1
+        y = scan(step, self.groups, self.K, self.cfg, self.compute, self.backend,
+                 chunks=self.chunks)
         if self.bar is not None:
             self.bar.update(1)
         return y, None
 
 
+def chunk_len(cfg, N: int, backend: str) -> int:
+    """Positions per forward pass: ``model.chunk`` rounded up to whole ReplaySSM segments (on the
+    Triton backend to whole launch windows, so chunking moves no drift sample and no flush), or
+    ``N`` (``model.chunk=0``, or a chunk longer than the documents)."""
+    from .scan_triton import DRIFT_EVERY
+
+    L = cfg.replay.buffer_len
+    unit = math.ceil(max(cfg.metrics.window, DRIFT_EVERY) / L) * L if backend == "triton" else L
+    c = math.ceil(cfg.model.chunk / unit) * unit
+    return N if c == 0 or c >= N else c
+
+
 def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
-                 bar=None, head_chunk: int = 1024, phases: dict | None = None) -> dict:
+                 bar=None, head_chunk: int = 1024, phases: dict | None = None,
+                 ckpt=None) -> dict:
     """Per-token metrics ``{scheme: {"kl"|"top1"|"rel": (K, N)}}`` of every scheme group against
-    the reference group (``groups[0]``) over the documents ``ids (K, N)``; the forward pass's
-    and the output head's seconds go to ``phases``."""
+    the reference group (``groups[0]``) over the documents ``ids (K, N)``, in forward passes of
+    :func:`chunk_len` positions (the model's cache and every layer's group states carried from
+    one to the next); the forward passes' and the output head's seconds go to ``phases``.
+    ``ckpt`` (:mod:`precsim.checkpoint`) saves between chunks and resumes from its save."""
+    import inspect
+
+    from ..checkpoint import Checkpoint
+    from .load import cache_io
+
     phases = {} if phases is None else phases
+    ck = ckpt or Checkpoint(cfg, None)
     dev = next(model.parameters()).device
     K, N = ids.shape
-    batch = torch.as_tensor(ids, device=dev).repeat(len(groups), 1)
+    C = chunk_len(cfg, N, backend)
     base, head = base_and_head(model)
-    handler = ScanHandler(groups, K, cfg, compute, backend, bar)
+    kw, attr = cache_io(base)
+    pos_kw = "position_ids" in inspect.signature(base.forward).parameters
+    chunks = Chunks(horizon=N)
+    handler = ScanHandler(groups, K, cfg, compute, backend, chunks, bar)
+    out = {g.name: {k: np.full((K, N), np.nan) for k in ("kl", "top1", "rel")}
+           for g in groups[1:]}
+    cache, pos = None, 0
+    phases["forward_s"] = phases["head_s"] = 0.0
+    saved = ck.resume(device=dev)
+    if saved is not None:
+        pos, cache, out = saved["pos"], saved["cache"], saved["out"]
+        chunks.layers = saved["layers"]
+        for g, d in zip(groups, saved["groups"], strict=True):
+            g.__dict__.update(d)
+        if bar is not None:
+            bar.update(len(chunks.layers) * (pos // C))
+
+    def state() -> dict:  # what the next chunk needs, and the metrics so far
+        return {"pos": pos, "cache": cache, "out": out, "layers": chunks.layers,
+                "groups": [vars(g) for g in groups],
+                "dead_at": {g.name: g.dead_at for g in groups[1:]},
+                **partial_rows(out, groups, cfg, pos)}
+
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    t0 = time.perf_counter()
     with torch.no_grad(), Hook(model, handler):
-        h = base(input_ids=batch, use_cache=False).last_hidden_state
-    sync()
-    phases["forward_s"] = round(time.perf_counter() - t0, 3)
-    out = {g.name: {k: np.empty((K, N)) for k in ("kl", "top1", "rel")} for g in groups[1:]}
-    with torch.no_grad():
-        for c0 in range(0, N, head_chunk):
-            c1 = min(N, c0 + head_chunk)
-            lr = head(h[:K, c0:c1]).double()
-            for gi, g in enumerate(groups[1:], 1):
-                ls = head(h[gi * K:(gi + 1) * K, c0:c1]).double()
-                for k, v in token_metrics(lr, ls).items():
-                    out[g.name][k][:, c0:c1] = v
-    phases["head_s"] = round(time.perf_counter() - t0 - phases["forward_s"], 3)
+        while pos < N:
+            c1 = min(N, pos + C)
+            t0 = time.perf_counter()
+            chunks.offset = pos
+            batch = torch.as_tensor(ids[:, pos:c1], device=dev).repeat(len(groups), 1)
+            extra = {"use_cache": C < N}
+            if C < N and cache is not None:
+                extra[kw] = cache
+            if C < N and pos_kw:
+                extra["position_ids"] = torch.arange(pos, c1, device=dev)[None].expand(
+                    batch.shape[0], -1)
+            o = base(input_ids=batch, **extra)
+            cache = getattr(o, attr, None) if C < N else None
+            h = o.last_hidden_state
+            sync()
+            t1 = time.perf_counter()
+            for a0 in range(0, c1 - pos, head_chunk):
+                a1 = min(c1 - pos, a0 + head_chunk)
+                lr = head(h[:K, a0:a1]).double()
+                for gi, g in enumerate(groups[1:], 1):
+                    ls = head(h[gi * K:(gi + 1) * K, a0:a1]).double()
+                    for k, v in token_metrics(lr, ls).items():
+                        out[g.name][k][:, pos + a0:pos + a1] = v
+            del h, o
+            phases["forward_s"] += t1 - t0
+            phases["head_s"] += time.perf_counter() - t1
+            pos = c1
+            ck.window(pos, state)
+    phases["forward_s"], phases["head_s"] = (round(phases[k], 3) for k in ("forward_s", "head_s"))
     return out
+
+
+def partial_rows(out: dict, groups, cfg, pos: int) -> dict:
+    """The ``rows`` and ``per_step`` of the first ``pos`` positions (a partial result)."""
+    from .metrics import window_rows
+
+    part = {n: {k: v[:, :pos] for k, v in d.items()} for n, d in out.items()}
+    per_step = {}
+    for g in groups[1:]:
+        for key in ("rel", "kl", "top1"):
+            per_step[g.name if key == "rel" else f"{g.name}:{key}"] = part[g.name][key].T
+    return {"rows": window_rows(part, groups, cfg.metrics.window, pos), "per_step": per_step}

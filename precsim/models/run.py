@@ -50,9 +50,10 @@ def layer_shape(model) -> tuple[str, int, int, int]:
     return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
 
 
-def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
+def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
-    rows have the layer-level columns (of the model's own logits)."""
+    rows have the layer-level columns (of the model's own logits). ``ckpt``: parallel mode saves
+    between its chunks and resumes (:mod:`precsim.checkpoint`)."""
     from ..engines.base import progress_bar
     from ..result import make_result
 
@@ -86,12 +87,15 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     bar = progress_bar(cfg, progress)
     t_run = time.perf_counter()
     if m.mode == "parallel":
-        from .parallel import run_parallel
+        from .parallel import chunk_len, run_parallel
 
         if bar is not None:
-            bar.reset(total=len(layers))
-            bar.set_description("SSM layers")
-        tok_m = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases)
+            bar.reset(total=len(layers) * -(-N // chunk_len(cfg, N, backend)))
+            bar.set_description("SSM layers x chunks")
+        if ckpt is not None:
+            ckpt.start(f"model/{backend}", dev, t_start)
+        tok_m = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases,
+                             ckpt=ckpt)
     else:
         from .decode import run_decode
 
@@ -110,6 +114,8 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True):
     info = {"workload": "model", "model_path": str(m.path), "model_class": name,
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
             "scan_backend": backend, "phases_s": phases, "ssm_layers": layers,
+            **({"chunk": chunk_len(cfg, N, backend)} if m.mode == "parallel" else {}),
+            **(ckpt.info() if ckpt is not None else {}),
             "layers": model.config.num_hidden_layers,
             "documents": K, "tokens": N, "source": source, "model_s": round(run_s, 3),
             "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in groups[1:]},

@@ -46,6 +46,18 @@ def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
     return rel_ratio(row_dist(a, ref).cpu().numpy(), rn.cpu().numpy())
 
 
+@dataclass
+class Chunks:
+    """A whole-model run in chunks of positions: each SSM layer's per-group state (the scheme
+    objects on the torch backend, the kernels' state tensors on the Triton one) lives here from
+    one chunk's forward pass to the next. ``offset``: the current chunk's first position (a
+    whole number of segments and metric windows); ``horizon``: the run's positions."""
+
+    horizon: int
+    offset: int = 0
+    layers: dict = field(default_factory=dict)
+
+
 def drift_due(pos: int, m: int, L: int, window: int) -> bool:
     """Whether the drift is sampled after the full segment ``[pos, pos+m)``: the segment ends a
     flush and crosses a multiple of the metrics window."""
@@ -53,21 +65,22 @@ def drift_due(pos: int, m: int, L: int, window: int) -> bool:
 
 
 def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
-         backend: str = "torch", carry: bool = False):
+         backend: str = "torch", carry: bool = False, chunks: Chunks | None = None):
     """Outputs ``(T, len(groups)*K, H, Dv)`` of one layer's scan ``step`` (``hook.Step``) under
     every group; records the state drift against the reference group into ``group.drift``.
 
     ``carry`` (the reference group alone, recording a document in chunks): start from the
     call's state (``step.state``; None: zero), flush at the end, and return ``(outputs, final
-    state (K, H, Dv, Dk) float64)``."""
+    state (K, H, Dv, Dk) float64)``. ``chunks``: the call is the chunk of positions starting at
+    ``chunks.offset``; every group's state continues from the previous chunk's."""
     if backend == "triton":
         from .scan_triton import scan_triton
 
-        return scan_triton(step, groups, K, cfg, carry)
-    return _scan_torch(step, groups, K, cfg, compute, carry)
+        return scan_triton(step, groups, K, cfg, carry, chunks)
+    return _scan_torch(step, groups, K, cfg, compute, carry, chunks)
 
 
-def _schemes(step, groups, K, cfg, compute, dev):
+def _schemes(step, groups, K, cfg, compute, dev, kept=None):
     from ..engines.base import buffer_rounder
     from ..schemes import SCHEMES, format_options
 
@@ -76,22 +89,29 @@ def _schemes(step, groups, K, cfg, compute, dev):
     Dv = step.inp["x" if step.family == "mamba2" else "v"].shape[-1]
     Dk = step.inp["B" if step.family == "mamba2" else "k"].shape[-1]
     out = []
-    for g in groups:
-        s = SCHEMES[g.cfg.kind](name=f"{g.name}@layer{step.layer}", cfg=g.cfg, seed=cfg.run.seed,
-                                fmt_options=format_options(cfg),
-                                tensor_scope=cfg.formats.tensor_scope)
+    for i, g in enumerate(groups):
         dt = torch.float64 if g.reference else compute
-        s.init((K, H, Dv, Dk), dev, dt)
+        if kept is not None:  # the previous chunk's
+            s = kept[i]
+        else:
+            s = SCHEMES[g.cfg.kind](name=f"{g.name}@layer{step.layer}", cfg=g.cfg,
+                                    seed=cfg.run.seed, fmt_options=format_options(cfg),
+                                    tensor_scope=cfg.formats.tensor_scope)
+            s.init((K, H, Dv, Dk), dev, dt)
         br = (lambda x: x) if g.reference else buffer_rounder(  # noqa: E731
             cfg.replay.buffer_dtype, 64 if dt == torch.float64 else 32)
         out.append((s, dt, br, family_params(fam.name, step.const, dev, dt)))
     return fam, H, out
 
 
-def _scan_torch(step, groups, K, cfg, compute, carry: bool = False):
+def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
     T, b = step.shape
     dev = step.inp["x" if step.family == "mamba2" else "v"].device
-    fam, H, runs = _schemes(step, groups, K, cfg, compute, dev)
+    kept = chunks.layers.get(step.layer) if chunks is not None else None
+    fam, H, runs = _schemes(step, groups, K, cfg, compute, dev, kept)
+    if chunks is not None:
+        chunks.layers[step.layer] = [r[0] for r in runs]
+    off = chunks.offset if chunks is not None else 0
     if carry and step.state is not None:
         runs[0][0].state = runs[0][0].read = step.state.to(device=dev, dtype=torch.float64)
     p64 = family_params(fam.name, step.const, dev, torch.float64)
@@ -121,15 +141,15 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False):
                 y = y + D.to(dt)[:, None] * inp["x"]
             finite = torch.isfinite(y).reshape(m, -1).all(dim=1)
             if not bool(finite.all()):
-                s.dead_at = pos + int((~finite).nonzero()[0, 0]) + 1
+                s.dead_at = off + pos + int((~finite).nonzero()[0, 0]) + 1
                 g.dead_at = min(g.dead_at or s.dead_at, s.dead_at)
             out.append(y)
-        if drift_due(pos, m, L, W):
+        if drift_due(off + pos, m, L, W):
             ref = runs[0][0].state
             for g, (s, *_rest) in zip(groups[1:], runs[1:], strict=True):
                 held = s.held()
                 g.drift.setdefault(step.layer, []).append(
-                    (pos + m, _rel_rows(held["state"], ref),
+                    (off + pos + m, _rel_rows(held["state"], ref),
                      _rel_rows(held["read"], ref) if "read" in held else None))
         wide = torch.float64 if any(o.dtype == torch.float64 for o in out) else torch.float32
         ys.append(torch.cat([o.to(wide) for o in out], dim=1))

@@ -26,7 +26,7 @@ from .metrics import rel_ratio, row_dist
 DRIFT_EVERY = 2048  # tokens between drift samples at least (launch windows)
 
 
-def scan_triton(step, groups, K: int, cfg, carry: bool = False):
+def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     from precsim.kernels import gdn as gdn_k
     from precsim.kernels import mamba2 as m2_k
     from precsim.kernels.codes import dispatch_order
@@ -44,24 +44,31 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
     N = step.inp["B" if fam == "mamba2" else "k"].shape[-1]
     L = cfg.replay.buffer_len
     # no flush at the end of an incomplete last segment (unless carrying the state on)
-    total = T if carry else math.ceil(T / L) * L
+    off = chunks.offset if chunks is not None else 0
+    total = T if carry else math.ceil((chunks.horizon if chunks is not None else T) / L) * L
     SH = K * H
     schemes = groups[1:]
     codes = [scheme_code(g.cfg) for g in schemes]
     blocks = [scheme_block(g.cfg) or min(16, N) for g in schemes]
-    S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
-    if carry and step.state is not None:
-        S64.copy_(step.state.reshape(SH, P, N))
-    st = torch.zeros((len(schemes), SH, P, N), dtype=torch.float32, device=dev)
-    rd = torch.zeros_like(st)
-    keys = np.zeros((len(schemes), total), dtype=np.uint32)
-    ev = np.arange(total, dtype=np.int64)
-    k0 = 0
-    for i, g in enumerate(schemes):
-        if g.cfg.rounding == "sr":
-            k0, keys[i] = event_keys(cfg.run.seed, f"{g.name}@layer{step.layer}",
-                                        ev if g.cfg.kind == "conventional" else ev // L, 0)
-    k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+    kept = chunks.layers.get(step.layer) if chunks is not None else None
+    if kept is not None:  # the previous chunk's states and SR keys
+        S64, st, rd, k1, k0 = (kept[k] for k in ("S64", "st", "rd", "k1", "k0"))
+    else:
+        S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
+        if carry and step.state is not None:
+            S64.copy_(step.state.reshape(SH, P, N))
+        st = torch.zeros((len(schemes), SH, P, N), dtype=torch.float32, device=dev)
+        rd = torch.zeros_like(st)
+        keys = np.zeros((len(schemes), total), dtype=np.uint32)
+        ev = np.arange(total, dtype=np.int64)
+        k0 = 0
+        for i, g in enumerate(schemes):
+            if g.cfg.rounding == "sr":
+                k0, keys[i] = event_keys(cfg.run.seed, f"{g.name}@layer{step.layer}",
+                                         ev if g.cfg.kind == "conventional" else ev // L, 0)
+        k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+        if chunks is not None:
+            chunks.layers[step.layer] = {"S64": S64, "st": st, "rd": rd, "k1": k1, "k0": k0}
     params = {k: v.to(device=dev, dtype=torch.float64) for k, v in step.const.items()}
     D = params.get("D")
     nw = 4 if P * N <= 8192 else 8
@@ -99,14 +106,14 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
                 if g.reference:  # the kernels' float64 truth slot
                     y = torch.empty((n, SH, P), dtype=torch.float64, device=dev)
                     _launch(fam, inp, S64, st[:1], rd[:1], y, st.new_empty((1, n, SH, P)),
-                            k1[:1], _i32(k0), [], [], True, t0, n, total, L, H, min(16, N), LB,
-                            nw, None, **kw)
+                            k1[:1], _i32(k0), [], [], True, off + t0, n, total, L, H,
+                            min(16, N), LB, nw, None, **kw)
                 else:
                     i = gi - 1
                     y = torch.empty((1, n, SH, P), dtype=torch.float32, device=dev)
                     _launch(fam, inp, S64, st[i:i + 1], rd[i:i + 1], y64_none, y, k1[i:i + 1],
-                            _i32(k0), [0], [codes[i]], False, t0, n, total, L, H, blocks[i], LB,
-                            nw, None, **kw)
+                            _i32(k0), [0], [codes[i]], False, off + t0, n, total, L, H,
+                            blocks[i], LB, nw, None, **kw)
                     y = y[0]
                 y = y.view(n, K, H, P)
                 if D is not None:
@@ -117,7 +124,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
                 main.wait_stream(stream)
         if n % L == 0:  # whole segments: every state is current
             ref = S64.view(K, -1)
-            samples.append((t0 + n, [
+            samples.append((off + t0 + n, [
                 (row_dist(st[i].view(K, -1), ref),
                  row_dist(rd[i].view(K, -1), ref) if g.cfg.kind == "split" else None)
                 for i, g in enumerate(schemes)], torch.linalg.vector_norm(ref, dim=1)))
@@ -134,6 +141,6 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
         for gi, g in enumerate(groups):
             hit = torch.nonzero(bad[:, gi])
             if hit.numel():
-                first = int(hit[0, 0]) + 1
+                first = off + int(hit[0, 0]) + 1
                 g.dead_at = min(g.dead_at or first, first)
     return out
