@@ -45,7 +45,7 @@ class ModelConfig:
     dtype: str | None = None  # whole-model mode: load the weights in this torch dtype
     # whole-model parallel mode: positions per forward pass (rounded up to whole metric windows
     # of whole ReplaySSM segments; 0 = the whole document at once); checkpoints fall between
-    chunk: int = 8192
+    chunk: int = 32768
 
 
 @dataclass

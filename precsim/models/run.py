@@ -79,9 +79,14 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     K, N = ids.shape
     layers = [idx for idx, _, _ in ssm_layers(model)]
     m.family, m.heads, m.head_dim, m.state_dim = layer_shape(model)  # the cost model's bytes
-    backend = "torch"
+    backend, why = "torch", None
     if m.mode == "parallel" and compute == torch.float32:
         backend = backend_for(cfg, dev)
+    if dev == "cuda" and backend == "torch":  # say why the kernels do not run it
+        from ..engines import triton as tri
+
+        why = "float64 compute" if compute != torch.float32 else (
+            "model.mode=decode" if m.mode != "parallel" else tri.supports(cfg, dev))
     groups = [Group("reference", REFERENCE, reference=True),
               *(Group(n, s) for n, s in cfg.schemes.items())]
     bar = progress_bar(cfg, progress)
@@ -113,7 +118,8 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     name = type(model).__name__
     info = {"workload": "model", "model_path": str(m.path), "model_class": name,
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
-            "scan_backend": backend, "phases_s": phases, "ssm_layers": layers,
+            "scan_backend": backend, **({"scan_backend_why": why} if why else {}),
+            "phases_s": phases, "ssm_layers": layers,
             **({"chunk": chunk_len(cfg, N, backend)} if m.mode == "parallel" else {}),
             **(ckpt.info() if ckpt is not None else {}),
             "layers": model.config.num_hidden_layers,

@@ -53,11 +53,11 @@ CONFIGS = {  # class name -> (config class, arguments); vocab 96, hidden 32, 2-3
 }
 
 
-def build(arch: str, init_range: float | None = None, slow_decay: bool = False):
+def build(arch: str, init_range: float | None = None, slow_decay: bool = False, **extra):
     """A tiny random model of class ``arch`` (seed 0); ``init_range`` and ``slow_decay`` make
     its SSM layers matter (weights N(0, r^2), heads decaying by ~5% per token)."""
     cname, kw = CONFIGS[arch]
-    cfg = getattr(tf, cname)(vocab_size=96, hidden_size=32, **kw)
+    cfg = getattr(tf, cname)(vocab_size=96, hidden_size=32, **{**kw, **extra})
     if init_range is not None:
         cfg.initializer_range = init_range
     torch.manual_seed(0)
@@ -543,14 +543,18 @@ def test_whole_model_interrupt_and_resume_through_the_command_line(kl_ckpt, tmp_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["Mamba2ForCausalLM", "Qwen3_5ForCausalLM"])
-def test_triton_backend_chunks_and_resumes_on_the_gpu(kl_ckpt, arch, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["Mamba2ForCausalLM", "BambaForCausalLM", "Qwen3_5ForCausalLM"])
+def test_triton_backend_chunks_and_resumes_on_the_gpu(arch, tmp_path, monkeypatch):
     """On a GPU (the Triton scan): chunked equals one pass to float32 noise, and an interrupted
     chunked run resumes bit-identically."""
     from precsim.checkpoint import Checkpoint, Interrupted, install_handlers, restore_handlers
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    # the kernels need head sizes of 16 or more
+    extra = dict(linear_value_head_dim=16) if arch == "Qwen3_5ForCausalLM" else {}
+    build(arch, 0.2, slow_decay=True, **extra).save_pretrained(tmp_path / arch)
+    kl_ckpt = {arch: tmp_path / arch}
     schemes = {**SCHEMES, "sr": {"kind": "conventional", "fmt": "fp16", "rounding": "sr"}}
     np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 96, 4096 + 40))
     over = dict(run__steps=4096 + 40, metrics__window=2048, replay__buffer_len=16,
@@ -559,7 +563,8 @@ def test_triton_backend_chunks_and_resumes_on_the_gpu(kl_ckpt, arch, tmp_path, m
                       progress=False)
     cfg = _kl_cfg(kl_ckpt[arch], schemes, **over, model__chunk=2048)
     ref = run_model_kl(cfg, "cuda", progress=False)
-    assert ref.engine == "model/triton" and ref.info["chunk"] == 2048
+    assert ref.engine == "model/triton", ref.info.get("scan_backend_why")
+    assert ref.info["chunk"] == 2048
     for name, v in r0.per_step_rel_err.items():
         if name.endswith(":kl"):
             assert np.abs(ref.per_step_rel_err[name] - v).max() <= 1e-4 * np.abs(v).max() + 1e-9
