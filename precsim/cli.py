@@ -209,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
         return e.exit_code
     finally:  # an in-process caller (tests, a notebook) gets its collector back as it was
+        # and no warm-up thread outlives the command: one still initialising CUDA when the
+        # interpreter exits (a one-line error within a second of the start) aborted the
+        # process (`terminate called without an active exception`, exit 134, on the H200)
+        _join_warm_up()
         restore_handlers(old_handlers)
         gc.unfreeze()
         if collecting:

@@ -202,3 +202,19 @@ def test_python_api_without_hydra(tmp_path):
                     "metrics": {"window": 32, "vocab": 32}}, out_dir=tmp_path)
     assert [r["step"] for r in res.rows] == [32, 64]
     assert (tmp_path / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_validation_error_exits_2_through_the_process(device, tmp_path):
+    """A whole process (its warm-up thread started: CUDA's initialisation where a GPU is)
+    ending in a one-line error exits 2, not with a signal (on the H200 it once aborted with
+    `terminate called without an active exception`, exit 134)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    r = _cli(["workload=trace", "workload.path=/no/such/dir", f"run.device={device}",
+              f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.count("\n") == 1 and "workload.path" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
