@@ -571,6 +571,8 @@ def _run_app(cfg) -> None:
     c = _to_config(cfg, to_config)
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
+    if c.metrics.plot is None:  # a sweep job draws no PNG of its own unless asked
+        c.metrics.plot = not multirun
     say = _job_log if multirun else _say
     out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
     stored = reusable(c, out)

@@ -123,7 +123,9 @@ class MetricsConfig:
     logit_scale: float = 3.0  # logits = logit_scale * W @ rms_normalise(y)
     kl: bool = True
     lengths: list[int] = field(default_factory=lambda: [256, 1024, 4096, 32768, 131072])
-    plot: bool = True
+    # error_vs_length.png: null = a single run's yes and a sweep job's no (the sweep's plots,
+    # sweep_error_vs_length.png and sweep_pareto.png, show every job; a PNG per job cost more than its engine on a GPU)
+    plot: bool | None = None
     # The run ends with the cheapest scheme within this budget at its last step. Default: the
     # layer output's relative RMS error vs the float64 truth <= 1/16 (an output SNR of >= 24 dB).
     # rel_err is scale-free; the KL's size depends on logit_scale and vocab (KL ~ logit_scale^2 *

@@ -71,7 +71,7 @@ def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
         for n in first["schemes"]}
     out.mkdir(parents=True, exist_ok=True)
     res.atomic_write_text(out / "layers.csv", res.rows_to_csv(rows))
-    if cfg.metrics.plot:
+    if cfg.metrics.plot is not False:
         plot_heatmap(rows, cfg.metrics.budget_metric, out / "layers.png",
                      f"{Path(cfg.workload.path).name}: {len(per_layer)} layers, "
                      f"{first['steps']:,} steps, final {cfg.metrics.budget_metric}")

@@ -303,7 +303,7 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
     atomic_write_text(out / METRICS_FILE, rows_to_csv(result.rows))
     write_per_step(out / PER_STEP_FILE, result.per_step_rel_err)
     summary = build_summary(cfg, result, complete)
-    if cfg.metrics.plot and complete:
+    if cfg.metrics.plot is not False and complete:
         from .plots import plot_error_vs_length
 
         m = cfg.model

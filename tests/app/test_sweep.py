@@ -76,6 +76,8 @@ def test_joblib_sweep_aggregates_and_rerun_touches_nothing(joblib_sweep):
         assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
     jobs = _jobs(sweep)
     assert set(jobs) == {"0", "1"} and "replay.buffer_len=8" in jobs["0"].name
+    # metrics.plot=null: a sweep job draws no PNG of its own (the sweep's plots show them all)
+    assert not any((p / "error_vs_length.png").exists() for p in jobs.values())
     before = {n: _snapshot(p) for n, p in jobs.items()}
     r = _cli([*SWEEP, "hydra/launcher=joblib", f"hydra.sweep.dir={sweep}"], sweep.parent)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -147,9 +149,10 @@ def test_submitit_local_one_job(tmp_path):
     sweep = tmp_path / "sweep"
     r = _cli(["-m", "experiment=split_nvfp4", "replay.buffer_len=8", *FAST,
               "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
-              f"hydra.sweep.dir={sweep}"], tmp_path)
+              "metrics.plot=true", f"hydra.sweep.dir={sweep}"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert report.check_run_dir(_jobs(sweep)["0"]) is None
+    assert (_jobs(sweep)["0"] / "error_vs_length.png").read_bytes()[:4] == b"\x89PNG"  # asked
     assert (sweep / report.CSV_FILE).is_file()
 
 
