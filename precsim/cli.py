@@ -291,6 +291,11 @@ def _main(args: list[str]) -> int:
             raise
     except Exception as e:  # noqa: BLE001 - the last line of defence for one-line errors
         if is_user_error(e):
+            GlobalHydra.instance().clear()
+            try:  # a scheme the preset lacks: say which preset has it (not Hydra's `+` hint)
+                _explain_missing_scheme(e, args)
+            except Exception as better:  # noqa: BLE001
+                e = better
             _fail(one_line(e))
         raise
     finally:
@@ -406,6 +411,12 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
     if not explicit:
         # Hydra's default directory is a new, unique one: the app validates the config (a
         # failed run's stub directory is removed), no second composition here (~0.3 s)
+        return False
+    given = [o.value() for o in parsed if o.key_or_group in ("hydra.run.dir", "run.out_dir")]
+    if all(isinstance(v, str) and "${" not in v and not Path(v).exists() for v in given):
+        # new directories hold no result to reuse: the app validates (removing the stub of a
+        # run that fails), no second composition here (~0.3 s of every such command)
+        fresh_dir[0] = run_dir is not None
         return False
     user = [a for a, o in zip(overrides, parsed, strict=True)
             if not (o.key_or_group.startswith("hydra") or o.package)]
