@@ -410,10 +410,15 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
             lines.append("  note: within 10% of the budget; check with more sequences "
                          "(run.seqs) or seeds before relying on it")
         for cb, cv, cname, cinfo in rows:
-            if cb < b and cv <= 2 * budget:
+            if cb < b and cv <= 2 * budget and "per_layer" not in (summary.get("info") or {}):
                 lines.append(f"  near miss: {cname} ({cb:,.0f} B) {margin_text(cv, budget)}; "
                              f"what would change the answer: "
                              f"{knob(cname, cinfo, summary.get('config', {}))}")
+    pl = (summary.get("info") or {}).get("per_layer")
+    if pl:
+        from .models.per_layer import verdict_lines
+
+        lines += verdict_lines(pl)
     lines.append(f"over a sweep: python -m precsim.report {shlex.quote(str(run_dir))} "
                  f"--metric {metric} --budget {budget:g}")
     return "\n".join(lines)

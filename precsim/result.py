@@ -57,7 +57,8 @@ def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: f
     return Result(
         rows=rows, per_step_rel_err=per_step or {},
         schemes={n: {"kind": s.kind, "label": s.label or describe(s), "dead_at": dead_at.get(n),
-                     "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt}
+                     "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt,
+                     **({"layers": dict(s.layers)} if s.layers is not None else {})}
                  for n, s in cfg.schemes.items()},
         engine=engine, device=str(device), wall_s=time.perf_counter() - t_start,
         steps=cfg.run.steps if steps is None else steps,
@@ -270,6 +271,18 @@ def reported_lengths(cfg: Config, steps: int) -> tuple[list[int], list[int]]:
     return ok, skipped
 
 
+def result_schemes(cfg: Config, result: Result) -> dict:
+    """The SchemeConfigs a result ran: the config's, or those a run chose itself (the per-layer
+    assignment's verification, whose schemes are not the config's template)."""
+    from .config import SchemeConfig
+
+    if set(result.schemes) == set(cfg.schemes):
+        return cfg.schemes
+    keys = ("kind", "fmt", "rounding", "read_fmt", "layers")
+    return {n: SchemeConfig(**{k: v[k] for k in keys if k in v})
+            for n, v in result.schemes.items()}
+
+
 def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
     from .cost import scheme_costs
 
@@ -286,7 +299,7 @@ def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
         "figures": summary_figures(result.rows, lengths, result.steps),
         "lengths_skipped": skipped,
         "schemes": result.schemes,
-        "cost": scheme_costs(cfg),
+        "cost": scheme_costs(cfg, result_schemes(cfg, result), result.info.get("ssm_layers")),
         "info": result.info,
         "config": asdict(cfg),
     }
@@ -311,6 +324,10 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
         labels = {n: s["label"] for n, s in result.schemes.items()}
         plot_error_vs_length(result.rows, labels, out / PLOT_FILE, title,
                              budget=(cfg.metrics.budget_metric, cfg.metrics.budget))
+    if "per_layer" in result.info and complete:  # experiment=per_layer: its sensitivity table
+        from .models.per_layer import write_files
+
+        write_files(result.info["per_layer"], out, cfg.metrics.plot)
     if "phases_s" in summary.get("info", {}):  # the files before summary.json (it is written last)
         summary["info"]["phases_s"]["files"] = round(time.perf_counter() - t0, 4)
     write_json(out / SUMMARY_FILE, summary)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import Config, SchemeConfig
+from ..config import Config, SchemeConfig, scheme_at
 from ..families import decays, family_params, get_family
 from ..workload import expand_groups
 from .metrics import rel_ratio, row_dist
@@ -38,6 +38,10 @@ class Group:
     dead_at: int | None = None  # first token (1-based) of a non-finite output, any layer
     # layer -> [(token, per-document state drift (K,), read drift (K,) or None)]
     drift: dict = field(default_factory=dict)
+
+    def at(self, layer: int) -> SchemeConfig:
+        """The uniform scheme this group runs in SSM layer ``layer`` (``schemes.NAME.layers``)."""
+        return scheme_at(self.cfg, layer)
 
 
 def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
@@ -77,7 +81,8 @@ def _schemes(step, groups, K, cfg, compute, dev):
     Dk = step.inp["B" if step.family == "mamba2" else "k"].shape[-1]
     out = []
     for g in groups:
-        s = SCHEMES[g.cfg.kind](name=f"{g.name}@layer{step.layer}", cfg=g.cfg, seed=cfg.run.seed,
+        sc = g.at(step.layer)
+        s = SCHEMES[sc.kind](name=f"{g.name}@layer{step.layer}", cfg=sc, seed=cfg.run.seed,
                                 fmt_options=format_options(cfg),
                                 tensor_scope=cfg.formats.tensor_scope)
         dt = torch.float64 if g.reference else compute
