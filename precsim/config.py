@@ -63,7 +63,7 @@ class SchemeConfig:
     # per-layer formats (whole-model mode, or a record directory's layers): layer index ->
     # format of the scheme's stored slot (fmt; split: read_fmt), "default" for every other layer
     # (else the scheme's own), e.g. {0: fp16, 5: fp16, default: nvfp4} (docs/real-models.md)
-    layers: dict[Any, str] | None = None
+    layers: Any = None
 
 
 @dataclass

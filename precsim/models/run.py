@@ -101,7 +101,8 @@ def prepare(cfg, device: str = "cpu") -> Loaded:
     n_layers = int(model.config.num_hidden_layers)
     kinds = dict(enumerate(getattr(model.config, "layer_types", None)
                            or getattr(model.config, "layers_block_type", None) or []))
-    check_layers_exist(cfg, layers, n_layers, {i: f"a {k!r} layer" for i, k in kinds.items()},
+    check_layers_exist(cfg, layers, n_layers, {i: f"not an SSM layer (type {k!r})"
+                                                for i, k in kinds.items()},
                        f"{type(model).__name__} at {m.path}")
     mdtype = next(model.parameters()).dtype
     compute = torch.float64 if (cfg.run.compute_dtype == "fp64" or mdtype == torch.float64) \
