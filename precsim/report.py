@@ -26,7 +26,7 @@ PARETO_PLOT = "sweep_pareto.png"
 ERROR_FILE = "error.txt"
 _IGNORED_OVERRIDES = ("run.progress", "run.out_dir")
 _COST_COLS = ("bytes_per_step", "fraction_of_fp32", "roofline_speedup",
-              "state_transfers_per_step")
+              "state_transfers_per_step", "bytes_per_token")  # (per token: whole-model runs)
 
 
 class ReportError(Exception):

@@ -128,14 +128,14 @@ def main() -> int:
     print(f"\nMamba-2 {'tiny' if a.tiny else '1.3B-shape'} (random weights), {a.docs} x {N:,} "
           f"tokens, KL at the last {W:,}-token window, budget {budget:.3g} nats/token; "
           f"all-FP32 floor {pl['base_value']:.3g}")
-    print(f"{'configuration':<44}{'B/token':>12}{'KL':>11}  status")
+    print(f"{'configuration':<60}{'B/token':>12}{'KL':>11}  status")
     rows = [(f"uniform {f}", pl["uniform"][f]["bytes_per_token"], pl["uniform"][f]["value"])
             for f in FORMATS]
     if rd:
         rows.append((f"per-layer {_short(rd['layers'])}", rd["bytes_per_token"],
                      rd["measured"]))
     for name, b, v in sorted(rows, key=lambda r: r[1]):
-        print(f"{name[:44]:<44}{b:>12,.0f}{v:>11.3g}  "
+        print(f"{name[:60]:<60}{b:>12,.0f}{v:>11.3g}  "
               f"{'fits' if v <= budget else 'misses'} ({budget / v if v else math.inf:.2g}x)")
     best = pl["best_uniform"]
     if rd and best:
