@@ -261,3 +261,21 @@ def test_triton_scan_takes_each_layers_format(ckpts):
         out[key] = r.per_step_rel_err["s:kl"]
     assert np.array_equal(out["uniform"], out["all"])
     assert not np.array_equal(out["uniform"], out["one"])
+
+
+def test_a_sweep_over_per_layer_maps_and_its_report(ckpts, tmp_path, capsys):
+    """A multirun over two per-layer maps; the report ranks them by bytes (a per-layer scheme's
+    bytes per step: its layers' mean) and recommends the one within the budget."""
+    from precsim.report import main as report_main
+
+    sweep = tmp_path / "sw"
+    rc, _, err = run_main(["-m", "experiment=model_kl", "schemes=per_layer",
+                           f"model.path={ckpts['planted']}", f"model.ids={ckpts['ids']}",
+                           "schemes.split.layers={1: fp16, default: nvfp4},{default: nvfp4}",
+                           "run.steps=16", "metrics.window=8", "replay.buffer_len=4",
+                           "metrics.plot=false", f"hydra.sweep.dir={sweep}"], capsys)
+    assert rc in (0, None), err
+    assert report_main([str(sweep), "--metric", "kl", "--budget", "1e-3", "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended: split(fp32 update + nvfp4 read; layer 1: fp16)" in out
+    assert "the next cheaper (split(fp32 update + nvfp4 read), 1,122 B) misses it" in out
