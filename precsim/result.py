@@ -325,13 +325,31 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
         plot_error_vs_length(result.rows, labels, out / PLOT_FILE, title,
                              budget=(cfg.metrics.budget_metric, cfg.metrics.budget))
     if "per_layer" in result.info and complete:  # experiment=per_layer: its sensitivity table
-        from .models.per_layer import write_files
-
-        write_files(result.info["per_layer"], out, cfg.metrics.plot)
+        write_sensitivity(result.info["per_layer"], out, cfg.metrics.plot)
     if "phases_s" in summary.get("info", {}):  # the files before summary.json (it is written last)
         summary["info"]["phases_s"]["files"] = round(time.perf_counter() - t0, 4)
     write_json(out / SUMMARY_FILE, summary)
     return summary
+
+
+SENS_CSV, SENS_PNG = "sensitivity.csv", "sensitivity.png"
+
+
+def write_sensitivity(pl: dict, out: Path, plot: bool) -> None:
+    """``experiment=per_layer``'s ``sensitivity.csv`` (layer, format, the one-layer run's figure,
+    the error it adds, the layer's bytes per token) and ``sensitivity.png`` (a layer x format
+    heatmap of the added error); ``pl``: its ``info["per_layer"]``."""
+    m = pl["metric"]
+    rows = [{"layer": int(la), "format": f, m: pl["sensitivity"][f][la],
+             f"added_{m}": pl["added"][f][la], "bytes_per_token": pl["layer_bytes_per_token"][f]}
+            for la in pl["layers"] for f in pl["formats"]]
+    atomic_write_text(out / SENS_CSV, rows_to_csv(rows))
+    if plot:
+        from .plots import plot_heatmap
+
+        unit = " (squared)" if m == "rel_err" else ""
+        plot_heatmap([{**r, "scheme": r["format"]} for r in rows], f"added_{m}", out / SENS_PNG,
+                     f"error a layer adds in each format{unit}, the others at {pl['base_format']}")
 
 
 def format_table(summary: dict) -> str:

@@ -27,7 +27,6 @@ ADD = {"kl": lambda v: v, "rel_err": lambda v: v * v}  # a figure in its additiv
 BACK = {"kl": lambda a: a, "rel_err": lambda a: math.sqrt(max(a, 0.0))}
 BASE = "fp32"  # the other layers' format while one layer is lowered
 ASSIGNED, UNIFORM = "per_layer", "uniform_"  # scheme names of the verification run
-SENS_CSV, SENS_PNG = "sensitivity.csv", "sensitivity.png"
 
 
 def final(result, name: str, metric: str) -> float:
@@ -74,6 +73,7 @@ def cheapest(delta: dict[int, dict[str, float]], cost: dict[str, float], cap: fl
 def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
     """Sensitivity, assignment and verification (module docstring); returns the last
     verification's Result with ``info["per_layer"]``."""
+    from ..config import scheme_at
     from ..cost import scheme_cost
     from ..errors import PrecsimError
     from .run import measure, prepare
@@ -87,7 +87,8 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
     fmts, metric, budget = list(pl.formats), mc.budget_metric, mc.budget
     add, back = ADD[metric], BACK[metric]
     t0 = time.perf_counter()
-    ld = prepare(cfg, device)
+    ld = prepare(cfg, device, {f"{tname}@{f}": scheme_at(with_layers(tmpl, {"default": f}), None)
+                               for f in [*fmts, BASE]})  # what the scan backend must run
     layers, m = ld.layers, cfg.model
     per_token = {f: scheme_cost(tmpl.kind, **_fmts(tmpl, f), family=m.family, head_dim=m.head_dim,
                                 state_dim=m.state_dim, buffer_len=cfg.replay.buffer_len,
@@ -141,8 +142,8 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
         "added": {f: {la: delta[la][f] for la in layers} for f in fmts},
         "rounds": rounds, "verified": bool(rounds and rounds[-1]["fits"]),
         "assignment": rounds[-1]["layers"] if rounds else None,
-        "uniform": {f: {"value": uni[f], "bytes_per_token": per_token[f] * len(layers)}
-                    for f in fmts},
+        "uniform": {f: {"scheme": f"{UNIFORM}{f}", "value": uni[f],
+                        "bytes_per_token": per_token[f] * len(layers)} for f in fmts},
         "best_uniform": best, "sensitivity_runs": len(groups),
         "sensitivity_s": round(sens_s, 3)}
     return r
@@ -158,73 +159,3 @@ def _fmts(tmpl, f: str) -> dict:
     """scheme_cost's fmt/read_fmt of the template with its slot at ``f``."""
     s = dataclasses.replace(tmpl, **{_slot(tmpl): f})
     return {"fmt": s.fmt, "read_fmt": s.read_fmt}
-
-
-# -- output: files and the verdict ---------------------------------------------------------------
-def sensitivity_rows(pl: dict) -> list[dict]:
-    return [{"layer": int(la), "format": f, pl["metric"]: pl["sensitivity"][f][la],
-             f"added_{pl['metric']}": pl["added"][f][la],
-             "bytes_per_token": pl["layer_bytes_per_token"][f]}
-            for la in pl["layers"] for f in pl["formats"]]
-
-
-def write_files(pl: dict, out, plot: bool) -> None:
-    """``sensitivity.csv`` (layer, format, the one-layer run's figure, the error it adds) and
-    ``sensitivity.png`` (a layer x format heatmap of the added error)."""
-    from ..layers import plot_heatmap
-    from ..result import atomic_write_text, rows_to_csv
-
-    rows = sensitivity_rows(pl)
-    atomic_write_text(out / SENS_CSV, rows_to_csv(rows))
-    if plot:
-        key = f"added_{pl['metric']}"
-        unit = " (squared)" if pl["metric"] == "rel_err" else ""
-        plot_heatmap([{**r, "scheme": r["format"]} for r in rows], key, out / SENS_PNG,
-                     f"error a layer adds in each format{unit}, the others at {pl['base_format']}")
-
-
-def verdict_lines(pl: dict) -> list[str]:
-    """The per-layer block of a run's verdict: the assignment beside the best uniform scheme."""
-    metric, budget = pl["metric"], pl["budget"]
-    from ..report import _g, margin_text
-
-    n = len(pl["layers"])
-    lines = [f"per-layer assignment ({pl['template']}'s {pl['slot']} per layer, from "
-             f"{', '.join(pl['formats'])}; sensitivity: {pl['sensitivity_runs']} one-layer runs, "
-             f"{SENS_CSV}, {SENS_PNG}):"]
-    for i, rd in enumerate(pl["rounds"], 1):
-        lines.append(f"  verification {i}: {as_override(rd['layers'])}: "
-                     f"{rd['bytes_per_token']:,.0f} B/token,"
-                     f" {metric}={_g(rd['measured'])} (predicted {_g(rd['predicted'])}), "
-                     f"{margin_text(rd['measured'], budget)}")
-    best = pl["best_uniform"]
-    ub = f" [{UNIFORM}{best}]: {pl['uniform'][best]['bytes_per_token']:,.0f} B/token, " \
-        f"{metric}={_g(pl['uniform'][best]['value'])}" if best else ""
-    if not pl["rounds"]:
-        lines.append(f"  NO assignment is predicted within the budget (the all-{BASE} runs give "
-                     f"{metric}={_g(pl['base_value'])})")
-    elif not pl["verified"]:
-        lines.append(f"  NOT VERIFIED: the assignment missed the budget in every one of "
-                     f"{len(pl['rounds'])} verifications (per_layer.rounds); best uniform"
-                     f"{ub or ': none fits'}")
-    else:
-        rd = pl["rounds"][-1]
-        if best is None:
-            lines.append(f"  verified: {rd['bytes_per_token']:,.0f} B/token over {n} SSM layers,"
-                         f" {metric}={_g(rd['measured'])}; no uniform scheme fits the budget")
-        else:
-            ubytes = pl["uniform"][best]["bytes_per_token"]
-            save = 100 * (1 - rd["bytes_per_token"] / ubytes)
-            than = f"{save:.1f}% fewer" if save >= 0 else f"{-save:.1f}% more"
-            lines.append(f"  verified: {rd['bytes_per_token']:,.0f} B/token, {than} than the "
-                         f"best uniform{ub}; per-layer {metric}={_g(rd['measured'])}, "
-                         f"{margin_text(rd['measured'], budget)} the budget")
-    if pl["rounds"]:
-        lines.append(f"  as a scheme: schemes.{pl['template']}.layers='"
-                     f"{as_override(pl['rounds'][-1]['layers'])}'")
-    return lines
-
-
-def as_override(layers: dict) -> str:
-    """A per-layer map as Hydra writes it: ``{2: fp16, default: nvfp4}``."""
-    return "{" + ", ".join(f"{k}: {v}" for k, v in layers.items()) + "}"

@@ -67,20 +67,21 @@ class Loaded:
     t_start: float
 
 
-def every_layer_scheme(cfg, layers: list[int]):
-    """``cfg`` with each per-layer scheme replaced by the uniform schemes it runs in ``layers``
-    (what the scan backend must support)."""
+def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
+    """``cfg`` with each per-layer scheme replaced by the uniform schemes it runs in ``layers``,
+    plus ``also`` (name -> SchemeConfig): what the scan backend must support."""
     import dataclasses
 
     from ..config import scheme_at
 
     sch = {f"{n}@{la}": scheme_at(s, la) for n, s in cfg.schemes.items() for la in layers}
-    return dataclasses.replace(cfg, schemes=sch)
+    return dataclasses.replace(cfg, schemes={**sch, **(also or {})})
 
 
-def prepare(cfg, device: str = "cpu") -> Loaded:
+def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     """Check ``cfg`` against its checkpoint, load it and its documents, pick the scan backend
-    (one-line PrecsimErrors: a mode, a per-layer map's layer the model lacks, ...)."""
+    for its schemes and ``also`` (one-line PrecsimErrors: a mode, a per-layer map's layer the
+    model lacks, ...)."""
     from ..config import check_layers_exist
 
     t_start = time.perf_counter()
@@ -112,7 +113,7 @@ def prepare(cfg, device: str = "cpu") -> Loaded:
     m.family, m.heads, m.head_dim, m.state_dim = layer_shape(model)  # the cost model's bytes
     backend = "torch"
     if m.mode == "parallel" and compute == torch.float32:
-        backend = backend_for(every_layer_scheme(cfg, layers), dev)
+        backend = backend_for(every_layer_scheme(cfg, layers, also), dev)
     return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start)
 
 
