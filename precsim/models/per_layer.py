@@ -73,7 +73,7 @@ def cheapest(delta: dict[int, dict[str, float]], cost: dict[str, float], cap: fl
 def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
     """Sensitivity, assignment and verification (module docstring); returns the last
     verification's Result with ``info["per_layer"]``."""
-    from ..config import scheme_at
+    from ..config import scheme_at, slot
     from ..cost import scheme_cost
     from ..errors import PrecsimError
     from .run import measure, prepare
@@ -87,11 +87,12 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
     fmts, metric, budget = list(pl.formats), mc.budget_metric, mc.budget
     add, back = ADD[metric], BACK[metric]
     t0 = time.perf_counter()
-    ld = prepare(cfg, device, {f"{tname}@{f}": scheme_at(with_layers(tmpl, {"default": f}), None)
-                               for f in [*fmts, BASE]})  # what the scan backend must run
+    at = {f: scheme_at(with_layers(tmpl, {"default": f}), None) for f in [*fmts, BASE]}
+    ld = prepare(cfg, device, {f"{tname}@{f}": s for f, s in at.items()})  # (scan backend)
     layers, m = ld.layers, cfg.model
-    per_token = {f: scheme_cost(tmpl.kind, **_fmts(tmpl, f), family=m.family, head_dim=m.head_dim,
-                                state_dim=m.state_dim, buffer_len=cfg.replay.buffer_len,
+    per_token = {f: scheme_cost(at[f].kind, at[f].fmt, at[f].read_fmt, family=m.family,
+                                head_dim=m.head_dim, state_dim=m.state_dim,
+                                buffer_len=cfg.replay.buffer_len,
                                 buffer_dtype=cfg.replay.buffer_dtype)["bytes_per_step"] * m.heads
                  for f in fmts}  # one layer's bytes per token in each format
 
@@ -135,7 +136,7 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
     fit = [f for f in fmts if uni[f] <= budget]
     best = min(fit, key=lambda f: (per_token[f], uni[f])) if fit else None
     r.info["per_layer"] = {
-        "metric": metric, "budget": budget, "template": tname, "slot": _slot(tmpl),
+        "metric": metric, "budget": budget, "template": tname, "slot": slot(tmpl),
         "formats": fmts, "base_format": BASE, "base_value": base, "layers": layers,
         "layer_bytes_per_token": per_token,
         "sensitivity": {f: {la: values[f"L{la}:{f}"] for la in layers} for f in fmts},
@@ -147,15 +148,3 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
         "best_uniform": best, "sensitivity_runs": len(groups),
         "sensitivity_s": round(sens_s, 3)}
     return r
-
-
-def _slot(s) -> str:
-    from ..config import slot
-
-    return slot(s)
-
-
-def _fmts(tmpl, f: str) -> dict:
-    """scheme_cost's fmt/read_fmt of the template with its slot at ``f``."""
-    s = dataclasses.replace(tmpl, **{_slot(tmpl): f})
-    return {"fmt": s.fmt, "read_fmt": s.read_fmt}
