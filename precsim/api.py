@@ -44,6 +44,33 @@ def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
     if cfg.model.path:
         from .models import run_model_kl
 
-        return run_model_kl(cfg, engines.resolve_device(cfg.run.device), progress=progress,
-                            ckpt=ckpt)
-    return engines.run(cfg, progress=progress, ckpt=ckpt)
+        dev = engines.resolve_device(cfg.run.device)
+        if cfg.per_layer.formats is not None:
+            from .models.per_layer import run_per_layer
+
+            return run_per_layer(cfg, dev, progress=progress)
+        return run_model_kl(cfg, dev, progress=progress, ckpt=ckpt)
+    return engines.run(at_layer(cfg), progress=progress, ckpt=ckpt)
+
+
+def at_layer(cfg: Config) -> Config:
+    """A layer-level run of a config with per-layer schemes: each scheme at the replayed layer
+    (``workload.layer`` of a record directory)."""
+    import dataclasses
+
+    from .config import check_layers_exist, scheme_at
+    from .errors import PrecsimError
+    from .workload import recorded_layers
+
+    per = [n for n, s in cfg.schemes.items() if s.layers is not None]
+    if not per:
+        return cfg
+    w = cfg.workload
+    if w.layer is None or not Path(w.path or "", "record.json").is_file():
+        raise PrecsimError(f"schemes.{per[0]}.layers with a single trace; allowed: a "
+                           "precsim.record directory as workload.path (every layer, or "
+                           "workload.layer=N), or model.path (whole-model mode)")
+    check_layers_exist(cfg, recorded_layers(Path(w.path)), None, None,
+                       f"the recording {w.path}")
+    return dataclasses.replace(cfg, schemes={n: scheme_at(s, w.layer)
+                                             for n, s in cfg.schemes.items()})

@@ -63,6 +63,10 @@ class SchemeConfig:
     sr_bits: int | None = None
     overflow: str = "satfinite"
     label: str | None = None
+    # per-layer formats (whole-model mode, or a record directory's layers): layer index ->
+    # format of the scheme's stored slot (fmt; split: read_fmt), "default" for every other layer
+    # (else the scheme's own), e.g. {0: fp16, 5: fp16, default: nvfp4} (docs/real-models.md)
+    layers: Any = None
 
 
 @dataclass
@@ -124,7 +128,8 @@ class MetricsConfig:
     kl: bool = True
     lengths: list[int] = field(default_factory=lambda: [256, 1024, 4096, 32768, 131072])
     # error_vs_length.png: null = a single run's yes and a sweep job's no (the sweep's plots,
-    # sweep_error_vs_length.png and sweep_pareto.png, show every job; a PNG per job cost more than its engine on a GPU)
+    # sweep_error_vs_length.png and sweep_pareto.png, show every job; a PNG per job cost more
+    # than its engine on a GPU)
     plot: bool | None = None
     # The run ends with the cheapest scheme within this budget at its last step. Default: the
     # layer output's relative RMS error vs the float64 truth <= 1/16 (an output SNR of >= 24 dB).
@@ -132,6 +137,18 @@ class MetricsConfig:
     # rel_err^2 / 2), so a KL budget only means something for a readout you have calibrated.
     budget_metric: str = "rel_err"
     budget: float = 0.0625
+
+
+@dataclass
+class PerLayerConfig:
+    """``experiment=per_layer`` (precsim.models.per_layer): the cheapest per-layer assignment of
+    ``formats`` to the SSM layers of ``model.path`` within ``metrics.budget`` (of
+    ``metrics.budget_metric``), verified by a whole-model run."""
+
+    formats: list[str] | None = None  # candidate formats of the template's slot (None: off)
+    scheme: str | None = None  # the template scheme (default: the config's only scheme)
+    rounds: int = 3  # verifications at most (each miss tightens the target and re-solves)
+    groups_per_pass: int = 32  # sensitivity groups per forward pass (memory)
 
 
 @dataclass
@@ -143,6 +160,7 @@ class Config:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     run: RunConfig = field(default_factory=RunConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    per_layer: PerLayerConfig = field(default_factory=PerLayerConfig)
     experiment: Any = None
     name: str = "run"
 
@@ -296,6 +314,7 @@ def validate(cfg: Config) -> None:
               "needs the KL)")
     check(mc.budget > 0 and math.isfinite(mc.budget), "metrics.budget", mc.budget,
           "a positive number")
+    _check_per_layer(cfg)
     check_choice("formats.scale_floor", cfg.formats.scale_floor, pf.SCALE_FLOORS)
     check_choice("formats.tensor_scope", cfg.formats.tensor_scope, pf.TENSOR_SCOPES)
     check_choice("formats.nvfp4_scale", cfg.formats.nvfp4_scale, pf.SCALE_MODES)
@@ -323,10 +342,96 @@ def validate(cfg: Config) -> None:
                                f"(this scheme is kind={s.kind})")
         if s.sr_bits is not None:
             check(1 <= s.sr_bits <= 32, f"{key}.sr_bits", s.sr_bits, "an integer 1..32")
-        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt) if f):
+        if s.layers is not None:
+            _check_layers(key, s, m.path, w)
+        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt, *(s.layers or {}).values()) if f):
             if fo.kind == "block":
                 check(m.state_dim % fo.block == 0, "model.state_dim", m.state_dim,
                       f"a multiple of {fo.block} (the {fo.name} block, scheme {name})")
+
+
+def _check_per_layer(cfg: Config) -> None:
+    pl = cfg.per_layer
+    if pl.formats is None:
+        return
+    check(cfg.model.path is not None, "per_layer.formats", pl.formats,
+          "null without model.path (the assignment runs the whole model)")
+    fmts = list(pl.formats)
+    check(len(fmts) >= 2 and len(set(fmts)) == len(fmts), "per_layer.formats", fmts,
+          "two or more distinct formats")
+    for f in fmts:
+        _check_fmt("per_layer.formats", f)
+    names = list(cfg.schemes)
+    if pl.scheme is None:
+        check(len(names) == 1, "per_layer.scheme", None,
+              f"the template scheme's name (this config has {', '.join(names)})")
+    else:
+        check_choice("per_layer.scheme", pl.scheme, names)
+    check_choice("metrics.budget_metric", cfg.metrics.budget_metric, ("kl", "rel_err"))
+    check(isinstance(pl.rounds, int) and pl.rounds >= 1, "per_layer.rounds", pl.rounds,
+          "an integer >= 1")
+    check(isinstance(pl.groups_per_pass, int) and pl.groups_per_pass >= 1,
+          "per_layer.groups_per_pass", pl.groups_per_pass, "an integer >= 1")
+
+
+def _check_layers(key: str, s: SchemeConfig, path, w: WorkloadConfig) -> None:
+    """A per-layer map's keys and formats (the layer indices are checked against the model when
+    it is loaded, or the record directory's layers)."""
+    check(isinstance(s.layers, dict) and len(s.layers) > 0, f"{key}.layers", s.layers,
+          "a map {LAYER: FORMAT, ..., default: FORMAT}")
+    for k, v in s.layers.items():
+        check(k == "default" or layer_index(k) is not None, f"{key}.layers", k,
+              "layer indices >= 0 and default")
+        _check_fmt(f"{key}.layers.{k}", v)
+    check(path is not None or w.kind == "trace", f"{key}.layers", dict(s.layers),
+          "per-layer formats with model.path (whole-model mode) or workload=trace of a "
+          "precsim.record directory; a layer-level run has no layers")
+
+
+def layer_index(k) -> int | None:
+    """A per-layer map's key as a layer index (an int, or its digits as written to JSON)."""
+    if isinstance(k, bool):
+        return None
+    if isinstance(k, int):
+        return k if k >= 0 else None
+    return int(k) if isinstance(k, str) and k.isdigit() else None
+
+
+def slot(s: SchemeConfig) -> str:
+    """The field a per-layer map sets: the read copy of a split scheme, else the state's."""
+    return "read_fmt" if s.kind == "split" else "fmt"
+
+
+def scheme_at(s: SchemeConfig, layer: int | None) -> SchemeConfig:
+    """The uniform scheme ``s`` is at ``layer`` (``s`` itself when it has no per-layer map;
+    ``layer`` None: its default)."""
+    if s.layers is None:
+        return s
+    import dataclasses
+
+    lm = {layer_index(k): v for k, v in s.layers.items() if k != "default"}
+    fmt = lm.get(layer, s.layers.get("default", getattr(s, slot(s))))
+    return dataclasses.replace(s, layers=None, **{slot(s): fmt})
+
+
+def check_layers_exist(cfg: Config, ssm: list[int], n_layers: int | None, kinds=None,
+                       where: str = "the model") -> None:
+    """Every per-layer map's indices are SSM layers of the model (``ssm``; ``n_layers`` layers
+    in all, ``kinds``: index -> what a non-SSM layer is) or a record directory's layers."""
+    allowed = ", ".join(map(str, ssm))
+    for name, s in cfg.schemes.items():
+        for k in (s.layers or {}):
+            i = layer_index(k)
+            if i is None or i in ssm:
+                continue
+            key = f"schemes.{name}.layers"
+            if n_layers is not None and i < n_layers:
+                what = (kinds or {}).get(i, "not an SSM layer")
+                raise PrecsimError(f"{key}: layer {i} of {where} is {what}; allowed: the SSM "
+                                   f"layers {allowed}")
+            have = f"layers 0..{n_layers - 1}" if n_layers else f"layers {allowed}"
+            raise PrecsimError(f"{key}: layer {i} is not in {where} (it has {have}); allowed: "
+                               f"the SSM layers {allowed}")
 
 
 def _check_fmt(key: str, name) -> None:

@@ -4,6 +4,11 @@ of ``L`` steps (the table is docs/sweeps.md's "Cost model"): conventional ``2·B
 add one buffer entry written per step (Mamba-2: x, B in the buffer dtype plus dt in FP32; GDN: u,
 k plus the decay) and ``(L+1)/2`` entries read. ``B(F) = P·N·bits_per_element(F)/8`` plus the
 4-byte tensor scale of two-level formats.
+
+A per-layer scheme (``schemes.NAME.layers``) costs each layer at its own format: its
+``bytes_per_step`` is the mean over the SSM layers (still per head, comparable with a uniform
+scheme's), and ``bytes_per_token`` sums every SSM layer's heads (whole-model runs, where the
+layers are known; also given for uniform schemes there).
 """
 
 from __future__ import annotations
@@ -54,9 +59,25 @@ def scheme_cost(kind: str, fmt: str, read_fmt: str | None, *, family: str, head_
             "fraction_of_fp32": total / base, "roofline_speedup": base / total}
 
 
-def scheme_costs(cfg: Config) -> dict[str, dict]:
+def scheme_costs(cfg: Config, schemes: dict | None = None,
+                 layers: list[int] | None = None) -> dict[str, dict]:
+    """Each scheme's cost (``schemes``: name -> SchemeConfig, default ``cfg.schemes``) over the
+    SSM ``layers`` (None: a layer-level run: ``workload.layer``, else the scheme's default)."""
+    from .config import scheme_at
+
     m, r = cfg.model, cfg.replay
-    return {name: scheme_cost(s.kind, s.fmt, s.read_fmt, family=m.family, head_dim=m.head_dim,
-                              state_dim=m.state_dim, buffer_len=r.buffer_len,
-                              buffer_dtype=r.buffer_dtype)
-            for name, s in cfg.schemes.items()}
+
+    def one(s):
+        return scheme_cost(s.kind, s.fmt, s.read_fmt, family=m.family, head_dim=m.head_dim,
+                           state_dim=m.state_dim, buffer_len=r.buffer_len,
+                           buffer_dtype=r.buffer_dtype)
+
+    out = {}
+    for name, s in (cfg.schemes if schemes is None else schemes).items():
+        at = layers if layers else [cfg.workload.layer]
+        per = [one(scheme_at(s, la)) for la in at]
+        c = {k: sum(p[k] for p in per) / len(per) for k in per[0]}
+        if layers:
+            c["bytes_per_token"] = sum(p["bytes_per_step"] for p in per) * m.heads
+        out[name] = c
+    return out

@@ -72,6 +72,8 @@ def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     res.atomic_write_text(out / "layers.csv", res.rows_to_csv(rows))
     if cfg.metrics.plot is not False:
+        from .plots import plot_heatmap
+
         plot_heatmap(rows, cfg.metrics.budget_metric, out / "layers.png",
                      f"{Path(cfg.workload.path).name}: {len(per_layer)} layers, "
                      f"{first['steps']:,} steps, final {cfg.metrics.budget_metric}")
@@ -95,34 +97,3 @@ def _worst(key: str, vals: list):
 
 def _g(v) -> str:
     return "nan" if v is None or not math.isfinite(v) else f"{v:.3g}"
-
-
-def plot_heatmap(rows: list[dict], metric: str, path: Path, title: str) -> None:
-    """Layer x scheme heatmap of ``metric`` (log colour scale), each cell labelled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import LogNorm
-
-    layers = sorted({r["layer"] for r in rows})
-    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    z = np.full((len(layers), len(schemes)), np.nan)
-    for r in rows:
-        z[layers.index(r["layer"]), schemes.index(r["scheme"])] = r[metric]
-    pos = z[np.isfinite(z) & (z > 0)]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(schemes), 1.2 + 0.35 * len(layers)))
-    norm = LogNorm(pos.min(), pos.max()) if pos.size and pos.max() > pos.min() else None
-    im = ax.imshow(np.where(z > 0, z, np.nan), aspect="auto", cmap="viridis", norm=norm)
-    for i in range(len(layers)):
-        for j in range(len(schemes)):
-            ax.text(j, i, _g(z[i, j]), ha="center", va="center", fontsize=8, color="white",
-                    bbox={"facecolor": "black", "alpha": 0.35, "pad": 1, "lw": 0})
-    ax.set_xticks(range(len(schemes)), schemes, rotation=20, ha="right")
-    ax.set_yticks(range(len(layers)), [f"layer {la}" for la in layers])
-    ax.set_title(title, fontsize=10)
-    fig.colorbar(im, ax=ax, label=metric)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

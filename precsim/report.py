@@ -26,7 +26,7 @@ PARETO_PLOT = "sweep_pareto.png"
 ERROR_FILE = "error.txt"
 _IGNORED_OVERRIDES = ("run.progress", "run.out_dir")
 _COST_COLS = ("bytes_per_step", "fraction_of_fp32", "roofline_speedup",
-              "state_transfers_per_step")
+              "state_transfers_per_step", "bytes_per_token")  # (per token: whole-model runs)
 
 
 class ReportError(Exception):
@@ -410,13 +410,63 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
             lines.append("  note: within 10% of the budget; check with more sequences "
                          "(run.seqs) or seeds before relying on it")
         for cb, cv, cname, cinfo in rows:
-            if cb < b and cv <= 2 * budget:
+            if cb < b and cv <= 2 * budget and "per_layer" not in (summary.get("info") or {}):
                 lines.append(f"  near miss: {cname} ({cb:,.0f} B) {margin_text(cv, budget)}; "
                              f"what would change the answer: "
                              f"{knob(cname, cinfo, summary.get('config', {}))}")
+    pl = (summary.get("info") or {}).get("per_layer")
+    if pl:
+        lines += per_layer_lines(pl)
     lines.append(f"over a sweep: python -m precsim.report {shlex.quote(str(run_dir))} "
                  f"--metric {metric} --budget {budget:g}")
     return "\n".join(lines)
+
+
+def per_layer_lines(pl: dict) -> list[str]:
+    """The per-layer block of a run's verdict: the assignment beside the best uniform scheme."""
+    from .result import SENS_CSV, SENS_PNG
+
+    metric, budget = pl["metric"], pl["budget"]
+    n = len(pl["layers"])
+    lines = [f"per-layer assignment ({pl['template']}'s {pl['slot']} per layer, from "
+             f"{', '.join(pl['formats'])}; sensitivity: {pl['sensitivity_runs']} one-layer runs, "
+             f"{SENS_CSV}, {SENS_PNG}):"]
+    for i, rd in enumerate(pl["rounds"], 1):
+        lines.append(f"  verification {i}: {as_override(rd['layers'])}: "
+                     f"{rd['bytes_per_token']:,.0f} B/token,"
+                     f" {metric}={_g(rd['measured'])} (predicted {_g(rd['predicted'])}), "
+                     f"{margin_text(rd['measured'], budget)}")
+    best = pl["best_uniform"]
+    u = pl["uniform"].get(best, {})
+    ub = f" [{u['scheme']}]: {u['bytes_per_token']:,.0f} B/token, {metric}={_g(u['value'])}" \
+        if best else ""
+    if not pl["rounds"]:
+        lines.append(f"  NO assignment is predicted within the budget (the all-"
+                     f"{pl['base_format']} runs give {metric}={_g(pl['base_value'])})")
+    elif not pl["verified"]:
+        lines.append(f"  NOT VERIFIED: the assignment missed the budget in every one of "
+                     f"{len(pl['rounds'])} verifications (per_layer.rounds); best uniform"
+                     f"{ub or ': none fits'}")
+    else:
+        rd = pl["rounds"][-1]
+        if best is None:
+            lines.append(f"  verified: {rd['bytes_per_token']:,.0f} B/token over {n} SSM layers,"
+                         f" {metric}={_g(rd['measured'])}; no uniform scheme fits the budget")
+        else:
+            save = 100 * (1 - rd["bytes_per_token"] / u["bytes_per_token"])
+            than = f"{save:.1f}% fewer" if save >= 0 else f"{-save:.1f}% more"
+            lines.append(f"  verified: {rd['bytes_per_token']:,.0f} B/token, {than} than the "
+                         f"best uniform{ub}; per-layer {metric}={_g(rd['measured'])}, "
+                         f"{margin_text(rd['measured'], budget)} the budget")
+    if pl["rounds"]:
+        lines.append(f"  as a scheme: schemes.{pl['template']}.layers='"
+                     f"{as_override(pl['rounds'][-1]['layers'])}'")
+    return lines
+
+
+def as_override(layers: dict) -> str:
+    """A per-layer map as Hydra writes it: ``{2: fp16, default: nvfp4}``."""
+    return "{" + ", ".join(f"{k}: {v}" for k, v in layers.items()) + "}"
 
 
 # -- plots -----------------------------------------------------------------------------------

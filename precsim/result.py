@@ -57,7 +57,8 @@ def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: f
     return Result(
         rows=rows, per_step_rel_err=per_step or {},
         schemes={n: {"kind": s.kind, "label": s.label or describe(s), "dead_at": dead_at.get(n),
-                     "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt}
+                     "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt,
+                     **({"layers": dict(s.layers)} if s.layers is not None else {})}
                  for n, s in cfg.schemes.items()},
         engine=engine, device=str(device), wall_s=time.perf_counter() - t_start,
         steps=cfg.run.steps if steps is None else steps,
@@ -273,6 +274,18 @@ def reported_lengths(cfg: Config, steps: int) -> tuple[list[int], list[int]]:
     return ok, skipped
 
 
+def result_schemes(cfg: Config, result: Result) -> dict:
+    """The SchemeConfigs a result ran: the config's, or those a run chose itself (the per-layer
+    assignment's verification, whose schemes are not the config's template)."""
+    from .config import SchemeConfig
+
+    if set(result.schemes) == set(cfg.schemes):
+        return cfg.schemes
+    keys = ("kind", "fmt", "rounding", "read_fmt", "layers")
+    return {n: SchemeConfig(**{k: v[k] for k in keys if k in v})
+            for n, v in result.schemes.items()}
+
+
 def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
     from .cost import scheme_costs
 
@@ -289,7 +302,7 @@ def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
         "figures": summary_figures(result.rows, lengths, result.steps),
         "lengths_skipped": skipped,
         "schemes": result.schemes,
-        "cost": scheme_costs(cfg),
+        "cost": scheme_costs(cfg, result_schemes(cfg, result), result.info.get("ssm_layers")),
         "info": result.info,
         "config": asdict(cfg),
     }
@@ -314,10 +327,32 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
         labels = {n: s["label"] for n, s in result.schemes.items()}
         plot_error_vs_length(result.rows, labels, out / PLOT_FILE, title,
                              budget=(cfg.metrics.budget_metric, cfg.metrics.budget))
+    if "per_layer" in result.info and complete:  # experiment=per_layer: its sensitivity table
+        write_sensitivity(result.info["per_layer"], out, cfg.metrics.plot is not False)
     if "phases_s" in summary.get("info", {}):  # the files before summary.json (it is written last)
         summary["info"]["phases_s"]["files"] = round(time.perf_counter() - t0, 4)
     write_json(out / SUMMARY_FILE, summary)
     return summary
+
+
+SENS_CSV, SENS_PNG = "sensitivity.csv", "sensitivity.png"
+
+
+def write_sensitivity(pl: dict, out: Path, plot: bool) -> None:
+    """``experiment=per_layer``'s ``sensitivity.csv`` (layer, format, the one-layer run's figure,
+    the error it adds, the layer's bytes per token) and ``sensitivity.png`` (a layer x format
+    heatmap of the added error); ``pl``: its ``info["per_layer"]``."""
+    m = pl["metric"]
+    rows = [{"layer": int(la), "format": f, m: pl["sensitivity"][f][la],
+             f"added_{m}": pl["added"][f][la], "bytes_per_token": pl["layer_bytes_per_token"][f]}
+            for la in pl["layers"] for f in pl["formats"]]
+    atomic_write_text(out / SENS_CSV, rows_to_csv(rows))
+    if plot:
+        from .plots import plot_heatmap
+
+        unit = " (squared)" if m == "rel_err" else ""
+        plot_heatmap([{**r, "scheme": r["format"]} for r in rows], f"added_{m}", out / SENS_PNG,
+                     f"error a layer adds in each format{unit}, the others at {pl['base_format']}")
 
 
 def format_table(summary: dict) -> str:

@@ -115,9 +115,33 @@ SCHEMES: dict[str, type[Scheme]] = {"conventional": Conventional, "shared": Shar
 def describe(s: SchemeConfig) -> str:
     """Human label, e.g. ``split(fp16/sr + nvfp4 read)``."""
     upd = f"{s.fmt}" + ("/sr" if s.rounding == "sr" else "")
+    if s.layers is not None:  # the default, then the layers that differ from it
+        from .config import layer_index, scheme_at, slot
+
+        base = scheme_at(s, None)
+        per: dict[str, list[int]] = {}
+        for k, v in s.layers.items():
+            if k != "default" and v != getattr(base, slot(s)):
+                per.setdefault(v, []).append(layer_index(k))
+        extra = "; ".join(f"layer{'s' if len(ls) > 1 else ''} {_span(ls)}: {f}"
+                          for f, ls in per.items())
+        return describe(base)[:-1] + (f"; {extra})" if extra else ")")
     if s.kind == "split":
         return f"split({upd} update + {s.read_fmt} read)"
     return f"{s.kind}({upd})"
+
+
+def _span(layers: list[int]) -> str:
+    """'0,5,7-9': sorted layer indices with runs collapsed."""
+    out, ls = [], sorted(layers)
+    i = 0
+    while i < len(ls):
+        j = i
+        while j + 1 < len(ls) and ls[j + 1] == ls[j] + 1:
+            j += 1
+        out.append(str(ls[i]) if j == i else f"{ls[i]}-{ls[j]}")
+        i = j + 1
+    return ",".join(out)
 
 
 def format_options(cfg: Config) -> dict:

@@ -49,7 +49,8 @@ class LayerScheme:
 
         self.g, self.cfg = group, cfg
         self.fam = get_family(family)
-        self.s = SCHEMES[group.cfg.kind](name=f"{group.name}@layer{layer}", cfg=group.cfg,
+        sc = group.at(layer)
+        self.s = SCHEMES[sc.kind](name=f"{group.name}@layer{layer}", cfg=sc,
                                          seed=cfg.run.seed, fmt_options=format_options(cfg),
                                          tensor_scope=cfg.formats.tensor_scope)
         self.dtype = torch.float64 if group.reference else compute

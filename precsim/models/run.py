@@ -11,7 +11,9 @@ parallel mode is tested against).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import PrecsimError
@@ -50,12 +52,38 @@ def layer_shape(model) -> tuple[str, int, int, int]:
     return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
 
 
-def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
-    """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
-    rows have the layer-level columns (of the model's own logits). ``ckpt``: parallel mode saves
-    between its chunks and resumes (:mod:`precsim.checkpoint`)."""
-    from ..engines.base import progress_bar
-    from ..result import make_result
+@dataclass
+class Loaded:
+    """A checkpoint loaded with its documents, ready for :func:`measure` (any number of times)."""
+
+    model: object
+    ids: np.ndarray
+    source: str
+    device: str
+    compute: torch.dtype
+    backend: str
+    layers: list[int]
+    phases: dict
+    t_start: float
+    why: str | None = None  # why a CUDA run's scan is not the Triton one
+
+
+def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
+    """``cfg`` with each per-layer scheme replaced by the uniform schemes it runs in ``layers``,
+    plus ``also`` (name -> SchemeConfig): what the scan backend must support."""
+    import dataclasses
+
+    from ..config import scheme_at
+
+    sch = {f"{n}@{la}": scheme_at(s, la) for n, s in cfg.schemes.items() for la in layers}
+    return dataclasses.replace(cfg, schemes={**sch, **(also or {})})
+
+
+def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
+    """Check ``cfg`` against its checkpoint, load it and its documents, pick the scan backend
+    for its schemes and ``also`` (one-line PrecsimErrors: a mode, a per-layer map's layer the
+    model lacks, ...)."""
+    from ..config import check_layers_exist
 
     t_start = time.perf_counter()
     m = cfg.model
@@ -71,22 +99,52 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     phases: dict = {}
     model, tok = load_model(m.path, dev, m.dtype)
     phases["load_s"] = round(time.perf_counter() - t_start, 3)
+    layers = [idx for idx, _, _ in ssm_layers(model)]
+    n_layers = int(model.config.num_hidden_layers)
+    kinds = dict(enumerate(getattr(model.config, "layer_types", None)
+                           or getattr(model.config, "layers_block_type", None) or []))
+    check_layers_exist(cfg, layers, n_layers, {i: f"not an SSM layer (type {k!r})"
+                                                for i, k in kinds.items()},
+                       f"{type(model).__name__} at {m.path}")
     mdtype = next(model.parameters()).dtype
     compute = torch.float64 if (cfg.run.compute_dtype == "fp64" or mdtype == torch.float64) \
         else torch.float32
     ids, source = documents(model, tok, n_docs=cfg.run.seqs, n_tokens=cfg.run.steps,
                             text=m.text, ids=m.ids, prompt=m.prompt)
-    K, N = ids.shape
-    layers = [idx for idx, _, _ in ssm_layers(model)]
     m.family, m.heads, m.head_dim, m.state_dim = layer_shape(model)  # the cost model's bytes
     backend, why = "torch", None
     if m.mode == "parallel" and compute == torch.float32:
-        backend = backend_for(cfg, dev)
+        backend = backend_for(every_layer_scheme(cfg, layers, also), dev)
+    why = None
     if dev == "cuda" and backend == "torch":  # say why the kernels do not run it
         from ..engines import triton as tri
 
         why = "float64 compute" if compute != torch.float32 else (
-            "model.mode=decode" if m.mode != "parallel" else tri.supports(cfg, dev))
+            "model.mode=decode" if m.mode != "parallel"
+            else tri.supports(every_layer_scheme(cfg, layers, also), dev))
+    return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start, why)
+
+
+def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
+    """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
+    rows have the layer-level columns (of the model's own logits). ``ckpt``: parallel mode saves
+    between its chunks and resumes (:mod:`precsim.checkpoint`)."""
+    return measure(cfg, prepare(cfg, device), cfg.schemes, progress, ckpt=ckpt)
+
+
+def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str = "SSM layers",
+            ckpt=None):
+    """One whole-model run of ``schemes`` (name -> SchemeConfig) beside the reference on the
+    loaded model: the Result (of ``cfg`` with these schemes); ``ckpt`` as in
+    :func:`run_model_kl`."""
+    import dataclasses
+
+    from ..engines.base import progress_bar
+    from ..result import make_result
+
+    cfg = dataclasses.replace(cfg, schemes=dict(schemes))
+    m, model, phases = cfg.model, ld.model, dict(ld.phases)
+    K, N = ld.ids.shape
     groups = [Group("reference", REFERENCE, reference=True),
               *(Group(n, s) for n, s in cfg.schemes.items())]
     bar = progress_bar(cfg, progress)
@@ -95,18 +153,18 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
         from .parallel import chunk_len, run_parallel
 
         if bar is not None:
-            bar.reset(total=len(layers) * -(-N // chunk_len(cfg, N, backend)))
-            bar.set_description("SSM layers x chunks")
+            bar.reset(total=len(ld.layers) * -(-N // chunk_len(cfg, N, ld.backend)))
+            bar.set_description(f"{bar_desc} x chunks")
         if ckpt is not None:
-            ckpt.start(f"model/{backend}", dev, t_start)
-        tok_m = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases,
-                             ckpt=ckpt)
+            ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
+        tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
+                             phases=phases, ckpt=ckpt)
     else:
         from .decode import run_decode
 
         if bar is not None:
             bar.reset(total=N)
-        tok_m = run_decode(model, ids, groups, cfg, compute, bar)
+        tok_m = run_decode(model, ld.ids, groups, cfg, ld.compute, bar)
     run_s = time.perf_counter() - t_run
     if bar is not None:
         bar.close()
@@ -116,19 +174,19 @@ def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
         for key in ("rel", "kl", "top1"):
             per_step[g.name if key == "rel" else f"{g.name}:{key}"] = tok_m[g.name][key].T
     name = type(model).__name__
+    mdtype = next(model.parameters()).dtype
     info = {"workload": "model", "model_path": str(m.path), "model_class": name,
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
-            "scan_backend": backend, **({"scan_backend_why": why} if why else {}),
-            "phases_s": phases, "ssm_layers": layers,
-            **({"chunk": chunk_len(cfg, N, backend)} if m.mode == "parallel" else {}),
+            "scan_backend": ld.backend, **({"scan_backend_why": ld.why} if ld.why else {}),
+            "phases_s": phases, "ssm_layers": ld.layers,
+            **({"chunk": chunk_len(cfg, N, ld.backend)} if m.mode == "parallel" else {}),
             **(ckpt.info() if ckpt is not None else {}),
             "layers": model.config.num_hidden_layers,
-            "documents": K, "tokens": N, "source": source, "model_s": round(run_s, 3),
+            "documents": K, "tokens": N, "source": ld.source, "model_s": round(run_s, 3),
             "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in groups[1:]},
-            "title": f"{name} ({model.config.num_hidden_layers} layers, {len(layers)} SSM), "
+            "title": f"{name} ({model.config.num_hidden_layers} layers, {len(ld.layers)} SSM), "
                      f"{N:,} tokens x {K} doc{'s' if K > 1 else ''}, {m.mode}, "
                      f"L={cfg.replay.buffer_len}"}
     return make_result(cfg, None, {g.name: g.dead_at for g in groups[1:]},
-                       engine=f"model/{backend}", device=dev, t_start=t_start, info=info,
-                       rows=rows, per_step=per_step, steps=N)
-
+                       engine=f"model/{ld.backend}", device=ld.device, t_start=ld.t_start,
+                       info=info, rows=rows, per_step=per_step, steps=N)

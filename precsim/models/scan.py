@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import Config, SchemeConfig
+from ..config import Config, SchemeConfig, scheme_at
 from ..families import decays, family_params, get_family
 from ..workload import expand_groups
 from .metrics import rel_ratio, row_dist
@@ -38,6 +38,10 @@ class Group:
     dead_at: int | None = None  # first token (1-based) of a non-finite output, any layer
     # layer -> [(token, per-document state drift (K,), read drift (K,) or None)]
     drift: dict = field(default_factory=dict)
+
+    def at(self, layer: int) -> SchemeConfig:
+        """The uniform scheme this group runs in SSM layer ``layer`` (``schemes.NAME.layers``)."""
+        return scheme_at(self.cfg, layer)
 
 
 def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
@@ -90,13 +94,14 @@ def _schemes(step, groups, K, cfg, compute, dev, kept=None):
     Dk = step.inp["B" if step.family == "mamba2" else "k"].shape[-1]
     out = []
     for i, g in enumerate(groups):
+        sc = g.at(step.layer)
         dt = torch.float64 if g.reference else compute
         if kept is not None:  # the previous chunk's
             s = kept[i]
         else:
-            s = SCHEMES[g.cfg.kind](name=f"{g.name}@layer{step.layer}", cfg=g.cfg,
-                                    seed=cfg.run.seed, fmt_options=format_options(cfg),
-                                    tensor_scope=cfg.formats.tensor_scope)
+            s = SCHEMES[sc.kind](name=f"{g.name}@layer{step.layer}", cfg=sc,
+                                 seed=cfg.run.seed, fmt_options=format_options(cfg),
+                                 tensor_scope=cfg.formats.tensor_scope)
             s.init((K, H, Dv, Dk), dev, dt)
         br = (lambda x: x) if g.reference else buffer_rounder(  # noqa: E731
             cfg.replay.buffer_dtype, 64 if dt == torch.float64 else 32)

@@ -48,8 +48,9 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     total = T if carry else math.ceil((chunks.horizon if chunks is not None else T) / L) * L
     SH = K * H
     schemes = groups[1:]
-    codes = [scheme_code(g.cfg) for g in schemes]
-    blocks = [scheme_block(g.cfg) or min(16, N) for g in schemes]
+    at = [g.at(step.layer) for g in schemes]  # each group's scheme in this layer
+    codes = [scheme_code(sc) for sc in at]
+    blocks = [scheme_block(sc) or min(16, N) for sc in at]
     kept = chunks.layers.get(step.layer) if chunks is not None else None
     if kept is not None:  # the previous chunk's states and SR keys
         S64, st, rd, k1, k0 = (kept[k] for k in ("S64", "st", "rd", "k1", "k0"))
@@ -62,10 +63,10 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
         keys = np.zeros((len(schemes), total), dtype=np.uint32)
         ev = np.arange(total, dtype=np.int64)
         k0 = 0
-        for i, g in enumerate(schemes):
-            if g.cfg.rounding == "sr":
+        for i, (g, sc) in enumerate(zip(schemes, at, strict=True)):
+            if sc.rounding == "sr":
                 k0, keys[i] = event_keys(cfg.run.seed, f"{g.name}@layer{step.layer}",
-                                         ev if g.cfg.kind == "conventional" else ev // L, 0)
+                                         ev if sc.kind == "conventional" else ev // L, 0)
         k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
         if chunks is not None:
             chunks.layers[step.layer] = {"S64": S64, "st": st, "rd": rd, "k1": k1, "k0": k0}
@@ -126,8 +127,8 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
             ref = S64.view(K, -1)
             samples.append((off + t0 + n, [
                 (row_dist(st[i].view(K, -1), ref),
-                 row_dist(rd[i].view(K, -1), ref) if g.cfg.kind == "split" else None)
-                for i, g in enumerate(schemes)], torch.linalg.vector_norm(ref, dim=1)))
+                 row_dist(rd[i].view(K, -1), ref) if sc.kind == "split" else None)
+                for i, sc in enumerate(at)], torch.linalg.vector_norm(ref, dim=1)))
     for tok, per, rn in samples:  # one device-to-host copy per sample, after the launches
         rn = rn.cpu().numpy()
         for (d_st, d_rd), g in zip(per, schemes, strict=True):

@@ -193,7 +193,7 @@ def _cli_argv(argv: list[str], out: Path) -> tuple[list[str], bool, Path]:
         argv = [NO_CUDA.get(a, a) for a in argv]
     argv = [NO_SLURM.get(a, a) for a in argv if not a.startswith(SLURM_ONLY_KEYS)]
     extra = []
-    if "experiment=model_kl" in argv:
+    if "experiment=model_kl" in argv or "experiment=per_layer" in argv:
         extra += TINY_MODEL_KL
     elif "workload=trace" in argv:
         extra += TINY_TRACE
@@ -260,6 +260,8 @@ def test_documented_command_runs(doc, line, cmd, tmp_path, capfd, request):
             results = [where / "summary.json", where / "layers.csv", where / "layer_00"]
         else:
             results = [where / "summary.json", where / "metrics.csv"]
+        if "experiment=per_layer" in argv:
+            results += [where / "sensitivity.csv", where / "sensitivity.png"]
     assert "Traceback" not in text, f"{doc}:{line}: {cmd}\n{text[-3000:]}"
     if rc != 0:
         first = DOCUMENTED_ERRORS.get(cmd)
