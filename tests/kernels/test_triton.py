@@ -376,7 +376,8 @@ def test_drafts_on_the_gpu_match_torch_engine(family):
                                       "split_fp16sr_nvfp4", "split_fp32_nvfp4")}
     P = 64 if family == "mamba2" else 128
     cfg = cfg_of(family, sch, steps=4096, heads=8, P=P, N=128, replay__drafts=4,
-                 replay__acceptance=[0.9, 0.8, 0.7, 0.6], metrics__window=256)
+                 replay__acceptance=[0.9, 0.8, 0.7, 0.6])
+    cfg.metrics.window = 256
     tri = run_triton(cfg, "cuda", progress=False)
     ref = run_torch(cfg, "cuda", progress=False)
     assert tri.engine == "triton" and "triton_fallback" not in tri.info
