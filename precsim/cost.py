@@ -54,9 +54,21 @@ def scheme_cost(kind: str, fmt: str, read_fmt: str | None, *, family: str, head_
             "fraction_of_fp32": total / base, "roofline_speedup": base / total}
 
 
-def scheme_costs(cfg: Config) -> dict[str, dict]:
+def scheme_costs(cfg: Config, mean_segment: float | None = None) -> dict[str, dict]:
+    """:func:`scheme_cost` of every scheme of ``cfg``. With speculative drafts
+    (``replay.drafts > 0``) the flushes come every ``mean_segment`` committed steps on average
+    (the run's flush schedule; computed from it when not given) instead of every ``L``, and that
+    mean takes ``L``'s place in the formulas (one draft pass reading the state for several
+    positions is not modelled: bytes per committed step, as without drafts)."""
     m, r = cfg.model, cfg.replay
+    L = r.buffer_len
+    if r.drafts:
+        if mean_segment is None:
+            from .engines.base import segment_ends
+
+            mean_segment = cfg.run.steps / len(segment_ends(cfg))
+        L = float(mean_segment)
     return {name: scheme_cost(s.kind, s.fmt, s.read_fmt, family=m.family, head_dim=m.head_dim,
-                              state_dim=m.state_dim, buffer_len=r.buffer_len,
+                              state_dim=m.state_dim, buffer_len=L,
                               buffer_dtype=r.buffer_dtype)
             for name, s in cfg.schemes.items()}

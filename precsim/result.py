@@ -286,7 +286,7 @@ def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
         "figures": summary_figures(result.rows, lengths, result.steps),
         "lengths_skipped": skipped,
         "schemes": result.schemes,
-        "cost": scheme_costs(cfg),
+        "cost": scheme_costs(cfg, result.info.get("mean_segment")),
         "info": result.info,
         "config": asdict(cfg),
     }
