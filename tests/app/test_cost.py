@@ -124,7 +124,7 @@ def test_drafts_flush_every_mean_segment():
         want = scheme_cost(s.kind, s.fmt, s.read_fmt, family="mamba2", head_dim=P, state_dim=N,
                            buffer_len=12)
         assert costs[name] == pytest.approx(want)
-        assert want["bytes_per_step"] > scheme_cost(s.kind, s.fmt, s.read_fmt, family="mamba2",
-                                                    head_dim=P, state_dim=N,
-                                                    buffer_len=16)["bytes_per_step"]
+        assert want["state_write"] > scheme_cost(s.kind, s.fmt, s.read_fmt, family="mamba2",
+                                                 head_dim=P, state_dim=N,
+                                                 buffer_len=16)["state_write"]
     assert scheme_costs(to_config(d), mean_segment=12.0) == costs
