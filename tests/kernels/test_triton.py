@@ -205,9 +205,11 @@ def test_drafts_match_torch_engine(family):
     assert tri.engine == "triton" and "triton_fallback" not in tri.info
     assert tri.info["flushes"] == ref.info["flushes"] > 40 // 8
     assert tri.schemes == ref.schemes and tri.schemes["shared_fp16_ieee"]["dead_at"] > 24
-    for name in ["truth", *sch]:
+    for name in ["truth", *sch]:  # up to the dying step (the recorded outputs after it are
+        # the torch engine's NaN from the next segment on, the kernels' own within the window)
         a, b = tri.info["outputs"][name], ref.info["outputs"][name]
-        a = a.reshape(b.shape)
+        d = ref.schemes[name]["dead_at"] if name != "truth" else None
+        a, b = a.reshape(b.shape)[:d], b[:d]
         live = np.isfinite(b)
         np.testing.assert_array_equal(np.isfinite(a), live)
         scale = np.abs(b[live]).max()
