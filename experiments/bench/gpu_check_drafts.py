@@ -19,12 +19,16 @@ engine, then study 6 at production size as whole processes.
    production job: Nemotron-3-Super, 131,072 steps, T = 4), a whole process, timed; its
    summary must say engine triton, no fallback.
 3. **study**: ``python -m precsim -m experiment=study_speculative run.device=cuda`` (20 jobs in
-   one process), timed (``--sweep-timeout``, default 240 s); every job triton, no fallback.
+   one process, through experiments/run_studies.py's ``run_study``), timed
+   (``--sweep-timeout``, default 240 s: then stopped, finished jobs kept); every job triton,
+   no fallback.
 
 Writes three files to OUT: ``gpu_check_drafts.txt`` (what it printed), ``gpu_check_drafts.json``
-(every number) and ``study_speculative.csv`` (the study's rows at 256 ... 131,072 steps, the
-columns of experiments/run_studies.py's results.csv). Run directories go to a temporary
-directory, removed at the end. Exit status 0 when every check passed, 1 otherwise.
+(every number) and ``studies.tar.gz`` (experiments/run_studies.py's archive of the study: its
+results.csv, PNG, run_info.json, run.log; ``python experiments/run_studies.py --unpack
+OUT/studies.tar.gz`` puts them into experiments/study_speculative and refreshes its NOTES
+results block). Run directories go to a temporary directory, removed at the end. Exit status 0
+when every check passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -225,28 +229,29 @@ def study(rep: Report, device: str, smoke: bool, work: Path, sweep_timeout: floa
         rep.fail(f"single: exit {rc}: {tail}")
     _no_fallback(rep, "single", single, 1)
 
-    rep.say("\n== study: python -m precsim -m experiment=study_speculative " + " ".join(extra))
-    sweep = work / "sweep"
-    rc, secs, tail = _precsim(["-m", "experiment=study_speculative", *extra,
-                               f"hydra.sweep.dir={sweep}",
-                               "hydra.sweep.subdir=job${hydra.job.num}"], sweep_timeout)
-    jobs = _jobs(sweep)
-    rep.data["study"] = {"rc": rc, "wall_s": round(secs, 2), "jobs": len(jobs),
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import run_studies as rs
+
+    st = rs.BY_NAME["study_speculative"]
+    dest = work / "results"
+    cmd = rs.study_command(st, work / st.name, device, smoke)
+    rep.say(f"\n== study: python {' '.join(cmd[1:])}")
+    info = rs.run_study(st, work, dest, device, smoke, timeout_s=sweep_timeout)
+    jobs = _jobs(work / st.name)
+    rc, secs = info["returncode"], info["wall_s"]
+    rep.data["study"] = {"rc": rc, "wall_s": secs, "jobs": len(jobs),
                          "engine_wall_s": [s["wall_s"] for s in jobs]}
     rep.say(f"exit {rc}, {secs:.1f} s whole process, {len(jobs)} jobs, engine wall "
             f"{sum(s['wall_s'] for s in jobs):.1f} s in all")
     if rc != 0:
-        rep.fail(f"study: exit {rc}: {tail}")
+        rep.fail(f"study: exit {rc}: {(dest / st.name / 'run.log').read_text()[-2000:]}")
     _no_fallback(rep, "study", jobs, 20)
-    if not jobs:
+    if (dest / st.name / rs.CSV_NAME).is_file():
+        rep.say(f"archive for `python experiments/run_studies.py --unpack`: {rs.pack(dest, out)}")
+    rows = rs.tidy_rows(st.name, work / st.name, thin=False)
+    if not rows:
         return
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import run_studies as rs
-
-    rows = rs.tidy_rows("study_speculative", sweep, thin=False)
     last = max(r["step"] for r in rows)
-    keep = [r for r in rows if r["step"] in (*rs.LENGTHS, last)]
-    rs.write_csv(keep, out / "study_speculative.csv")
     fin = [r for r in rs.finals(rows) if r["kind"] != "conventional"]
     rep.say(f"\nrel_err at {last:,} steps (bytes/step/head in brackets); T = 0 is the no-draft "
             "baseline")
