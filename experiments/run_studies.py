@@ -391,29 +391,47 @@ def plot_sr_bits(rows, path):
     _finish(fig, list(axes), path)
 
 
+def _profile(r: dict) -> str:
+    """A job's acceptance, short: a rate, or a per-position profile's first entries."""
+    acc = r["acceptance"]
+    if not r["drafts"] or acc is None:
+        return "–"
+    if isinstance(acc, (str, list)):
+        vals = [float(v) for v in (acc.strip("[]").split(",") if isinstance(acc, str) else acc)
+                if str(v).strip()]
+        return "p = " + ",".join(f"{v:g}" for v in vals[:4]) + ("…" if len(vals) > 4 else "")
+    return f"p = {acc:g}"
+
+
 def plot_speculative(rows, path):
+    """Per layer and ReplaySSM scheme: the last window's error vs T, one line per acceptance
+    profile, T = 0 drawn as T = 0 of every line."""
     plt = _plt()
     fin = [r for r in finals(rows) if r["kind"] != "conventional"]
-    schemes = list(dict.fromkeys(r["label"] for r in fin))
-    fig, axes = plt.subplots(1, len(schemes), figsize=(5.2 * len(schemes), 4.6), squeeze=False)
-    axes = list(axes[0])
-    for ax, lab in zip(axes, schemes, strict=True):
-        sub = [r for r in fin if r["label"] == lab]
+    panels = list(dict.fromkeys((r["model"], r["label"]) for r in fin))
+    ncol = min(3, len(panels))
+    nrow = math.ceil(len(panels) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 4.2 * nrow), squeeze=False)
+    axes = list(axes.reshape(-1))
+    for ax, (model, lab) in zip(axes, panels, strict=False):
+        sub = [r for r in fin if r["model"] == model and r["label"] == lab]
         base = [r for r in sub if not r["drafts"]]
-        if base:
-            ax.axhline(_pos(base[0]["rel_err"]), color="k", ls=":", label="no drafts (T = 0)")
-        for i, T in enumerate(sorted({r["drafts"] for r in sub if r["drafts"]})):
-            pts = sorted((r["acceptance"], r["rel_err"]) for r in sub if r["drafts"] == T)
+        for i, prof in enumerate(dict.fromkeys(_profile(r) for r in sub if r["drafts"])):
+            pts = sorted((r["drafts"], r["rel_err"]) for r in sub if _profile(r) == prof)
+            pts = [(0, base[0]["rel_err"])] * bool(base) + pts
             ax.plot([p[0] for p in pts], [_pos(p[1]) for p in pts], "o-", color=f"C{i}",
-                    label=f"T = {T} drafts")
+                    label=prof)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xticks([0, 1, 2, 4, 8], ["0", "1", "2", "4", "8"])
         ax.set_yscale("log")
-        ax.set_xlabel("draft acceptance probability")
+        ax.set_xlabel("drafts T per verification")
         ax.set_ylabel("relative output error at the last window")
-        ax.set_title(lab, fontsize=10)
+        ax.set_title(f"{model}: {lab}", fontsize=9)
         ax.grid(True, alpha=0.3)
-    fig.suptitle(_title(rows, f"speculative decoding, {_shape(rows[0])}, L = "
-                 f"{rows[0]['buffer_len']}"), fontsize=10)
-    _finish(fig, axes, path, ncol=4)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(_title(rows, f"speculative decoding, L = {rows[0]['buffer_len']}"), fontsize=10)
+    _finish(fig, axes[:len(panels)], path, ncol=4)
 
 
 def plot_decay_exp(rows, path):
@@ -545,11 +563,17 @@ def table_sr_bits(rows):
 
 
 def table_speculative(rows):
-    fin = sorted(finals(rows), key=lambda r: (r["label"], r["drafts"], r["acceptance"] or 0))
-    body = [[r["label"], str(r["drafts"]), g(r["acceptance"]) if r["drafts"] else "–",
-             r["rel_err"], r["kl"], r["state_drift"]] for r in fin]
-    return md_table(["scheme", "drafts T", "acceptance", f"rel_err at {fin[0]['step']:,}",
-                     "KL (nats/token)", "state drift"], body)
+    fin = sorted(finals(rows), key=lambda r: (r["model"], r["label"], _profile(r), r["drafts"]))
+    fin = [r for r in fin if (r["drafts"] and r["kind"] != "conventional") or (  # conventional:
+        not r["drafts"] and not any(  # T = 0 only (drafts change nothing), once per layer
+            x is not r and not x["drafts"] and (x["model"], x["label"]) == (r["model"],
+                                                                            r["label"])
+            and x["job"] < r["job"] for x in fin))]
+    body = [[r["model"], r["label"], str(r["drafts"]), _profile(r), r["rel_err"], r["kl"],
+             r["state_drift"], nbytes(r["bytes_per_step"])] for r in fin]
+    return md_table(["layer", "scheme", "drafts T", "acceptance", f"rel_err at "
+                     f"{fin[0]['step']:,}", "KL (nats/token)", "state drift",
+                     "bytes/step/head"], body)
 
 
 def table_decay_exp(rows):
@@ -654,16 +678,20 @@ STUDIES = [
           "bias (a stalled or drifting state).", NEMOTRON, plot_sr_bits, table_sr_bits, cost=7,
           expected_gpu_s="~80 s (3 compiles)"),
     Study("study_speculative", 6, "Speculative decoding",
-          "Do speculative decoding's drafts (T ∈ {2, 4, 8} per verification, acceptance 0.5–0.9) "
-          "cost shared or split ReplaySSM precision?",
-          "the error vs acceptance per T against T = 0; drafts make flushes more frequent "
-          "(flush when committed + 2T > L), i.e. more checkpoint roundings for shared.",
-          "None published.", plot_speculative, table_speculative,
-          smoke=("run.steps=512", "model.heads=2"), gpu_jobs=6, cost=8,
-          expected_gpu_s="~60–150 s (torch engine; 12 jobs, 6 side by side)",
-          notes=["Small by necessity: the Triton kernels have no speculative decoding, so the "
-                 "draft jobs run on the torch engine (~100x slower on the GPU): the 8-head Mamba-2 "
-                 "layer (8 × 64 × 128), 4,096 steps, not the 128-head layer over 131,072."]),
+          "Do speculative decoding's drafts (T ∈ {1, 2, 4, 8} per verification, per-position "
+          "acceptance profiles typical of MTP heads) cost shared or split ReplaySSM precision on "
+          "the Nemotron-3-Super and Qwen3.5 layers over 131,072 steps, and what do they do to the "
+          "bytes per step?",
+          "the error vs T per profile against T = 0; drafts make flushes more frequent (flush "
+          "when committed + 2T > L), i.e. more checkpoint roundings for shared and more state "
+          "writes per step.",
+          "None published for precision; ReplaySSM's throughput gains (1.85× Nemotron-3-Super, "
+          "2.10× Qwen3.5-122B) are with MTP drafts.", plot_speculative, table_speculative,
+          cost=8, expected_gpu_s="to be measured (experiments/bench/gpu_check_drafts.py)",
+          notes=["Profiles (assumed, typical of MTP heads; draft i accepted with p_i once drafts "
+                 "1..i-1 were): [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2] and [0.7, 0.5, 0.4, "
+                 "0.3, 0.2, 0.2, 0.2, 0.2]; T uses the first T entries. The T = 0 jobs run once "
+                 "per profile (the same numbers)."]),
     Study("study_decay_exp", 7, "The decay's own precision",
           "How much of a 'FP32 baseline' error is the float32 exp of the decay (fast, as real "
           "kernels compute it) rather than the FP32 state, over 131,072 steps?",

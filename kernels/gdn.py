@@ -65,8 +65,8 @@ def _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, S
 
 
 @triton.jit
-def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-            t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, IDX: tl.constexpr,
+def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+            ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, IDX: tl.constexpr,
             CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr,
             LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
             U_MASTER: tl.constexpr):
@@ -137,8 +137,8 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
             S = quantize(S_new, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                          off3)
         else:
-            t = t0 + i
-            j = t % L
+            ph = tl.load(ph_ptr + t0 + i)  # 4 j + flush + 2 (output from the fold)
+            j = ph // 4
             k3 = round_elem(k64.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, ok3)
             k2 = round_elem(k2v.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, ok2)
             Lc = Lc + a  # a = g here
@@ -155,10 +155,17 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
             Kb = tl.where(lrow[:, None] == j, k2[None, :], Kb)
             Lb = tl.where(lrow == j, Lc, Lb)
             w = tl.where(lrow <= j, tl.exp(Lc - Lb), 0.0)
-            if (j == L - 1) | (t == total - 1):  # flush: fold, write, output from the fold
+            y = tl.zeros([P], tl.float32)
+            if (ph & 2) == 0:  # output-only evaluation: the checkpoint is only read
+                q2 = q2v.to(tl.float32)
+                QK = tl.sum(Kb * q2[None, :], axis=1)
+                y = tl.sum((w * QK)[:, None] * Ub, axis=0) + gam * tl.sum(
+                    tl.sum(R * q3[None, :, :], axis=2), axis=1)
+            if (ph & 1) != 0:  # flush: fold, write (without drafts the output from the fold)
                 fold = tl.dot(tl.trans(w[:, None] * Ub), Kb, input_precision="ieee")
                 fold = gam * S + tl.reshape(fold, (P, NB, BLK))
-                y = tl.sum(tl.sum(fold * q3[None, :, :], axis=2), axis=1)
+                if (ph & 2) != 0:
+                    y = tl.sum(tl.sum(fold * q3[None, :, :], axis=2), axis=1)
                 k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
                 S = quantize(fold, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                              off3)
@@ -168,21 +175,15 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
                 else:
                     R = S
                 Lc = tl.full([], 0.0, tl.float32)
-            else:  # output-only evaluation: the checkpoint is only read
-                q2 = q2v.to(tl.float32)
-                QK = tl.sum(Kb * q2[None, :], axis=1)
-                y = tl.sum((w * QK)[:, None] * Ub, axis=0) + gam * tl.sum(
-                    tl.sum(R * q3[None, :, :], axis=2), axis=1)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(st + off3, S)
     if KIND == 2:
         tl.store(rd + off3, R)
 
 
-@triton.jit(do_not_specialize=["k0", "t0", "n_steps", "total", "L", "SHT", "YSTRIDE", "SSTRIDE",
-                               "KSTRIDE"])
+@triton.jit(do_not_specialize=["k0", "t0", "n_steps", "SHT", "YSTRIDE", "SSTRIDE", "KSTRIDE"])
 def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, st_ptr, rd_ptr,
-               y64_ptr, y32_ptr, k1_ptr, k0, t0, n_steps, total, L, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
+               y64_ptr, y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
                P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, U_MASTER: tl.constexpr,
@@ -200,13 +201,13 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
     for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
         if slot == TRUTH + k:
             _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, k,
+                    ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, k,
                     (CODES // 1048576**k) % 1048576, P, NB, BLK, LB, BUF, SFLOOR, SCOPE,
                     U_MASTER)
 
 
-def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, k0: int, t0: int, n: int,
-           total: int, L: int, slots: list[int], codes: list[int], truth: bool, blk: int, LB: int,
+def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
+           n: int, total: int, slots: list[int], codes: list[int], truth: bool, blk: int, LB: int,
            buf: int, sfloor: int, scope: int, order: int, u_master: bool, num_warps: int,
            maxnreg: int | None = None):
     """One launch over steps ``[t0, t0+n)`` (see ``mamba2.launch``). Tensors: ``a64, a32, g32,
@@ -218,7 +219,7 @@ def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, k0: int, 
     grid = (SH, int(truth) + len(slots))
     return gdn_window[grid](
         a64, a32, g32, beta.reshape(n, SH), q, k, v, S64, st[i0:], rd[i0:], y64, y32[i0:],
-        k1[i0:, t0:], k0, t0, n, total, L, SH, y32.stride(0), SH * P * K, total, P=P,
+        k1[i0:, t0:], ph, k0, t0, n, SH, y32.stride(0), SH * P * K, total, P=P,
         NB=K // blk, BLK=blk, LB=LB, TRUTH=int(truth), NSCH=len(slots), BUF=buf, SFLOOR=sfloor,
         SCOPE=scope, U_MASTER=int(u_master), ORDER=order, CODES=packed, num_warps=num_warps,
         enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))

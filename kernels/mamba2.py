@@ -6,8 +6,9 @@ needs on-chip for the whole window (registers), loops over time and writes only 
 outputs ``y``. A program per head keeps NVFP4's per-matrix FP32 scale an in-program reduction.
 Slots never talk to each other: they share only the input stream, so the schemes and the truth
 advance in lockstep per launch. States persist in global memory between launches; a launch covers
-whole ReplaySSM segments (its length is a multiple of ``buffer_len``), so the replay buffers
-start empty and live in registers only.
+whole ReplaySSM segments (it ends at a flush), so the replay buffers start empty and live in
+registers only. Where each step sits in its segment comes from the host (``ph``: the flush
+schedule, regular or, with speculative drafts, irregular).
 
 Tiles are ``[P, NB, BLK]`` (``N = NB * BLK``, BLK the block of the scheme's block format) so
 block scales are a reduction over the last axis without reshapes.
@@ -69,8 +70,8 @@ def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, 
 
 
 @triton.jit
-def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr, k0,
-            t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
+def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
+            ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
             IDX: tl.constexpr, CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr,
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
             SCOPE: tl.constexpr):
@@ -139,8 +140,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
             S = quantize(S_new, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                          off3)
         else:
-            t = t0 + i
-            j = t % L
+            ph = tl.load(ph_ptr + t0 + i)  # 4 j + flush + 2 (output from the fold)
+            j = ph // 4
             xr = round_elem(x, BUF, 0, 0, 0, 0, 0, 0, 0, op)
             Br = round_elem(B2.to(tl.float32), BUF, 0, 0, 0, 0, 0, 0, 0, on2)
             Lc = Lc + a  # a = dt A here
@@ -150,10 +151,16 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
             gam = tl.exp(Lc)
             xb = tl.where(lrow[:, None] == j, xr[None, :], xb)
             Bb = tl.where(lrow[:, None] == j, Br[None, :], Bb)
-            if (j == L - 1) | (t == total - 1):  # flush: fold, write, output from the fold
+            y = tl.zeros([P], tl.float32)
+            if (ph & 2) == 0:  # output-only evaluation: the checkpoint is only read
+                G = tl.sum(Bb * C2.to(tl.float32)[None, :], axis=1)
+                y = tl.sum((w * G)[:, None] * xb, axis=0) + gam * tl.sum(
+                    tl.sum(R * C3[None, :, :], axis=2), axis=1)
+            if (ph & 1) != 0:  # flush: fold, write (without drafts the output from the fold)
                 fold = tl.dot(tl.trans(w[:, None] * xb), Bb, input_precision="ieee")
                 fold = gam * S + tl.reshape(fold, (P, NB, BLK))
-                y = tl.sum(tl.sum(fold * C3[None, :, :], axis=2), axis=1)
+                if (ph & 2) != 0:
+                    y = tl.sum(tl.sum(fold * C3[None, :, :], axis=2), axis=1)
                 k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
                 S = quantize(fold, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                              off3)
@@ -163,20 +170,16 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
                 else:
                     R = S
                 Lc = tl.full([], 0.0, tl.float32)
-            else:  # output-only evaluation: the checkpoint is only read
-                G = tl.sum(Bb * C2.to(tl.float32)[None, :], axis=1)
-                y = tl.sum((w * G)[:, None] * xb, axis=0) + gam * tl.sum(
-                    tl.sum(R * C3[None, :, :], axis=2), axis=1)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(st + off3, S)
     if KIND == 2:
         tl.store(rd + off3, R)
 
 
-@triton.jit(do_not_specialize=["k0", "t0", "n_steps", "total", "L", "H", "REP", "G", "SHT", "SGT",
-                               "YSTRIDE", "SSTRIDE", "KSTRIDE"])
+@triton.jit(do_not_specialize=["k0", "t0", "n_steps", "H", "REP", "G", "SHT", "SGT", "YSTRIDE",
+                               "SSTRIDE", "KSTRIDE"])
 def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, st_ptr,
-                  rd_ptr, y64_ptr, y32_ptr, k1_ptr, k0, t0, n_steps, total, L, H, REP, G, SHT, SGT,
+                  rd_ptr, y64_ptr, y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, H, REP, G, SHT, SGT,
                   YSTRIDE, SSTRIDE, KSTRIDE,
                   P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
@@ -198,20 +201,21 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
     for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
         if slot == TRUTH + k:
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    k0, t0, n_steps, total, L, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, k,
+                    ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, k,
                     (CODES // 1048576**k) % 1048576,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
 
 
-def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, k0: int, t0: int, n: int,
-           total: int, L: int, heads: int, slots: list[int], codes: list[int], truth: bool,
+def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
+           n: int, total: int, heads: int, slots: list[int], codes: list[int], truth: bool,
            blk: int, LB: int, buf: int, sfloor: int, scope: int, order: int, num_warps: int,
            maxnreg: int | None = None):
     """One launch over steps ``[t0, t0+n)``: the truth (if ``truth``) and the schemes in storage
     slots ``slots`` (contiguous, codes ``codes``). Tensors: ``dt, a64, a32, dA32 (n, S*H)``,
     ``x (n, S, H, P)``, ``B, C (n, S, G, N)``, states ``S64 (S*H, P, N)``,
     ``st, rd (k, S*H, P, N)``, outputs ``y64 (n, S*H, P)``, ``y32 (k, n, S*H, P)``, SR keys
-    ``k1 (k, total)``."""
+    ``k1 (k, total)``, each step's place in its ReplaySSM segment ``ph (total,)`` int32
+    (``4 j + flush + 2 output-from-the-fold``, ``precsim.engines.base.segment_phase``)."""
     SH, P, N = S64.shape
     G = B.shape[2]
     assert heads % G == 0 and x.shape[-1] == P and B.shape[-1] == N and N % blk == 0
@@ -220,7 +224,7 @@ def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, k0: int, t
     grid = (SH, int(truth) + len(slots))
     return mamba2_window[grid](
         dt.reshape(n, -1), a64, a32, dA32, x, B, C, S64, st[i0:], rd[i0:], y64, y32[i0:],
-        k1[i0:, t0:], k0, t0, n, total, L, heads, heads // G, G, SH, (SH // heads) * G,
+        k1[i0:, t0:], ph, k0, t0, n, heads, heads // G, G, SH, (SH // heads) * G,
         y32.stride(0), SH * P * N, total, P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth),
         NSCH=len(slots), BUF=buf, SFLOOR=sfloor, SCOPE=scope, ORDER=order, CODES=packed,
         num_warps=num_warps, enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))

@@ -74,7 +74,10 @@ class ReplayConfig:
     buffer_len: int = 16
     buffer_dtype: str = "fp32"  # activations in the replay buffer (bf16 in real kernels)
     drafts: int = 0  # speculative decoding: T drafted tokens per verification (0 = off)
-    acceptance: float = 0.7  # i.i.d. per-token acceptance probability of a draft
+    # a draft's acceptance probability: one for every position (i.i.d.), or a per-position
+    # profile [p1, p2, ...] (draft i accepted with p_i once drafts 1..i-1 were; MTP heads report
+    # these; the last entry repeats for later positions)
+    acceptance: Any = 0.7
     accept_seq: list[int] | None = None  # or a given sequence of accepted counts (cycled)
     gdn_u_source: str = "read"  # GDN: S_{t-1}k_t reads the read copy (fast kernel) or master
 
@@ -264,7 +267,7 @@ def validate(cfg: Config) -> None:
     check_choice("replay.gdn_u_source", r.gdn_u_source, U_SOURCES)
     check(isinstance(r.drafts, int) and 0 <= r.drafts <= r.buffer_len, "replay.drafts", r.drafts,
           f"an integer 0..replay.buffer_len={r.buffer_len} (drafts must fit in the buffer)")
-    check(0.0 < r.acceptance <= 1.0, "replay.acceptance", r.acceptance, "a probability in (0, 1]")
+    _check_acceptance(r)
     if r.accept_seq is not None:
         seq = list(r.accept_seq)
         check(len(seq) > 0 and all(0 <= int(a) <= max(r.drafts, 1) for a in seq)
@@ -432,6 +435,21 @@ def check_layers_exist(cfg: Config, ssm: list[int], n_layers: int | None, kinds=
             have = f"layers 0..{n_layers - 1}" if n_layers else f"layers {allowed}"
             raise PrecsimError(f"{key}: layer {i} is not in {where} (it has {have}); allowed: "
                                f"the SSM layers {allowed}")
+
+
+def _check_acceptance(r: ReplayConfig) -> None:
+    """replay.acceptance: a probability in (0, 1] or a non-empty list of them (stored as floats)."""
+    acc = r.acceptance
+    if not isinstance(acc, (str, bytes)) and hasattr(acc, "__iter__"):
+        acc = list(acc)
+    items = acc if isinstance(acc, list) else [acc]
+
+    def prob(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0
+
+    check(len(items) > 0 and all(prob(v) for v in items), "replay.acceptance", acc,
+          "a probability in (0, 1] or a per-position list of them, e.g. [0.9,0.8,0.7,0.6]")
+    r.acceptance = [float(v) for v in items] if isinstance(acc, list) else float(acc)
 
 
 def _check_fmt(key: str, name) -> None:

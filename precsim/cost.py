@@ -59,18 +59,29 @@ def scheme_cost(kind: str, fmt: str, read_fmt: str | None, *, family: str, head_
             "fraction_of_fp32": total / base, "roofline_speedup": base / total}
 
 
-def scheme_costs(cfg: Config, schemes: dict | None = None,
-                 layers: list[int] | None = None) -> dict[str, dict]:
+def scheme_costs(cfg: Config, schemes: dict | None = None, layers: list[int] | None = None,
+                 mean_segment: float | None = None) -> dict[str, dict]:
     """Each scheme's cost (``schemes``: name -> SchemeConfig, default ``cfg.schemes``) over the
-    SSM ``layers`` (None: a layer-level run: ``workload.layer``, else the scheme's default)."""
+    SSM ``layers`` (None: a layer-level run: ``workload.layer``, else the scheme's default).
+    With speculative drafts (``replay.drafts > 0``) the flushes come every ``mean_segment``
+    committed steps on average (the run's flush schedule; computed from it when not given)
+    instead of every ``L``, and that mean takes ``L``'s place in the formulas (one draft pass
+    reading the state for several positions is not modelled: bytes per committed step, as
+    without drafts)."""
     from .config import scheme_at
 
     m, r = cfg.model, cfg.replay
+    L = r.buffer_len
+    if r.drafts:
+        if mean_segment is None:
+            from .engines.base import segment_ends
+
+            mean_segment = cfg.run.steps / len(segment_ends(cfg))
+        L = float(mean_segment)
 
     def one(s):
         return scheme_cost(s.kind, s.fmt, s.read_fmt, family=m.family, head_dim=m.head_dim,
-                           state_dim=m.state_dim, buffer_len=r.buffer_len,
-                           buffer_dtype=r.buffer_dtype)
+                           state_dim=m.state_dim, buffer_len=L, buffer_dtype=r.buffer_dtype)
 
     out = {}
     for name, s in (cfg.schemes if schemes is None else schemes).items():

@@ -302,7 +302,8 @@ def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
         "figures": summary_figures(result.rows, lengths, result.steps),
         "lengths_skipped": skipped,
         "schemes": result.schemes,
-        "cost": scheme_costs(cfg, result_schemes(cfg, result), result.info.get("ssm_layers")),
+        "cost": scheme_costs(cfg, result_schemes(cfg, result), result.info.get("ssm_layers"),
+                             result.info.get("mean_segment")),
         "info": result.info,
         "config": asdict(cfg),
     }

@@ -43,7 +43,15 @@ from ..metrics import Accumulator, Readout
 from ..result import make_result
 from ..schemes import build_schemes
 from ..workload import expand_groups, make_workload
-from .base import cpu_threads, flush_schedule, launch_ends, progress_bar, slow_notice
+from .base import (
+    cpu_threads,
+    flush_events,
+    launch_ends,
+    progress_bar,
+    segment_ends,
+    segment_phase,
+    slow_notice,
+)
 
 NAME = "numba"
 
@@ -93,8 +101,6 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     if cfg.model.family == "gdn" and cfg.replay.buffer_dtype not in ("fp32", "fp64"):
         return (f"replay.buffer_dtype={cfg.replay.buffer_dtype} with gdn (the numba engine "
                 "keeps a GDN buffer in fp32)")
-    if cfg.replay.drafts > 0:
-        return "speculative decoding (replay.drafts > 0)"
     if cfg.formats.sr_source != "hash":
         return f"formats.sr_source={cfg.formats.sr_source} (the numba engine draws hash bits)"
     if cfg.formats.rotate:
@@ -612,37 +618,39 @@ if numba is not None:
                    el)
 
     @njit(cache=True)
-    def _scheme(st, rd, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, t0,
-                total, L, floor, scope_none, recip, el):
-        """One scheme on one head over one window (which starts at a flush boundary)."""
+    def _scheme(st, rd, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, ph,
+                floor, scope_none, recip, el):
+        """One scheme on one head over one window (which starts at a flush boundary); ``ph``:
+        each step's place in its segment (``engines.base.segment_phase``)."""
         n_steps = a32.shape[0]
         P, N = st.shape
         kind = code[C_KIND]
         base = np.int64(sh) * P * N
         R = rd if kind == 2 else st
+        seg = 0
         for i in range(n_steps):
-            t = t0 + i
             y = y32[i, sh]
             if kind == 0:
                 _update(st, a32[i, sh], dt32[i, sh], x32[i, sh], B32[i, sh], C32[i, sh], y)
                 _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
-            j = t % L
             Cv = C32[i, sh]
             g = gam[i, sh]
-            if j == L - 1 or t == total - 1:  # flush: fold, output from the fold, write
-                F = Fb[i // L, sh]
+            if (ph[i] & 2) == 0:  # output-only: the checkpoint (read copy) is only read
+                yb = Yb[i, sh]
+                for p in range(P):
+                    y[p] = yb[p] + g * _dot(R[p], Cv)
+            if ph[i] & 1:  # flush: fold (without drafts the output from it), write
+                F = Fb[seg, sh]
                 for p in range(P):
                     row = st[p]
                     fr = F[p]
                     for n in range(N):
                         row[n] = g * row[n] + fr[n]
-                    y[p] = _dot(row, Cv)
+                    if ph[i] & 2:
+                        y[p] = _dot(row, Cv)
                 _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
-            else:  # output-only: the checkpoint (read copy) is only read
-                yb = Yb[i, sh]
-                for p in range(P):
-                    y[p] = yb[p] + g * _dot(R[p], Cv)
+                seg += 1
 
     @njit(cache=True, inline="always")
     def _gdn_step(row, a, beta, v, k, q):
@@ -662,7 +670,7 @@ if numba is not None:
 
     @njit(cache=True)
     def _scheme_gdn(st, rd, code, keys, k0, a32, b32, q32, k32, v32, gam, A, M, wl, y32, sh,
-                    t0, total, L, floor, scope_none, recip, el, u_master):
+                    ph, floor, scope_none, recip, el, u_master):
         """One GDN scheme on one head over one window (which starts at a flush boundary):
         conventional schemes step and quantise every token; ReplaySSM schemes evaluate
         families.gdn.segment output by output (``u_t`` from the checkpoint's ``S k_t`` and the
@@ -674,11 +682,11 @@ if numba is not None:
         base = np.int64(sh) * V * K
         R = rd if kind == 2 else st
         RU = st if u_master else R
-        U = np.zeros((L, V), dtype=np.float32)
+        U = np.zeros((A.shape[2], V), dtype=np.float32)
         acc = np.empty(K, dtype=np.float32)
         cv = np.empty(V, dtype=np.float32)  # per row: the sum over the segment's earlier j
+        seg = 0
         for i in range(n_steps):
-            t = t0 + i
             y = y32[i, sh]
             kt = k32[i, sh]
             qt = q32[i, sh]
@@ -687,8 +695,7 @@ if numba is not None:
                     y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt)
                 _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
-            j = t % L
-            seg = i // L
+            j = ph[i] >> 2
             g = gam[i, sh]
             Aj = A[seg, sh, j]
             bt = b32[i, sh]
@@ -701,7 +708,17 @@ if numba is not None:
                     cv[p] += ajj * Ujj[p]
             for p in range(V):
                 U[j, p] = bt * (vt[p] - g * _dot(RU[p], kt) - cv[p])
-            if j == L - 1 or t == total - 1:  # flush: fold, output from the fold, write
+            if (ph[i] & 2) == 0:  # output-only: the checkpoint (read copy) is only read
+                Mj = M[seg, sh, j]
+                cv[:] = 0.0
+                for jj in range(j + 1):
+                    mjj = Mj[jj]
+                    Ujj = U[jj]
+                    for p in range(V):
+                        cv[p] += mjj * Ujj[p]
+                for p in range(V):
+                    y[p] = cv[p] + g * _dot(R[p], qt)
+            if ph[i] & 1:  # flush: fold (without drafts the output from it), write
                 w = wl[seg, sh]
                 i0 = i - j
                 for p in range(V):
@@ -715,23 +732,14 @@ if numba is not None:
                             acc[c] += wu * kj[c]
                     for c in range(K):
                         row[c] = g * row[c] + acc[c]
-                    y[p] = _dot(row, qt)
+                    if ph[i] & 2:
+                        y[p] = _dot(row, qt)
                 _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
-            else:  # output-only: the checkpoint (read copy) is only read
-                Mj = M[seg, sh, j]
-                cv[:] = 0.0
-                for jj in range(j + 1):
-                    mjj = Mj[jj]
-                    Ujj = U[jj]
-                    for p in range(V):
-                        cv[p] += mjj * Ujj[p]
-                for p in range(V):
-                    y[p] = cv[p] + g * _dot(R[p], qt)
+                seg += 1
 
     @njit(cache=True, nogil=True)
     def _task_gdn(task, S64, st, rd, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
-                  q32, k32, v32, gam, A, M, wl, y32, t0, total, L, floor, scope_none, recip, el,
-                  u_master):
+                  q32, k32, v32, gam, A, M, wl, y32, ph, floor, scope_none, recip, el, u_master):
         """:func:`_task` for Gated DeltaNet."""
         nt = st.shape[0] + 1
         sh = task // nt
@@ -741,12 +749,11 @@ if numba is not None:
         else:
             i = slot - 1
             _scheme_gdn(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, b32, q32, k32, v32,
-                        gam, A, M, wl, y32[i], sh, t0, total, L, floor, scope_none, recip, el,
-                        u_master)
+                        gam, A, M, wl, y32[i], sh, ph, floor, scope_none, recip, el, u_master)
 
     @njit(cache=True, nogil=True)
     def _task(task, S64, st, rd, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32, x32,
-              B32, C32, Yb, gam, Fb, y32, t0, total, L, floor, scope_none, recip, el):
+              B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
         """One task of a window, one (head, slot): ``task = sh * (ns + 1) + slot``, slot 0 the
         truth, slot i + 1 scheme i. Tasks write disjoint state and outputs, so threads run
         different tasks at once (nogil) and the result does not depend on who ran what."""
@@ -758,7 +765,7 @@ if numba is not None:
         else:
             i = slot - 1
             _scheme(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32, C32, Yb,
-                    gam, Fb, y32[i], sh, t0, total, L, floor, scope_none, recip, el)
+                    gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el)
 
     @njit(cache=True, nogil=True)
     def _row_stats(y32, y64, x64, x32, D64, D32, P, kl, err, s_ss, d, yh):
@@ -843,40 +850,39 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
 # host driver
 
 
-def _segment_decays(la32, L: int, Sq: int, H: int):
-    """A window's ReplaySSM segments (L steps from its start; a shorter last one), grouped by
-    length: yields ``(s0, s1, sl, k, m, Lc, decay)`` for segments ``s0..s1`` of ``m`` steps
-    (``k`` of them, steps ``sl``), ``Lc (k, m, S, H)`` the cumulative float32 log-decays and
+def _segment_decays(la32, lens, Sq: int, H: int):
+    """A window's ReplaySSM segments (lengths ``lens`` from its start), grouped by length:
+    yields ``(segs, idx, k, m, Lc, decay)`` for the ``k`` segments ``segs`` of ``m`` steps
+    (their steps ``idx``, ``(k*m,)``), ``Lc (k, m, S, H)`` the cumulative float32 log-decays and
     ``decay (k, S, H, m, m)`` = exp(Lc_t - Lc_j) for j <= t, 0 above (families' decay_matrices,
     batched over the segments)."""
-    n = la32.shape[0]
-    nseg, full = -(-n // L), n // L
-    for s0, s1, m in ((0, full, L), (full, nseg, n - full * L)):
-        if s1 <= s0 or m == 0:
-            continue
-        k = s1 - s0
-        sl = slice(s0 * L, s0 * L + k * m)
-        Lc = torch.cumsum(la32[sl].reshape(k, m, Sq, H), 1)
+    lens = np.asarray(lens)
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    for m in np.unique(lens)[::-1].tolist():
+        segs = np.flatnonzero(lens == m)
+        k = len(segs)
+        idx = torch.from_numpy((starts[segs][:, None] + np.arange(m)).reshape(-1))
+        Lc = torch.cumsum(la32[idx].reshape(k, m, Sq, H), 1)
         Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
         causal = torch.ones(m, m, dtype=torch.bool).tril()
         decay = torch.exp(torch.where(causal, Lh[..., :, None] - Lh[..., None, :],
                                       torch.tensor(float("-inf"))))
-        yield s0, s1, sl, k, m, Lc, decay
+        yield torch.from_numpy(segs), idx, k, m, Lc, decay
 
 
-def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
+def _buffer_terms(dt32, la32, x, B, C, lens, Sq: int, H: int):
     """Input-only ReplaySSM terms of a window (torch, float32, the torch engine's operations):
     ``gam (n, SH)`` = exp(Lc_t), ``Yb (n, SH, P)`` = the buffer's part of each output and
-    ``Fb (nseg, SH, P, N)`` = the buffer's part of each fold. Segments of L steps from the
-    window's start; ``la32`` the float32 log-decays (the torch engine's: float64 ``dt A``
+    ``Fb (nseg, SH, P, N)`` = the buffer's part of each fold. Segments of lengths ``lens`` from
+    the window's start; ``la32`` the float32 log-decays (the torch engine's: float64 ``dt A``
     rounded once, not a float32 product)."""
     n = dt32.shape[0]
     SH = Sq * H
     P, N = x.shape[-1], B.shape[-1]
     gam = torch.empty((n, SH), dtype=torch.float32)
     Yb = torch.empty((n, SH, P), dtype=torch.float32)
-    Fb = torch.empty((-(-n // L), SH, P, N), dtype=torch.float32)
-    for s0, s1, sl, k, m, Lc, decay in _segment_decays(la32, L, Sq, H):
+    Fb = torch.empty((len(lens), SH, P, N), dtype=torch.float32)
+    for segs, sl, k, m, Lc, decay in _segment_decays(la32, lens, Sq, H):
         W = decay * dt32[sl].reshape(k, m, Sq, H).permute(0, 2, 3, 1)[..., None, :]
         xs = x[sl].reshape(k, m, Sq, H, P)
         Bs = B[sl].reshape(k, m, Sq, H, N)
@@ -887,31 +893,32 @@ def _buffer_terms(dt32, la32, x, B, C, L: int, Sq: int, H: int):
         gam[sl] = torch.exp(Lc).reshape(k * m, SH)
         w_last = W[..., -1, :].permute(0, 3, 1, 2)  # (k, m, S, H)
         F = torch.einsum("kjshp,kjshn->kshpn", w_last[..., None] * xs, Bs)
-        Fb[s0:s1] = F.reshape(k, SH, P, N)
+        Fb[segs] = F.reshape(k, SH, P, N)
     return gam, Yb, Fb
 
 
-def _gdn_terms(la32, q, k, L: int, Sq: int, H: int):
+def _gdn_terms(la32, q, k, lens, L: int, Sq: int, H: int):
     """Input-only ReplaySSM terms of a GDN window (torch, float32, families.gdn.segment's
     operations): ``gam (n, SH)`` = exp(Lc_t), per segment ``A (nseg, SH, L, L)`` the strictly
     lower ``decay * (k_t . k_j)``, ``M`` the lower ``decay * (q_t . k_j)`` and ``wl (nseg, SH,
-    L)`` the last row of ``decay``. Segments of L steps from the window's start."""
+    L)`` the last row of ``decay``. Segments of lengths ``lens`` (at most L) from the window's
+    start."""
     n = la32.shape[0]
     SH = Sq * H
     Kd = k.shape[-1]
-    nseg = -(-n // L)
+    nseg = len(lens)
     gam = torch.empty((n, SH), dtype=torch.float32)
     A = torch.zeros((nseg, SH, L, L), dtype=torch.float32)
     M = torch.zeros_like(A)
     wl = torch.zeros((nseg, SH, L), dtype=torch.float32)
-    for s0, s1, sl, kk, m, Lc, decay in _segment_decays(la32, L, Sq, H):
+    for segs, sl, kk, m, Lc, decay in _segment_decays(la32, lens, Sq, H):
         ks = k[sl].reshape(kk, m, Sq, H, Kd)
         qs = q[sl].reshape(kk, m, Sq, H, Kd)
         KK = torch.einsum("ktshc,kjshc->kshtj", ks, ks)
         QK = torch.einsum("ktshc,kjshc->kshtj", qs, ks)
-        A[s0:s1, :, :m, :m] = (decay * KK).tril(-1).reshape(kk, SH, m, m)
-        M[s0:s1, :, :m, :m] = (decay * QK).reshape(kk, SH, m, m)
-        wl[s0:s1, :, :m] = decay[..., -1, :].reshape(kk, SH, m)
+        A[segs, :, :m, :m] = (decay * KK).tril(-1).reshape(kk, SH, m, m)
+        M[segs, :, :m, :m] = (decay * QK).reshape(kk, SH, m, m)
+        wl[segs, :, :m] = decay[..., -1, :].reshape(kk, SH, m)
         gam[sl] = torch.exp(Lc).reshape(kk * m, SH)
     return gam, A, M, wl
 
@@ -953,10 +960,13 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     rd = np.zeros_like(st)
     k0 = pf.stream_keys(cfg.run.seed, 0)[0]
     ev = np.arange(steps, dtype=np.int64)
+    seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
+    flush_ev = flush_events(seg_ends, steps)
+    phase = segment_phase(seg_ends, steps, cfg.replay.drafts == 0)
     keys = np.zeros((ns, steps), dtype=np.uint32)
     for i, s in enumerate(schemes):
         if s.cfg.rounding == "sr":
-            keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)[1]
+            keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else flush_ev, 0)[1]
     gdn = cfg.model.family == "gdn"
     A64 = None if gdn else np.asarray(wl.params["A"], dtype=np.float64)
     D = wl.params.get("D")
@@ -971,8 +981,12 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     names = ["truth", *(s.name for s in schemes)]
     recorded: dict[str, list] = {n: [] for n in names}
     dead_at: list[int | None] = [None] * ns
-    seg_ends = np.cumsum(list(flush_schedule(cfg)))
     t_kernel: list[float] = []
+
+    def lens(t0: int, t1: int) -> np.ndarray:
+        """The lengths of the segments of steps [t0, t1) (t0 and t1 are flushes)."""
+        e = seg_ends[(seg_ends > t0) & (seg_ends <= t1)]
+        return np.diff(e, prepend=t0)
 
     def prepare(t0: int, t1: int) -> dict:
         """The window's inputs, decays and buffer terms (host, torch/NumPy)."""
@@ -990,7 +1004,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         xb, Bb = x_t, B_t
         if bufdt not in ("fp32", "fp64"):
             xb, Bb = pf.quantize(x_t, bufdt, "rne"), pf.quantize(B_t, bufdt, "rne")
-        gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), dec["la"], xb, Bb, C_t, L, Sq, H)
+        gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), dec["la"], xb, Bb, C_t, lens(t0, t1),
+                                    Sq, H)
         y64 = np.empty((n, SH, P))
         y32 = np.empty((ns, n, SH, P), dtype=np.float32)
         args = (S64, st, rd, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
@@ -1001,8 +1016,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 np.ascontiguousarray(raw["C"].reshape(n, SH, N)), y64,
                 dec["a"].reshape(n, SH).numpy(), dt_t.reshape(n, SH).numpy(),
                 x_t.reshape(n, SH, P).numpy(), B_t.reshape(n, SH, N).numpy(),
-                C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32, t0,
-                steps, L, floor, scope_none, recip, _EL)
+                C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32,
+                phase[t0:t1], floor, scope_none, recip, _EL)
         return {"t0": t0, "t1": t1, "x": raw["x"], "x_t": x_t, "y64": y64, "y32": y32,
                 "args": args, "next": itertools.count()}
 
@@ -1014,7 +1029,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         n = t1 - t0
         f32 = {k: torch.from_numpy(raw[k]).to(torch.float32) for k in ("beta", "q", "k", "v")}
         dec = decays("gdn", raw_t, {}, torch.float32, cfg.model.decay_exp)
-        gam, Am, Mm, wlast = _gdn_terms(dec["la"], f32["q"], f32["k"], L, Sq, H)
+        gam, Am, Mm, wlast = _gdn_terms(dec["la"], f32["q"], f32["k"], lens(t0, t1), L, Sq, H)
 
         def flat(a, *tail):
             return np.ascontiguousarray(a.reshape(n, SH, *tail))
@@ -1025,7 +1040,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 flat(np.exp(raw["g"])), flat(raw["beta"]), flat(raw["q"], N), flat(raw["k"], N),
                 flat(raw["v"], P), y64, flat(dec["a"].numpy()), flat(f32["beta"].numpy()),
                 flat(f32["q"].numpy(), N), flat(f32["k"].numpy(), N), flat(f32["v"].numpy(), P),
-                gam.numpy(), Am.numpy(), Mm.numpy(), wlast.numpy(), y32, t0, steps, L, floor,
+                gam.numpy(), Am.numpy(), Mm.numpy(), wlast.numpy(), y32, phase[t0:t1], floor,
                 scope_none, recip, _EL, u_master)
         return {"t0": t0, "t1": t1, "x": None, "x_t": None, "y64": y64, "y32": y32,
                 "args": args, "next": itertools.count()}
@@ -1107,7 +1122,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     # then takes tasks too: the cores stay busy whichever side has more to do (a numba parallel
     # kernel beside the host thread oversubscribed the cores). One thread: window after window.
     overlap = threads > 1
-    ends = launch_ends(steps, cfg.metrics.window, L)
+    ends = launch_ends(seg_ends, cfg.metrics.window)
     t0 = 0
     saved = ck.resume()
     if saved is not None:  # the arrays in place: every window's arguments refer to them

@@ -32,7 +32,7 @@ from ..metrics import DeviceAccumulator, Readout, kl_rows
 from ..result import Result, make_result
 from ..schemes import build_schemes
 from ..workload import expand_groups, make_workload
-from .base import launch_ends, progress_bar, slow_notice
+from .base import flush_events, launch_ends, progress_bar, segment_ends, segment_phase, slow_notice
 
 NAME = "triton"
 log = logging.getLogger("precsim.engines.triton")
@@ -75,8 +75,6 @@ def _pow2(n: int) -> bool:
 def unsupported_reason(cfg: Config) -> str | None:
     """Why the Triton engine cannot run ``cfg`` (None if it can)."""
     r, m = cfg.replay, cfg.model
-    if r.drafts > 0:
-        return "speculative decoding (replay.drafts > 0)"
     if cfg.run.compute_dtype != "fp32":
         return f"run.compute_dtype={cfg.run.compute_dtype} (kernels compute in fp32)"
     if m.family == "gdn" and r.gdn_u_source not in ("read", "master"):
@@ -216,11 +214,15 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     rd = torch.zeros_like(st)
     keys = np.zeros((max(ns, 1), steps), dtype=np.uint32)
     ev = np.arange(steps, dtype=np.int64)
+    seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
+    flush_ev = flush_events(seg_ends, steps)
     k0 = 0
     for i, s in enumerate(schemes):
         if s.cfg.rounding == "sr":
-            k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name, ev if not s.replay else ev // L, 0)
+            k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name, ev if not s.replay else flush_ev,
+                                           0)
     k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+    ph = torch.from_numpy(segment_phase(seg_ends, steps, cfg.replay.drafts == 0)).to(dev)
     # the readout head is drawn when the first window's metrics need it, after the first
     # launches are queued (not before them)
     want_kl = bool(cfg.metrics.kl)
@@ -331,7 +333,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     t_loop = time.perf_counter()
     pending: list = []  # batches whose metrics wait (overlap: metrics_lag batches behind)
     timed, kern, side_done, host_wait, compile_s = [], {}, [], 0.0, 0.0
-    ends = launch_ends(steps, cfg.metrics.window, L)
+    ends = launch_ends(seg_ends, cfg.metrics.window)
     # launch windows per metrics batch: the inputs and window metrics of G launches are drawn
     # and reduced together (a few dozen small device ops per batch: the host stays ahead of
     # the GPU); the torch-ops path keeps one launch per batch
@@ -477,8 +479,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                                  "Triton caches them on disk)", c0 is not None and bar is not None):
                     for gi, (blk, idx) in enumerate(groups):
                         kern[gi] = _launch(family.name, win, S64, st, rd, y64[a:b], y32[:, a:b],
-                                           k1, _i32(k0), [slot[i] for i in idx],
-                                           [codes[i] for i in idx], gi == 0, t0, n, steps, L, H,
+                                           k1, ph, _i32(k0), [slot[i] for i in idx],
+                                           [codes[i] for i in idx], gi == 0, t0, n, steps, H,
                                            blk, LB, nw, maxnreg, **launch_kw)
                 if c0 is not None:
                     compile_s = time.perf_counter() - c0
@@ -527,7 +529,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     if bar is not None:
         bar.close()
     phases["metrics"] = time.perf_counter()
-    n_flush = math.ceil(steps / L)
+    n_flush = len(seg_ends)
     info = {"flushes": n_flush, "mean_segment": steps / n_flush,
             "launches": len(ends) * len(groups), "num_warps": nw, "overlap": overlap,
             "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
@@ -576,14 +578,14 @@ def _readout(width: int, vocab: int, scale: float, dev) -> Readout:
     return _READOUTS[key]
 
 
-def _launch(fam, inp, S64, st, rd, y64, y32, k1, k0, idx, codes, truth, t0, n, steps, L, H,
+def _launch(fam, inp, S64, st, rd, y64, y32, k1, ph, k0, idx, codes, truth, t0, n, steps, H,
             blk, LB, nw, maxnreg, *, lpt, buf, sfloor, scope, u_master, kernels, order):
     """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
     (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
     N = S64.shape[2]
-    common = dict(S64=S64, st=st, rd=rd, y64=y64, y32=y32, k1=k1, k0=k0, t0=t0, n=n, total=steps,
-                  L=L, slots=idx, codes=list(codes), truth=truth, blk=blk or min(16, N), LB=LB,
-                  buf=buf, sfloor=sfloor, scope=scope, order=order(truth, list(codes), lpt),
+    common = dict(S64=S64, st=st, rd=rd, y64=y64, y32=y32, k1=k1, ph=ph, k0=k0, t0=t0, n=n,
+                  total=steps, slots=idx, codes=list(codes), truth=truth, blk=blk or min(16, N),
+                  LB=LB, buf=buf, sfloor=sfloor, scope=scope, order=order(truth, list(codes), lpt),
                   num_warps=nw, maxnreg=maxnreg)
     m2, gdn = kernels
     if fam == "mamba2":

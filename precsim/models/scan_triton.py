@@ -34,6 +34,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
     from precsim.kernels.rng import event_keys
 
+    from ..engines.base import segment_phase
     from ..engines.triton import BUF_IDS, _launch, scheme_block, scheme_code
 
     fam = step.family
@@ -53,7 +54,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     blocks = [scheme_block(sc) or min(16, N) for sc in at]
     kept = chunks.layers.get(step.layer) if chunks is not None else None
     if kept is not None:  # the previous chunk's states and SR keys
-        S64, st, rd, k1, k0 = (kept[k] for k in ("S64", "st", "rd", "k1", "k0"))
+        S64, st, rd, k1, k0, ph = (kept[k] for k in ("S64", "st", "rd", "k1", "k0", "ph"))
     else:
         S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
         if carry and step.state is not None:
@@ -68,8 +69,11 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                 k0, keys[i] = event_keys(cfg.run.seed, f"{g.name}@layer{step.layer}",
                                          ev if sc.kind == "conventional" else ev // L, 0)
         k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+        ends = np.unique(np.minimum(np.arange(L, total + L, L), total))  # a flush every L
+        ph = torch.from_numpy(segment_phase(ends, total, True)).to(dev)
         if chunks is not None:
-            chunks.layers[step.layer] = {"S64": S64, "st": st, "rd": rd, "k1": k1, "k0": k0}
+            chunks.layers[step.layer] = {"S64": S64, "st": st, "rd": rd, "k1": k1, "k0": k0,
+                                         "ph": ph}
     params = {k: v.to(device=dev, dtype=torch.float64) for k, v in step.const.items()}
     D = params.get("D")
     nw = 4 if P * N <= 8192 else 8
@@ -107,13 +111,13 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                 if g.reference:  # the kernels' float64 truth slot
                     y = torch.empty((n, SH, P), dtype=torch.float64, device=dev)
                     _launch(fam, inp, S64, st[:1], rd[:1], y, st.new_empty((1, n, SH, P)),
-                            k1[:1], _i32(k0), [], [], True, off + t0, n, total, L, H,
+                            k1[:1], ph, _i32(k0), [], [], True, off + t0, n, total, H,
                             min(16, N), LB, nw, None, **kw)
                 else:
                     i = gi - 1
                     y = torch.empty((1, n, SH, P), dtype=torch.float32, device=dev)
                     _launch(fam, inp, S64, st[i:i + 1], rd[i:i + 1], y64_none, y, k1[i:i + 1],
-                            _i32(k0), [0], [codes[i]], False, off + t0, n, total, L, H,
+                            ph, _i32(k0), [0], [codes[i]], False, off + t0, n, total, H,
                             blocks[i], LB, nw, None, **kw)
                     y = y[0]
                 y = y.view(n, K, H, P)

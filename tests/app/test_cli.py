@@ -131,6 +131,8 @@ BAD = {
     "unknown_scheme_kind": (["schemes.shared_nvfp4_sr.kind=weird"], "kind"),
     "buffer_len_zero": (["replay.buffer_len=0"], "replay.buffer_len"),
     "drafts_gt_L": (["replay.buffer_len=4", "replay.drafts=5"], "replay.drafts"),
+    "acceptance_profile": (["replay.drafts=2", "replay.acceptance=[0.9,1.5]"],
+                           "replay.acceptance=[0.9, 1.5] is invalid; allowed: a probability"),
     "negative_steps": (["run.steps=-3"], "run.steps"),
     "unknown_key": (["run.stepz=3"], "run.stepz"),
     "wrong_type": (["run.steps=abc"], "run.steps"),

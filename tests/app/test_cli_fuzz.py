@@ -26,7 +26,7 @@ VALUES = {
     "replay.buffer_len": ["4", "16", "64", "0", "-2"],
     "replay.buffer_dtype": ["fp32", "bf16", "fp16", "int8"],
     "replay.drafts": ["0", "2", "4", "99", "-1"],
-    "replay.acceptance": ["0.7", "1.0", "0", "1.5"],
+    "replay.acceptance": ["0.7", "1.0", "0", "1.5", "[0.9,0.8,0.7]", "[0.9,2]", "[]", "x"],
     "replay.accept_seq": ["[1,2]", "[0]", "[]", "null"],
     "replay.gdn_u_source": ["read", "master", "both"],
     "formats.scale_floor": ["subnormal", "normal", "zero"],

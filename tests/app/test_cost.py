@@ -109,3 +109,22 @@ def test_scheme_costs_follow_the_config():
     costs = scheme_costs(cfg)
     assert {k: v["bytes_per_step"] for k, v in costs.items()} == {
         "c": 65536, "s": 12234.25, "x": 16042}
+
+
+def test_drafts_flush_every_mean_segment():
+    """Speculative drafts: the flush interval is the schedule's mean segment. T = 4 drafts all
+    accepted flush every 12 committed steps (12 + 2*4 > 16), so the costs are those of L = 12."""
+    d = {"model": {"family": "mamba2", "heads": 1, "head_dim": P, "state_dim": N},
+         "replay": {"buffer_len": 16, "drafts": 4, "accept_seq": [4]},
+         "run": {"steps": 120}, "metrics": {"window": 24},
+         "schemes": {"s": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
+                     "x": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"}}}
+    costs = scheme_costs(to_config(d))
+    for name, s in to_config(d).schemes.items():
+        want = scheme_cost(s.kind, s.fmt, s.read_fmt, family="mamba2", head_dim=P, state_dim=N,
+                           buffer_len=12)
+        assert costs[name] == pytest.approx(want)
+        assert want["state_write"] > scheme_cost(s.kind, s.fmt, s.read_fmt, family="mamba2",
+                                                 head_dim=P, state_dim=N,
+                                                 buffer_len=16)["state_write"]
+    assert scheme_costs(to_config(d), mean_segment=12.0) == costs

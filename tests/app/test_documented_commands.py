@@ -43,7 +43,9 @@ TINY_MODEL_KL = ["run.steps=6", "run.seqs=1", "metrics.window=3", "run.progress=
 # swept lists replaced by one value each, so the 24-job preset runs one tiny job
 FEWER_JOBS = {"experiment=precision_sweep": ["schemes.candidate.fmt=fp32",
                                              "schemes.candidate.rounding=rne",
-                                             "schemes.candidate.read_fmt=nvfp4"]}
+                                             "schemes.candidate.read_fmt=nvfp4"],
+              "experiment=study_speculative": ["model=qwen35_gdn", "replay.drafts=2",
+                                               "replay.acceptance=[0.9,0.8]"]}
 # what a command needs that this machine may lack: CUDA (the CPU runs the same config) and SLURM
 # (submitit's local launcher runs the same submitit code path)
 NO_CUDA = {"run.device=cuda": "run.device=cpu",

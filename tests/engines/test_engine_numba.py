@@ -352,7 +352,7 @@ def test_supports_and_dispatch():
     assert supports(_cfg(PRODUCTION)) is None
     assert supports(to_config(tiny_cfg("gdn"))) is None
     assert "buffer_dtype" in supports(to_config(tiny_cfg("gdn", replay__buffer_dtype="bf16")))
-    assert "drafts" in supports(_cfg(SEED_TABLE, replay__drafts=2))
+    assert supports(_cfg(SEED_TABLE, replay__drafts=2)) is None  # tests/engines/test_drafts.py
     assert "tensor" in supports(_cfg(SEED_TABLE, formats__tensor_scope="tensor"))
     assert "sr_source" in supports(_cfg(SEED_TABLE, formats__sr_source="philox7"))
     assert "rotate" in supports(_cfg(SEED_TABLE, formats__rotate=True))
