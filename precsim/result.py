@@ -57,7 +57,8 @@ def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: f
     return Result(
         rows=rows, per_step_rel_err=per_step or {},
         schemes={n: {"kind": s.kind, "label": s.label or describe(s), "dead_at": dead_at.get(n),
-                     "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt}
+                     "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt,
+                     "error_feedback": s.error_feedback}
                  for n, s in cfg.schemes.items()},
         engine=engine, device=str(device), wall_s=time.perf_counter() - t_start,
         steps=cfg.run.steps if steps is None else steps,
