@@ -41,7 +41,8 @@ COLUMNS = ["model", "scheme", "label", "kind", "fmt", "rounding", "error_feedbac
 def command(model: str, size: dict, out: Path, device: str, workload: str | None = None
             ) -> list[str]:
     """The ``python -m precsim`` command of one model at one size."""
-    over = [*MODELS[model], *([f"workload={workload}"] if workload else []), f"run.steps={size['steps']}", f"run.seqs={size['seqs']}",
+    over = [*MODELS[model], *([f"workload={workload}"] if workload else []),
+            f"run.steps={size['steps']}", f"run.seqs={size['seqs']}",
             f"run.device={device}", f"run.out_dir={out}", "run.progress=false",
             f"metrics.lengths=[256,{size['steps']}]", "run.checkpoint_s=0"]
     if size["heads"]:
