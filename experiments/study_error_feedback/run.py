@@ -111,11 +111,11 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 def table(rows: list[dict]) -> str:
     """A compact text table: one line per (model, scheme)."""
-    lines = [f"{'model':16} {'scheme':26} {'err@256':>9} {'rel_err':>9} {'KL':>9} {'top1':>6} "
+    lines = [f"{'model':24} {'scheme':26} {'err@256':>9} {'rel_err':>9} {'KL':>9} {'top1':>6} "
              f"{'mean top1':>9} "
              f"{'flip':>7} {'B/step/head':>12}"]
     for r in rows:
-        lines.append(f"{r['model']:16} {r['label']:26} {r['rel_err_256']:9.3g} "
+        lines.append(f"{r['model']:24} {r['label']:26} {r['rel_err_256']:9.3g} "
                      f"{r['rel_err']:9.3g} {r['kl']:9.3g} "
                      f"{r['top1']:6.4f} {r['mean_top1']:9.5f} {r['first_flip']:7.0f} "
                      f"{r['bytes_per_step']:12,.0f}")
@@ -123,7 +123,8 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """rel_err against bytes per step, one panel per model; RTN / SR / EF / ReplaySSM marked."""
+    """rel_err against bytes per step, one panel per model (FP32 left out: ~1e-7);
+    RTN / SR / EF / ReplaySSM marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,7 +133,7 @@ def plot(rows: list[dict], path: Path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
     for ax, m in zip(axes[0], models, strict=True):
-        for r in (r for r in rows if r["model"] == m):
+        for r in (r for r in rows if r["model"] == m and r["fmt"] != "fp32"):
             ef = r["error_feedback"] != "none"
             mark = ("s" if r["kind"] != "conventional" else
                     "*" if ef else "^" if r["rounding"] == "sr" else "o")
@@ -150,7 +151,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(m)
         ax.grid(alpha=0.3, which="both")
     fig.suptitle("error feedback vs RTN / SR / ReplaySSM (o RTN, ^ SR, * EF, s ReplaySSM; "
-                 "blue INT8, orange FP8 block 128)", fontsize=10)
+                 "blue INT8, orange FP8 block 128, black 16-bit; FP32 off the chart)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -173,12 +175,12 @@ def main(argv=None) -> None:
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--workload", help="workload preset (default: the preset's, synthetic)")
     a = ap.parse_args(argv)
+    tag = f"_{a.workload}" if a.workload else ""
     if a.plot_only:
-        plot(read_csv(a.out / "results.csv"), a.out / "error_vs_bytes.png")
+        plot(read_csv(a.out / f"results{tag}.csv"), a.out / f"error_vs_bytes{tag}.png")
         return
     size, device = (GPU, "cuda") if a.gpu else (CPU, "cpu")
     t0 = time.time()
-    tag = f"_{a.workload}" if a.workload else ""
     rows = run(size, device, a.out, workload=a.workload)
     print(table(rows))
     plot(rows, a.out / f"error_vs_bytes{tag}.png")

@@ -83,15 +83,24 @@ def held_states(engine: str, cfg: Config, device: str = "cpu") -> dict:
 
 def compare(a: dict, b: dict, cfg: Config) -> dict:
     """Per scheme of two :func:`held_states`: whether the states and the residuals are
-    bit-equal, and the largest ``|(Q + E)_a - (Q + E)_b|`` relative to ``max |Q_a|``."""
+    bit-equal, the share of state elements that differ, the largest
+    ``|(Q + E)_a - (Q + E)_b|`` and ``max |E_a|`` (both relative to ``max |Q_a|``), and ``ok``:
+    a conventional scheme (no reduction in the update: the engines round the same numbers) is
+    bit-equal in state and residual; a ReplaySSM fold is a sum whose order differs between
+    engines, which may flip a rounding: then at most 1% of the state elements differ and
+    ``Q + E`` agrees within an eighth of the largest residual (E's own rounding)."""
     out = {}
-    for n in cfg.schemes:
+    for n, sc in cfg.schemes.items():
         (qa, ea), (qb, eb) = a[n], b[n]
-        bits = [np.array_equal(np.asarray(x, np.float32).view(np.int32),
-                               np.asarray(y, np.float32).view(np.int32))
-                for x, y in ((qa, qb), (ea, eb))]
+        qa, qb = np.asarray(qa, np.float32), np.asarray(qb, np.float32)
+        bits = [np.array_equal(x.view(np.int32), np.asarray(y, np.float32).view(np.int32))
+                for x, y in ((qa, qb), (np.asarray(ea, np.float32), eb))]
         scale = float(np.abs(qa).max()) or 1.0
-        out[n] = {"state_bits": bits[0], "resid_bits": bits[1],
-                  "sum_dev": float(np.abs((qa + ea) - (qb + eb)).max()) / scale,
-                  "resid_max": float(np.abs(ea).max()) / scale}
+        r = {"state_bits": bits[0], "resid_bits": bits[1],
+             "state_diff": float((qa.view(np.int32) != qb.view(np.int32)).mean()),
+             "sum_dev": float(np.abs((qa + ea) - (qb + eb)).max()) / scale,
+             "resid_max": float(np.abs(ea).max()) / scale}
+        r["ok"] = (all(bits) if sc.kind == "conventional" else
+                   r["state_diff"] <= 0.01 and r["sum_dev"] <= r["resid_max"] / 8 + 1e-6)
+        out[n] = r
     return out

@@ -265,17 +265,15 @@ def _triton_cfg(family, device):
 def _triton_vs_torch(device):
     cfg = _triton_cfg("mamba2", device)
     c = compare(held_states("torch", cfg, device), held_states("triton", cfg, device), cfg)
-    for n, r in c.items():
-        assert r["state_bits"], n  # states: bit-equal (replay: after rounding)
-        if cfg.schemes[n].kind == "conventional":
-            assert r["resid_bits"], n
-        else:  # the fold's summation order: Q + E within the residual's own rounding
-            assert r["sum_dev"] <= r["resid_max"] / 64 + 1e-6, (n, r)
+    for n, r in c.items():  # conventional: bit-equal; replay: Q + E within E's rounding
+        assert r["ok"], (n, r)
+        assert r["resid_bits"] or cfg.schemes[n].kind != "conventional"
     cfg = _triton_cfg("gdn", device)
     ta = importlib.import_module("precsim.engines.triton").run(cfg, device, progress=False)
     tb = importlib.import_module("precsim.engines.torch").run(cfg, device, progress=False)
-    for r, s in zip(ta.rows, tb.rows, strict=True):
-        assert r["rel_err"] == pytest.approx(s["rel_err"], rel=2e-2), r["scheme"]
+    for r, s in zip(ta.rows, tb.rows, strict=True):  # FP32: its error is summation order
+        tol = 0.5 if s["rel_err"] < 1e-5 else 2e-2
+        assert r["rel_err"] == pytest.approx(s["rel_err"], rel=tol), r["scheme"]
 
 
 def test_triton_matches_torch_in_the_interpreter():
