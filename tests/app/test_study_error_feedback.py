@@ -27,7 +27,7 @@ def test_study_rows_table_csv_and_plot(tmp_path, capsys):
     cmd = st.command("nemotron3_super", {"heads": 1, "steps": 64, "seqs": 1}, tmp_path / "r",
                      "cpu")
     assert cmd[1:4] == ["-m", "precsim", "experiment=study_error_feedback"]
-    rc, out, err = run_main([*cmd[4:], "model.head_dim=8", "metrics.window=32",
+    rc, out, err = run_main([*cmd[3:], "model.head_dim=8", "metrics.window=32",
                              "metrics.vocab=32", "run.engine=torch"], capsys)
     assert rc == 0, err
     rows = st.rows_of("nemotron3_super", tmp_path / "r")
