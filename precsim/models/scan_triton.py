@@ -34,7 +34,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
     from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
     from precsim.kernels.rng import event_keys
 
-    from ..engines.triton import BUF_IDS, _launch, scheme_block, scheme_code
+    from ..engines.triton import BUF_IDS, _launch, ef_code, scheme_block, scheme_code
 
     fam = step.family
     T, b = step.shape
@@ -54,6 +54,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
         S64.copy_(step.state.reshape(SH, P, N))
     st = torch.zeros((len(schemes), SH, P, N), dtype=torch.float32, device=dev)
     rd = torch.zeros_like(st)
+    ef = torch.zeros_like(st)  # error feedback's residuals (untouched by schemes without it)
     keys = np.zeros((len(schemes), total), dtype=np.uint32)
     ev = np.arange(total, dtype=np.int64)
     k0 = 0
@@ -106,7 +107,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False):
                     y = torch.empty((1, n, SH, P), dtype=torch.float32, device=dev)
                     _launch(fam, inp, S64, st[i:i + 1], rd[i:i + 1], y64_none, y, k1[i:i + 1],
                             _i32(k0), [0], [codes[i]], False, t0, n, total, L, H, blocks[i], LB,
-                            nw, None, **kw)
+                            nw, None, ef=ef[i:i + 1], efs=ef_code(g.cfg), **kw)
                     y = y[0]
                 y = y.view(n, K, H, P)
                 if D is not None:
