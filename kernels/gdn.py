@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .codes import CODE_BITS as _CB
-from .quant import quantize, round_elem
+from .quant import quantize, round_elem, write_state
 
 
 @triton.jit
@@ -65,9 +65,10 @@ def _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, S
 
 
 @triton.jit
-def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-            ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, IDX: tl.constexpr,
-            CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr,
+def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr, y32_ptr,
+            k1_ptr, ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
+            IDX: tl.constexpr, CODE: tl.constexpr, EF: tl.constexpr, P: tl.constexpr,
+            NB: tl.constexpr, BLK: tl.constexpr,
             LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
             U_MASTER: tl.constexpr):
     """One scheme (``CODE`` as in ``mamba2._scheme``) on one head."""
@@ -97,6 +98,10 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
     yp = y32_ptr + IDX * ((YSTRIDE // P) * P)
     kp = k1_ptr + IDX * KSTRIDE
     S = tl.load(st + off3)  # state / checkpoint / master
+    if EF != 0:  # error feedback: the residual carried to the next write (format id EF - 1)
+        E = tl.load(ef_ptr + IDX * sst + base + off3)
+    else:
+        E = S
     if KIND == 2:
         R = tl.load(rd + off3)  # read copy
     else:
@@ -134,8 +139,8 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
             S_new = a * S + u[:, None, None] * k3[None, :, :]
             y = tl.sum(tl.sum(S_new * q3[None, :, :], axis=2), axis=1)
             k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-            S = quantize(S_new, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
-                         off3)
+            S, E = write_state(S_new, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
+                               base_hi, off3)
         else:
             ph = tl.load(ph_ptr + t0 + i)  # 4 j + flush + 2 (output from the fold)
             j = ph // 4
@@ -167,8 +172,8 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
                 if (ph & 2) != 0:
                     y = tl.sum(tl.sum(fold * q3[None, :, :], axis=2), axis=1)
                 k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-                S = quantize(fold, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
-                             off3)
+                S, E = write_state(fold, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
+                                   base_hi, off3)
                 if KIND == 2:
                     R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                                  off3)
@@ -179,18 +184,21 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_pt
     tl.store(st + off3, S)
     if KIND == 2:
         tl.store(rd + off3, R)
+    if EF != 0:
+        tl.store(ef_ptr + IDX * sst + base + off3, E)
 
 
 @triton.jit(do_not_specialize=["k0", "t0", "n_steps", "SHT", "YSTRIDE", "SSTRIDE", "KSTRIDE"])
 def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, st_ptr, rd_ptr,
-               y64_ptr, y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
+               ef_ptr, y64_ptr, y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, SHT, YSTRIDE, SSTRIDE,
+               KSTRIDE,
                P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, U_MASTER: tl.constexpr,
                ORDER: tl.constexpr,
-               CODES: tl.constexpr):
+               CODES: tl.constexpr, EFS: tl.constexpr = 0):
     """One launch window: grid (S*H, TRUTH + NSCH); grid column k runs slot
-    ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``)."""
+    ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``; ``EFS`` as there)."""
     sh = tl.program_id(0)
     # int64: 9 slots take 36 bits
     slot = ((tl.full([], ORDER, tl.int64) >> (4 * tl.program_id(1))) & 15).to(tl.int32)
@@ -200,16 +208,17 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
                    NB, BLK)
     for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
         if slot == TRUTH + k:
-            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE, k,
-                    (CODES // 1048576**k) % 1048576, P, NB, BLK, LB, BUF, SFLOOR, SCOPE,
+            _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr,
+                    y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE,
+                    KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64, P, NB, BLK,
+                    LB, BUF, SFLOOR, SCOPE,
                     U_MASTER)
 
 
 def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
            n: int, total: int, slots: list[int], codes: list[int], truth: bool, blk: int, LB: int,
            buf: int, sfloor: int, scope: int, order: int, u_master: bool, num_warps: int,
-           maxnreg: int | None = None):
+           maxnreg: int | None = None, ef=None, efs: int = 0):
     """One launch over steps ``[t0, t0+n)`` (see ``mamba2.launch``). Tensors: ``a64, a32, g32,
     beta (n, S*H)``, ``q, k (n, S, H, K)``, ``v (n, S, H, V)``, states ``(S*H, V, K)``."""
     SH, P, K = S64.shape
@@ -218,8 +227,10 @@ def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: i
     packed = sum(c << (_CB * j) for j, c in enumerate(codes))
     grid = (SH, int(truth) + len(slots))
     return gdn_window[grid](
-        a64, a32, g32, beta.reshape(n, SH), q, k, v, S64, st[i0:], rd[i0:], y64, y32[i0:],
+        a64, a32, g32, beta.reshape(n, SH), q, k, v, S64, st[i0:], rd[i0:],
+        (st if ef is None else ef)[i0:], y64, y32[i0:],
         k1[i0:, t0:], ph, k0, t0, n, SH, y32.stride(0), SH * P * K, total, P=P,
         NB=K // blk, BLK=blk, LB=LB, TRUTH=int(truth), NSCH=len(slots), BUF=buf, SFLOOR=sfloor,
-        SCOPE=scope, U_MASTER=int(u_master), ORDER=order, CODES=packed, num_warps=num_warps,
+        SCOPE=scope, U_MASTER=int(u_master), ORDER=order, CODES=packed, EFS=efs,
+        num_warps=num_warps,
         enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))

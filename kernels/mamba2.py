@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .codes import CODE_BITS as _CB
-from .quant import quantize, round_elem
+from .quant import quantize, round_elem, write_state
 
 
 @triton.jit
@@ -70,9 +70,10 @@ def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, 
 
 
 @triton.jit
-def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-            ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
-            IDX: tl.constexpr, CODE: tl.constexpr, P: tl.constexpr, NB: tl.constexpr,
+def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr, y32_ptr,
+            k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
+            IDX: tl.constexpr, CODE: tl.constexpr, EF: tl.constexpr, P: tl.constexpr,
+            NB: tl.constexpr,
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
             SCOPE: tl.constexpr):
     """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head."""
@@ -102,6 +103,10 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
     yp = y32_ptr + IDX * ((YSTRIDE // P) * P)
     kp = k1_ptr + IDX * KSTRIDE
     S = tl.load(st + off3)  # state / checkpoint / master
+    if EF != 0:  # error feedback: the residual carried to the next write (format id EF - 1)
+        E = tl.load(ef_ptr + IDX * sst + base + off3)
+    else:
+        E = S
     if KIND == 2:
         R = tl.load(rd + off3)  # read copy
     else:
@@ -137,8 +142,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
             S_new = a * S + (dt * x)[:, None, None] * B64.to(tl.float32)[None, :, :]
             y = tl.sum(tl.sum(S_new * C3[None, :, :], axis=2), axis=1)
             k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-            S = quantize(S_new, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
-                         off3)
+            S, E = write_state(S_new, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
+                               base_hi, off3)
         else:
             ph = tl.load(ph_ptr + t0 + i)  # 4 j + flush + 2 (output from the fold)
             j = ph // 4
@@ -162,8 +167,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
                 if (ph & 2) != 0:
                     y = tl.sum(tl.sum(fold * C3[None, :, :], axis=2), axis=1)
                 k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-                S = quantize(fold, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
-                             off3)
+                S, E = write_state(fold, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
+                                   base_hi, off3)
                 if KIND == 2:
                     R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
                                  off3)
@@ -174,18 +179,22 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_pt
     tl.store(st + off3, S)
     if KIND == 2:
         tl.store(rd + off3, R)
+    if EF != 0:
+        tl.store(ef_ptr + IDX * sst + base + off3, E)
 
 
 @triton.jit(do_not_specialize=["k0", "t0", "n_steps", "H", "REP", "G", "SHT", "SGT", "YSTRIDE",
                                "SSTRIDE", "KSTRIDE"])
 def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, st_ptr,
-                  rd_ptr, y64_ptr, y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, H, REP, G, SHT, SGT,
+                  rd_ptr, ef_ptr, y64_ptr, y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, H, REP, G,
+                  SHT, SGT,
                   YSTRIDE, SSTRIDE, KSTRIDE,
                   P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                   SFLOOR: tl.constexpr, SCOPE: tl.constexpr, ORDER: tl.constexpr,
-                  CODES: tl.constexpr):
+                  CODES: tl.constexpr, EFS: tl.constexpr = 0):
     """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout.
+    ``EFS = sum ef_k 64^k``: slot k's error-feedback residual format id + 1 (0: none).
 
     Grid column k runs slot ``(ORDER >> 4k) & 15``: the host puts the costliest slots first, so
     their programs are dispatched first and the cheap ones fill the SMs behind them (a shorter
@@ -200,18 +209,20 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                    SGT, P, NB, BLK)
     for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
         if slot == TRUTH + k:
-            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, y32_ptr, k1_ptr,
-                    ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE, k,
-                    (CODES // 1048576**k) % 1048576,
+            _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr,
+                    y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE,
+                    SSTRIDE, KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
 
 
 def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
            n: int, total: int, heads: int, slots: list[int], codes: list[int], truth: bool,
            blk: int, LB: int, buf: int, sfloor: int, scope: int, order: int, num_warps: int,
-           maxnreg: int | None = None):
+           maxnreg: int | None = None, ef=None, efs: int = 0):
     """One launch over steps ``[t0, t0+n)``: the truth (if ``truth``) and the schemes in storage
-    slots ``slots`` (contiguous, codes ``codes``). Tensors: ``dt, a64, a32, dA32 (n, S*H)``,
+    slots ``slots`` (contiguous, codes ``codes``; error feedback: residuals ``ef`` shaped as
+    ``st``, ``efs`` packed as ``mamba2_window``'s ``EFS``). Tensors:
+    ``dt, a64, a32, dA32 (n, S*H)``,
     ``x (n, S, H, P)``, ``B, C (n, S, G, N)``, states ``S64 (S*H, P, N)``,
     ``st, rd (k, S*H, P, N)``, outputs ``y64 (n, S*H, P)``, ``y32 (k, n, S*H, P)``, SR keys
     ``k1 (k, total)``, each step's place in its ReplaySSM segment ``ph (total,)`` int32
@@ -223,8 +234,10 @@ def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: in
     packed = sum(c << (_CB * k) for k, c in enumerate(codes))
     grid = (SH, int(truth) + len(slots))
     return mamba2_window[grid](
-        dt.reshape(n, -1), a64, a32, dA32, x, B, C, S64, st[i0:], rd[i0:], y64, y32[i0:],
+        dt.reshape(n, -1), a64, a32, dA32, x, B, C, S64, st[i0:], rd[i0:],
+        (st if ef is None else ef)[i0:], y64, y32[i0:],
         k1[i0:, t0:], ph, k0, t0, n, heads, heads // G, G, SH, (SH // heads) * G,
         y32.stride(0), SH * P * N, total, P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth),
         NSCH=len(slots), BUF=buf, SFLOOR=sfloor, SCOPE=scope, ORDER=order, CODES=packed,
-        num_warps=num_warps, enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))
+        EFS=efs, num_warps=num_warps, enable_fp_fusion=False,
+        **({"maxnreg": maxnreg} if maxnreg else {}))

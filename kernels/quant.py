@@ -250,6 +250,21 @@ def quantize(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.c
 
 
 @triton.jit
+def write_state(x, E, EF: tl.constexpr, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
+                OVF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo,
+                base_hi, off):
+    """The master's rounding after an update or a fold (``precsim.schemes.write_state``):
+    ``(Q(x), E)`` without error feedback (``EF == 0``), else ``X = x + E``,
+    ``(Q(X), Q_e,RNE(X - Q(X)))`` with the residual's format id ``EF - 1``."""
+    if EF != 0:
+        x = x + E
+    Q = quantize(x, F, RND, SRB, OVF, SFLOOR, SCOPE, k0, k1, base_lo, base_hi, off)
+    if EF != 0:
+        E = quantize(x - Q, EF - 1, 0, 0, OVF, SFLOOR, SCOPE, k0, k1, base_lo, base_hi, off)
+    return Q, E
+
+
+@triton.jit
 def _quantize_kernel(x_ptr, out_ptr, k0, k1, R: tl.constexpr, NB: tl.constexpr,
                      BLK: tl.constexpr, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
                      OVF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr):

@@ -125,7 +125,8 @@ the three main commands:
 
 groups: {groups}
 keys (see docs/): run.steps run.seqs run.seed run.out_dir model.heads replay.buffer_len
-  schemes.NAME.fmt|rounding|read_fmt metrics.window metrics.budget_metric metrics.budget ...
+  schemes.NAME.fmt|rounding|read_fmt|error_feedback metrics.window metrics.budget_metric
+  metrics.budget ...
 budget (default): metrics.budget_metric=rel_err metrics.budget=0.0625, i.e. the layer output's
   RMS error at the last step <= 1/16 of its RMS (output SNR >= 24 dB)
 

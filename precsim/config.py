@@ -53,7 +53,9 @@ class SchemeConfig:
     """One precision scheme (docs/design.md, "Schemes").
 
     conventional(fmt, rounding) | shared(fmt, rounding) | split(fmt=update format,
-    rounding=update rounding, read_fmt=read-copy format, always RNE).
+    rounding=update rounding, read_fmt=read-copy format, always RNE). ``error_feedback``: the
+    format of a per-element residual carried from each rounding of the state (every step, or
+    each flush) into the next one (``none``: off; docs/schemes.md, "Error feedback").
     """
 
     kind: str = "conventional"
@@ -62,6 +64,7 @@ class SchemeConfig:
     read_fmt: str | None = None
     sr_bits: int | None = None
     overflow: str = "satfinite"
+    error_feedback: str = "none"
     label: str | None = None
     # per-layer formats (whole-model mode, or a record directory's layers): layer index ->
     # format of the scheme's stored slot (fmt; split: read_fmt), "default" for every other layer
@@ -343,11 +346,13 @@ def validate(cfg: Config) -> None:
         elif s.read_fmt is not None:
             raise PrecsimError(f"{key}.read_fmt={s.read_fmt!r} is only valid for kind=split "
                                f"(this scheme is kind={s.kind})")
+        _check_ef(key, s, cfg.run.compute_dtype)
         if s.sr_bits is not None:
             check(1 <= s.sr_bits <= 32, f"{key}.sr_bits", s.sr_bits, "an integer 1..32")
         if s.layers is not None:
             _check_layers(key, s, m.path, w)
-        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt, *(s.layers or {}).values()) if f):
+        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt, ef_fmt(s), *(s.layers or {}).values())
+                   if f):
             if fo.kind == "block":
                 check(m.state_dim % fo.block == 0, "model.state_dim", m.state_dim,
                       f"a multiple of {fo.block} (the {fo.name} block, scheme {name})")
@@ -452,13 +457,30 @@ def _check_acceptance(r: ReplayConfig) -> None:
     r.acceptance = [float(v) for v in items] if isinstance(acc, list) else float(acc)
 
 
-def _check_fmt(key: str, name) -> None:
+def ef_fmt(s: SchemeConfig) -> str | None:
+    """The residual's format of a scheme with error feedback, else None."""
+    return None if s.error_feedback in (None, "none") else s.error_feedback
+
+
+def _check_ef(key: str, s: SchemeConfig, compute_dtype: str) -> None:
+    """``error_feedback``: none, or a format for the residual of a state that is rounded."""
+    ef = ef_fmt(s)
+    if ef is None:
+        return
+    _check_fmt(f"{key}.error_feedback", ef, "none, ")
+    if s.fmt == "fp64" or (s.fmt == "fp32" and compute_dtype == "fp32"):
+        raise PrecsimError(f"{key}.error_feedback={ef!r} with fmt={s.fmt!r}: the state is not "
+                           f"rounded at run.compute_dtype={compute_dtype}, so there is no "
+                           "residual; allowed: none, or a narrower fmt")
+
+
+def _check_fmt(key: str, name, also: str = "") -> None:
     from precsim import formats as pf
 
     try:
         f = pf.get(name)
     except pf.FormatError:
-        raise PrecsimError(f"{key}={name!r} is an unknown format; allowed: "
+        raise PrecsimError(f"{key}={name!r} is an unknown format; allowed: {also}"
                            f"{', '.join(pf.names())}") from None
     if f.name == "e8m0":
         raise PrecsimError(f"{key}={name!r} cannot hold a state (no sign, no zero); allowed: "

@@ -9,13 +9,16 @@ A per-layer scheme (``schemes.NAME.layers``) costs each layer at its own format:
 ``bytes_per_step`` is the mean over the SSM layers (still per head, comparable with a uniform
 scheme's), and ``bytes_per_token`` sums every SSM layer's heads (whole-model runs, where the
 layers are known; also given for uniform schemes there).
+
+Error feedback (a residual in F_e) adds its read and write at each rounding of the master:
+``2·B(F_e)`` per step (conventional), ``2·B(F_e)/L`` (ReplaySSM, once per flush).
 """
 
 from __future__ import annotations
 
 from precsim import formats as pf
 
-from .config import BUFFER_DTYPES, Config
+from .config import BUFFER_DTYPES, Config, ef_fmt
 
 BUFFER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
 assert set(BUFFER_BYTES) == set(BUFFER_DTYPES)
@@ -33,8 +36,10 @@ def buffer_entry_bytes(family: str, head_dim: int, state_dim: int, buffer_dtype:
 
 
 def scheme_cost(kind: str, fmt: str, read_fmt: str | None, *, family: str, head_dim: int,
-                state_dim: int, buffer_len: int, buffer_dtype: str = "fp32") -> dict:
-    """Bytes per decode step per head for one scheme (see the module docstring)."""
+                state_dim: int, buffer_len: int, buffer_dtype: str = "fp32",
+                error_feedback: str | None = None) -> dict:
+    """Bytes per decode step per head for one scheme (see the module docstring);
+    ``error_feedback``: the residual's format (None or ``none``: off)."""
     L = buffer_len
     b_upd = state_bytes(fmt, head_dim, state_dim)
     if kind == "conventional":
@@ -52,9 +57,13 @@ def scheme_cost(kind: str, fmt: str, read_fmt: str | None, *, family: str, head_
             transfers = 1.0 + 2.0 / L
         else:
             raise ValueError(f"kind={kind!r} is unknown; allowed: conventional, shared, split")
-    total = sr + sw + br + bw
+    rr = 0.0  # error feedback: the residual read and written at each rounding of the master
+    if error_feedback not in (None, "none"):
+        rr = state_bytes(error_feedback, head_dim, state_dim) / (1 if kind == "conventional" else L)
+    total = sr + sw + br + bw + 2 * rr
     base = 2 * state_bytes("fp32", head_dim, state_dim)
     return {"state_read": sr, "state_write": sw, "buffer_read": br, "buffer_write": bw,
+            "resid_read": rr, "resid_write": rr,
             "bytes_per_step": total, "state_transfers_per_step": transfers,
             "fraction_of_fp32": total / base, "roofline_speedup": base / total}
 
@@ -81,7 +90,8 @@ def scheme_costs(cfg: Config, schemes: dict | None = None, layers: list[int] | N
 
     def one(s):
         return scheme_cost(s.kind, s.fmt, s.read_fmt, family=m.family, head_dim=m.head_dim,
-                           state_dim=m.state_dim, buffer_len=L, buffer_dtype=r.buffer_dtype)
+                           state_dim=m.state_dim, buffer_len=L, buffer_dtype=r.buffer_dtype,
+                           error_feedback=ef_fmt(s))
 
     out = {}
     for name, s in (cfg.schemes if schemes is None else schemes).items():

@@ -58,6 +58,7 @@ def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: f
         rows=rows, per_step_rel_err=per_step or {},
         schemes={n: {"kind": s.kind, "label": s.label or describe(s), "dead_at": dead_at.get(n),
                      "fmt": s.fmt, "rounding": s.rounding, "read_fmt": s.read_fmt,
+                     "error_feedback": s.error_feedback,
                      **({"layers": dict(s.layers)} if s.layers is not None else {})}
                  for n, s in cfg.schemes.items()},
         engine=engine, device=str(device), wall_s=time.perf_counter() - t_start,

@@ -4,6 +4,9 @@
 * shared(F, R): checkpoint in F; output from checkpoint + buffer; Q_F,R(fold) at each flush.
 * split(F_upd, R_upd; F_read): master in F_upd and a read copy in F_read; output from the read
   copy + buffer; at a flush master <- Q_upd(fold of the master), read <- Q_read,RNE(master).
+* error feedback (any kind, ``error_feedback: F_e``): each rounding of the master adds the
+  residual E carried from the previous one and keeps the new one, ``X = x + E``,
+  ``master <- Q(X)``, ``E <- Q_e,RNE(X - Q(X))`` (:func:`write_state`); outputs are unchanged.
 
 A scheme advances over a *segment* (the positions between two flushes) and returns its outputs.
 Random bits for SR are keyed by (run seed, scheme name, event index, purpose), so a scheme's
@@ -19,9 +22,9 @@ import torch
 
 from precsim import formats as pf
 
-from .config import Config, SchemeConfig
+from .config import Config, SchemeConfig, ef_fmt
 
-UPDATE, READ = 0, 1
+UPDATE, READ, RESID = 0, 1, 2
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Scheme:
     tensor_scope: str
     state: torch.Tensor | None = None
     read: torch.Tensor | None = None
+    resid: torch.Tensor | None = None  # error feedback: the residual carried to the next write
     dead_at: int | None = None  # first step whose output was not finite
     events: int = 0
     extra: dict = field(default_factory=dict)
@@ -53,6 +57,11 @@ class Scheme:
     def init(self, shape, device, dtype) -> None:
         self.state = torch.zeros(shape, device=device, dtype=dtype)
         self.read = self.state
+        self.resid = torch.zeros_like(self.state)
+
+    def write(self, x: torch.Tensor) -> None:
+        """The master's rounding after an update or a fold (with error feedback if set)."""
+        self.state, self.resid = write_state(x, self.resid, self.cfg, self._q)
 
     def held(self) -> dict[str, torch.Tensor]:
         return {"state": self.state}
@@ -67,7 +76,7 @@ class Conventional(Scheme):
         for i in range(m):
             step = {k: v[i] for k, v in inp.items()}
             S_new, y = family.step(self.state, step)
-            self.state = self._q(S_new, self.cfg.fmt, self.cfg.rounding, UPDATE)
+            self.write(S_new)
             self.events += 1
             ys.append(y)
         return torch.stack(ys)
@@ -85,7 +94,7 @@ class Shared(Scheme):
         Y, fold = family.segment(self.read, self.state, inp, params, out_from_fold=out_from_fold,
                                  buffer_round=buffer_round, u_from_master=u_from_master)
         if flush:
-            self.state = self._q(fold, self.cfg.fmt, self.cfg.rounding, UPDATE)
+            self.write(fold)
             self.read = self.new_read()
             self.events += 1
         return Y
@@ -112,8 +121,21 @@ SCHEMES: dict[str, type[Scheme]] = {"conventional": Conventional, "shared": Shar
                                     "split": Split}
 
 
+def write_state(x, resid, sc: SchemeConfig, q):
+    """Round a master ``x`` (NumPy or torch) after an update or a fold, with
+    ``q(x, fmt, rounding, purpose)``: ``(Q(x), resid)``; with error feedback (``sc.error_feedback``
+    a format F_e) ``X = x + resid`` in the compute dtype, ``(Q(X), Q_F_e,RNE(X - Q(X)))``: the
+    rounding errors of successive writes telescope (their sum is minus the last residual)."""
+    ef = ef_fmt(sc)
+    if ef is None:
+        return q(x, sc.fmt, sc.rounding, UPDATE), resid
+    X = x + resid
+    Q = q(X, sc.fmt, sc.rounding, UPDATE)
+    return Q, q(X - Q, ef, "rne", RESID)
+
+
 def describe(s: SchemeConfig) -> str:
-    """Human label, e.g. ``split(fp16/sr + nvfp4 read)``."""
+    """Human label, e.g. ``split(fp16/sr + nvfp4 read)``, ``conventional(int8_b128 + ef fp16)``."""
     upd = f"{s.fmt}" + ("/sr" if s.rounding == "sr" else "")
     if s.layers is not None:  # the default, then the layers that differ from it
         from .config import layer_index, scheme_at, slot
@@ -126,6 +148,8 @@ def describe(s: SchemeConfig) -> str:
         extra = "; ".join(f"layer{'s' if len(ls) > 1 else ''} {_span(ls)}: {f}"
                           for f, ls in per.items())
         return describe(base)[:-1] + (f"; {extra})" if extra else ")")
+    if ef_fmt(s):
+        upd += f" + ef {s.error_feedback}"
     if s.kind == "split":
         return f"split({upd} update + {s.read_fmt} read)"
     return f"{s.kind}({upd})"

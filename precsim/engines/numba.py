@@ -37,7 +37,7 @@ from precsim import formats as pf
 from precsim.formats.rng import event_keys
 
 from ..checkpoint import Checkpoint, restore_acc
-from ..config import Config
+from ..config import Config, ef_fmt
 from ..families import decays
 from ..metrics import Accumulator, Readout
 from ..result import make_result
@@ -82,9 +82,9 @@ _EL = np.array([[0, 0, 0.0, 0], [7, -126, 3.3895313892515355e38, 1], [10, -14, 6
                 [3, -6, 448.0, 0], [2, -14, 57344.0, 1], [1, 0, 6.0, 0], [0, 0, 0.0, 0],
                 [0, 0, 0.0, 0], [0, 0, 0.0, 0], [0, 0, 127.0, 0], [0, 0, 32767.0, 0]],
                dtype=np.float64)
-# scheme code columns
-C_KIND, C_FMT, C_RND, C_BITS, C_IEEE, C_RFMT = range(6)
-NCODE = 6
+# scheme code columns (C_EF: the error-feedback residual's format, -1 without)
+C_KIND, C_FMT, C_RND, C_BITS, C_IEEE, C_RFMT, C_EF = range(7)
+NCODE = 7
 
 
 def available() -> bool:
@@ -131,12 +131,15 @@ def fmt_code(name: str) -> int:
 
 
 def scheme_codes(sc) -> np.ndarray:
-    """A SchemeConfig as the kernel's int row (kind, fmt, rounding, SR bits, ieee, read fmt)."""
+    """A SchemeConfig as the kernel's int row (kind, fmt, rounding, SR bits, ieee, read fmt,
+    error-feedback fmt or -1)."""
     sr = sc.rounding == "sr"
+    ef = ef_fmt(sc)
     return np.array([KINDS[sc.kind], fmt_code(sc.fmt), int(sr),
                      pf.sr_bits_used(sc.fmt, sc.sr_bits) if sr else 0,
                      int(sc.overflow == "ieee"),
-                     fmt_code(sc.read_fmt) if sc.kind == "split" else 0], dtype=np.int64)
+                     fmt_code(sc.read_fmt) if sc.kind == "split" else 0,
+                     fmt_code(ef) if ef else -1], dtype=np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,17 +611,31 @@ if numba is not None:
             _update(S, a64[i, sh], dt64[i, sh], x64[i, sh], B64[i, sh], C64[i, sh], y64[i, sh])
 
     @njit(cache=True, inline="always")
-    def _store(st, rd, code, key, k0, base, floor, scope_none, recip, el):
+    def _store(st, rd, ef, code, key, k0, base, floor, scope_none, recip, el):
         """Round a scheme's state after an update or a fold: the master in its format and
-        rounding (SR event key ``key``), then a split scheme's read copy from it (RNE)."""
+        rounding (SR event key ``key``), then a split scheme's read copy from it (RNE). With
+        error feedback (``ef`` the residual) first ``X = st + ef``, then ``ef = Q_e(X - Q(X))``
+        (RNE), as ``schemes.write_state``."""
+        fe = code[C_EF]
+        if fe >= 0:
+            X = st.reshape(st.size)
+            E = ef.reshape(ef.size)
+            for c in range(X.size):
+                X[c] = X[c] + E[c]
+                E[c] = X[c]
         _quant_in(st, code[C_FMT], code[C_RND] != 0, code[C_BITS], code[C_IEEE] != 0, floor,
                   scope_none, recip, base, k0, np.int64(key), el)
+        if fe >= 0:
+            for c in range(X.size):
+                E[c] = E[c] - X[c]
+            _quant_in(ef, fe, False, 0, code[C_IEEE] != 0, floor, scope_none, recip, base, 0, 0,
+                      el)
         if code[C_KIND] == 2:
             _quant(st, rd, code[C_RFMT], False, 0, False, floor, scope_none, recip, base, 0, 0,
                    el)
 
     @njit(cache=True)
-    def _scheme(st, rd, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, ph,
+    def _scheme(st, rd, ef, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, ph,
                 floor, scope_none, recip, el):
         """One scheme on one head over one window (which starts at a flush boundary); ``ph``:
         each step's place in its segment (``engines.base.segment_phase``)."""
@@ -632,7 +649,7 @@ if numba is not None:
             y = y32[i, sh]
             if kind == 0:
                 _update(st, a32[i, sh], dt32[i, sh], x32[i, sh], B32[i, sh], C32[i, sh], y)
-                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
             Cv = C32[i, sh]
             g = gam[i, sh]
@@ -649,7 +666,7 @@ if numba is not None:
                         row[n] = g * row[n] + fr[n]
                     if ph[i] & 2:
                         y[p] = _dot(row, Cv)
-                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 seg += 1
 
     @njit(cache=True, inline="always")
@@ -669,7 +686,7 @@ if numba is not None:
                                           k64[i, sh], q64[i, sh])
 
     @njit(cache=True)
-    def _scheme_gdn(st, rd, code, keys, k0, a32, b32, q32, k32, v32, gam, A, M, wl, y32, sh,
+    def _scheme_gdn(st, rd, ef, code, keys, k0, a32, b32, q32, k32, v32, gam, A, M, wl, y32, sh,
                     ph, floor, scope_none, recip, el, u_master):
         """One GDN scheme on one head over one window (which starts at a flush boundary):
         conventional schemes step and quantise every token; ReplaySSM schemes evaluate
@@ -693,7 +710,7 @@ if numba is not None:
             if kind == 0:
                 for p in range(V):
                     y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt)
-                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
             j = ph[i] >> 2
             g = gam[i, sh]
@@ -734,11 +751,11 @@ if numba is not None:
                         row[c] = g * row[c] + acc[c]
                     if ph[i] & 2:
                         y[p] = _dot(row, qt)
-                _store(st, rd, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 seg += 1
 
     @njit(cache=True, nogil=True)
-    def _task_gdn(task, S64, st, rd, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
+    def _task_gdn(task, S64, st, rd, ef, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
                   q32, k32, v32, gam, A, M, wl, y32, ph, floor, scope_none, recip, el, u_master):
         """:func:`_task` for Gated DeltaNet."""
         nt = st.shape[0] + 1
@@ -748,12 +765,13 @@ if numba is not None:
             _truth_gdn(S64[sh], a64, b64, q64, k64, v64, y64, sh)
         else:
             i = slot - 1
-            _scheme_gdn(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, b32, q32, k32, v32,
-                        gam, A, M, wl, y32[i], sh, ph, floor, scope_none, recip, el, u_master)
+            _scheme_gdn(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, b32, q32, k32,
+                        v32, gam, A, M, wl, y32[i], sh, ph, floor, scope_none, recip, el,
+                        u_master)
 
     @njit(cache=True, nogil=True)
-    def _task(task, S64, st, rd, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32, x32,
-              B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
+    def _task(task, S64, st, rd, ef, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32,
+              x32, B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
         """One task of a window, one (head, slot): ``task = sh * (ns + 1) + slot``, slot 0 the
         truth, slot i + 1 scheme i. Tasks write disjoint state and outputs, so threads run
         different tasks at once (nogil) and the result does not depend on who ran what."""
@@ -764,8 +782,8 @@ if numba is not None:
             _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
         else:
             i = slot - 1
-            _scheme(st[i, sh], rd[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32, C32, Yb,
-                    gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el)
+            _scheme(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32,
+                    C32, Yb, gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el)
 
     @njit(cache=True, nogil=True)
     def _row_stats(y32, y64, x64, x32, D64, D32, P, kl, err, s_ss, d, yh):
@@ -958,6 +976,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     S64 = np.zeros((SH, P, N))
     st = np.zeros((ns, SH, P, N), dtype=np.float32)
     rd = np.zeros_like(st)
+    # error feedback's residuals (empty matrices when no scheme has it)
+    ef = np.zeros((ns, SH, P, N) if (codes[:, C_EF] >= 0).any() else (ns, SH, 0, 0), np.float32)
     k0 = pf.stream_keys(cfg.run.seed, 0)[0]
     ev = np.arange(steps, dtype=np.int64)
     seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
@@ -1008,7 +1028,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                                     Sq, H)
         y64 = np.empty((n, SH, P))
         y32 = np.empty((ns, n, SH, P), dtype=np.float32)
-        args = (S64, st, rd, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
+        args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
                 np.exp(raw["dt"] * A64).reshape(n, SH),
                 np.ascontiguousarray(raw["dt"].reshape(n, SH)),
                 np.ascontiguousarray(raw["x"].reshape(n, SH, P)),
@@ -1036,7 +1056,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
 
         y64 = np.empty((n, SH, P))
         y32 = np.empty((ns, n, SH, P), dtype=np.float32)
-        args = (S64, st, rd, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
+        args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
                 flat(np.exp(raw["g"])), flat(raw["beta"]), flat(raw["q"], N), flat(raw["k"], N),
                 flat(raw["v"], P), y64, flat(dec["a"].numpy()), flat(f32["beta"].numpy()),
                 flat(f32["q"].numpy(), N), flat(f32["k"].numpy(), N), flat(f32["v"].numpy(), P),
@@ -1127,15 +1147,16 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     saved = ck.resume()
     if saved is not None:  # the arrays in place: every window's arguments refer to them
         t0, dead_at[:] = saved["pos"], saved["dead"]
-        for a, k in ((S64, "S64"), (st, "st"), (rd, "rd")):
-            a[...] = saved[k]
+        for a, k in ((S64, "S64"), (st, "st"), (rd, "rd"), (ef, "ef")):
+            a[...] = saved.get(k, a)
         restore_acc(acc, saved["acc"])
         ends = [e for e in ends if e > t0]
         if bar is not None:
             bar.update(t0)
 
     def whole(pos: int):  # the state when window ``pos`` is finished and the next not started
-        return lambda: {"pos": pos, "S64": S64, "st": st, "rd": rd, "dead": dead_at, "acc": acc,
+        return lambda: {"pos": pos, "S64": S64, "st": st, "rd": rd, "ef": ef, "dead": dead_at,
+                        "acc": acc,
                         "dead_at": {s.name: dead_at[i] for i, s in enumerate(schemes)}}
 
     first = slow_notice("compiling the fused CPU engine (the first run after an install; numba "

@@ -21,7 +21,7 @@ from ..config import Config
 from ..families import decays, get_family
 from ..metrics import Accumulator, Readout
 from ..result import Result, make_result
-from ..schemes import format_options, quantize_state
+from ..schemes import format_options, quantize_state, write_state
 from ..workload import expand_groups, make_workload
 from .base import buffer_rounder, flush_schedule, progress_bar, skip_to
 
@@ -39,6 +39,10 @@ class _Q:
 
     def __call__(self, S, fmt, rounding, event, purpose):
         return quantize_state(S, fmt, rounding, event=event, purpose=purpose, **self.kw)
+
+    def write(self, S, resid, sc, event):
+        """The master's rounding (error feedback: with the residual): ``(state, residual)``."""
+        return write_state(S, resid, sc, lambda x, f, r, p: self(x, f, r, event, p))
 
 
 def _out(S, c):
@@ -66,6 +70,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
     qs = {n: _Q(n, cfg, sc) for n, sc in cfg.schemes.items()}
     state = {n: np.zeros(shape, dt_) for n in names}
     read = {n: np.zeros(shape, dt_) for n in names}
+    resid = {n: np.zeros(shape, dt_) for n in names}  # error feedback's residuals
     events = dict.fromkeys(names, 0)
     buf: dict[str, list] = {n: [] for n in names}
     dead: dict[str, int | None] = dict.fromkeys(names)
@@ -86,13 +91,14 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
     if saved is not None:
         pos, S_ref, state, read, events, dead = (saved[k] for k in (
             "pos", "S_ref", "state", "read", "events", "dead_at"))
+        resid = saved.get("resid", resid)
         restore_acc(acc, saved["acc"])
         if bar is not None:
             bar.update(pos)
 
     def whole() -> dict:  # the state at a flush (every buffer empty)
         return {"pos": pos, "S_ref": S_ref, "state": state, "read": read, "events": events,
-                "dead_at": dead, "acc": acc}
+                "resid": resid, "dead_at": dead, "acc": acc}
 
     for m in skip_to(flush_schedule(cfg), pos):
         t64 = expand_groups(wl.chunk(pos, pos + m), H)
@@ -113,7 +119,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                     continue
                 if sc.kind == "conventional":
                     S_new, ys[n][i] = family.step(state[n], _at(inp, i))
-                    state[n] = qs[n](S_new, sc.fmt, sc.rounding, events[n], 0)
+                    state[n], resid[n] = qs[n].write(S_new, resid[n], sc, events[n])
                     events[n] += 1
                 else:
                     R = state[n] if sc.kind == "shared" else read[n]
@@ -123,7 +129,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                         if not spec:
                             c = inp["C"][i] if fam == "mamba2" else inp["q"][i]
                             ys[n][i] = _out(fold, c)
-                        state[n] = qs[n](fold, sc.fmt, sc.rounding, events[n], 0)
+                        state[n], resid[n] = qs[n].write(fold, resid[n], sc, events[n])
                         if sc.kind == "split":
                             read[n] = qs[n](state[n], sc.read_fmt, "rne", events[n], 1)
                         events[n] += 1

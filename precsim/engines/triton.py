@@ -25,7 +25,7 @@ import torch
 from precsim import formats as pf
 
 from ..checkpoint import Checkpoint, restore_acc
-from ..config import Config
+from ..config import Config, ef_fmt
 from ..errors import PrecsimError
 from ..families import decays, fast_exp32, get_family
 from ..metrics import DeviceAccumulator, Readout, kl_rows
@@ -57,11 +57,19 @@ def scheme_code(s) -> int:
                 pf.sr_bits_used(s.fmt, s.sr_bits) if rnd else 0)
 
 
+def ef_code(s) -> int:
+    """The kernels' error-feedback code of a SchemeConfig: its residual's format id + 1, 0 off."""
+    from precsim.kernels.quant import fmt_id
+
+    ef = ef_fmt(s)
+    return fmt_id(ef) + 1 if ef else 0
+
+
 def scheme_block(s) -> int:
     """Block size a scheme's tiles need (0: any); raises PrecsimError on two different blocks."""
     from precsim.kernels.quant import block_of
 
-    blocks = {block_of(f) for f in (s.fmt, s.read_fmt) if f} - {0}
+    blocks = {block_of(f) for f in (s.fmt, s.read_fmt, ef_fmt(s)) if f} - {0}
     if len(blocks) > 1:
         raise PrecsimError(f"scheme {s.kind}({s.fmt}, read {s.read_fmt}) mixes block sizes "
                            f"{sorted(blocks)}")
@@ -212,6 +220,10 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
     st = torch.zeros((max(ns, 1), SH, P, N), dtype=torch.float32, device=dev)
     rd = torch.zeros_like(st)
+    # error feedback's residuals; per launch group the slots' codes (kernels' EFS)
+    ef = torch.zeros_like(st) if any(ef_fmt(s.cfg) for s in schemes) else None
+    efs = [sum(ef_code(schemes[i].cfg) << (6 * k) for k, i in enumerate(idx))
+           for _, idx in groups]
     keys = np.zeros((max(ns, 1), steps), dtype=np.uint32)
     ev = np.arange(steps, dtype=np.int64)
     seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
@@ -346,9 +358,10 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     saved = ck.resume(dev)
     if saved is not None:  # the same batches as the uninterrupted run, from the saved one on
         T0, next_drift, drift_parts = saved["pos"], saved["next_drift"], saved["drift_parts"]
-        for t in ("S64", "st", "rd", "first_bad", "dead", "dead_at_dev"):
-            {"S64": S64, "st": st, "rd": rd, "first_bad": first_bad, "dead": dead,
-             "dead_at_dev": dead_at}[t].copy_(saved[t])
+        for t in ("S64", "st", "rd", "first_bad", "dead", "dead_at_dev", "ef"):
+            if t in saved and saved[t] is not None:
+                {"S64": S64, "st": st, "rd": rd, "first_bad": first_bad, "dead": dead,
+                 "dead_at_dev": dead_at, "ef": ef}[t].copy_(saved[t])
         restore_acc(acc, saved["acc"])
         batches = [b for b in batches if b[-1] > T0]
         if bar is not None:
@@ -372,7 +385,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         acc.to_host(dead_by_name)
 
     def whole() -> dict:  # after drain(): every launch and window metric before T0 done
-        return {"pos": T0, "S64": S64, "st": st, "rd": rd, "first_bad": first_bad, "dead": dead,
+        return {"pos": T0, "S64": S64, "st": st, "rd": rd, "ef": ef, "first_bad": first_bad,
+                "dead": dead,
                 "dead_at_dev": dead_at, "drift_parts": list(drift_parts),
                 "next_drift": next_drift, "acc": acc, "dead_at": dead_map(),
                 "finish": lambda: close_metrics(dead_map())}
@@ -481,7 +495,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                         kern[gi] = _launch(family.name, win, S64, st, rd, y64[a:b], y32[:, a:b],
                                            k1, ph, _i32(k0), [slot[i] for i in idx],
                                            [codes[i] for i in idx], gi == 0, t0, n, steps, H,
-                                           blk, LB, nw, maxnreg, **launch_kw)
+                                           blk, LB, nw, maxnreg, ef=ef, efs=efs[gi],
+                                           **launch_kw)
                 if c0 is not None:
                     compile_s = time.perf_counter() - c0
                 if pre is not None and t0 == T0 and bi + 1 < len(batches):
@@ -579,14 +594,15 @@ def _readout(width: int, vocab: int, scale: float, dev) -> Readout:
 
 
 def _launch(fam, inp, S64, st, rd, y64, y32, k1, ph, k0, idx, codes, truth, t0, n, steps, H,
-            blk, LB, nw, maxnreg, *, lpt, buf, sfloor, scope, u_master, kernels, order):
+            blk, LB, nw, maxnreg, *, lpt, buf, sfloor, scope, u_master, kernels, order, ef=None,
+            efs=0):
     """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
     (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
     N = S64.shape[2]
     common = dict(S64=S64, st=st, rd=rd, y64=y64, y32=y32, k1=k1, ph=ph, k0=k0, t0=t0, n=n,
                   total=steps, slots=idx, codes=list(codes), truth=truth, blk=blk or min(16, N),
                   LB=LB, buf=buf, sfloor=sfloor, scope=scope, order=order(truth, list(codes), lpt),
-                  num_warps=nw, maxnreg=maxnreg)
+                  num_warps=nw, maxnreg=maxnreg, ef=ef, efs=efs)
     m2, gdn = kernels
     if fam == "mamba2":
         return m2.launch(dt=inp["dt"], a64=inp["_a64"], a32=inp["_a32"], dA32=inp["_dA32"],

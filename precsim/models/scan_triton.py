@@ -35,7 +35,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     from precsim.kernels.rng import event_keys
 
     from ..engines.base import segment_phase
-    from ..engines.triton import BUF_IDS, _launch, scheme_block, scheme_code
+    from ..engines.triton import BUF_IDS, _launch, ef_code, scheme_block, scheme_code
 
     fam = step.family
     T, b = step.shape
@@ -54,13 +54,15 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     blocks = [scheme_block(sc) or min(16, N) for sc in at]
     kept = chunks.layers.get(step.layer) if chunks is not None else None
     if kept is not None:  # the previous chunk's states and SR keys
-        S64, st, rd, k1, k0, ph = (kept[k] for k in ("S64", "st", "rd", "k1", "k0", "ph"))
+        S64, st, rd, ef, k1, k0, ph = (kept[k] for k in ("S64", "st", "rd", "ef", "k1", "k0",
+                                                           "ph"))
     else:
         S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
         if carry and step.state is not None:
             S64.copy_(step.state.reshape(SH, P, N))
         st = torch.zeros((len(schemes), SH, P, N), dtype=torch.float32, device=dev)
         rd = torch.zeros_like(st)
+        ef = torch.zeros_like(st)  # error feedback's residuals (untouched by schemes without it)
         keys = np.zeros((len(schemes), total), dtype=np.uint32)
         ev = np.arange(total, dtype=np.int64)
         k0 = 0
@@ -72,8 +74,8 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
         ends = np.unique(np.minimum(np.arange(L, total + L, L), total))  # a flush every L
         ph = torch.from_numpy(segment_phase(ends, total, True)).to(dev)
         if chunks is not None:
-            chunks.layers[step.layer] = {"S64": S64, "st": st, "rd": rd, "k1": k1, "k0": k0,
-                                         "ph": ph}
+            chunks.layers[step.layer] = {"S64": S64, "st": st, "rd": rd, "ef": ef, "k1": k1,
+                                         "k0": k0, "ph": ph}
     params = {k: v.to(device=dev, dtype=torch.float64) for k, v in step.const.items()}
     D = params.get("D")
     nw = 4 if P * N <= 8192 else 8
@@ -118,7 +120,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                     y = torch.empty((1, n, SH, P), dtype=torch.float32, device=dev)
                     _launch(fam, inp, S64, st[i:i + 1], rd[i:i + 1], y64_none, y, k1[i:i + 1],
                             ph, _i32(k0), [0], [codes[i]], False, off + t0, n, total, H,
-                            blocks[i], LB, nw, None, **kw)
+                            blocks[i], LB, nw, None, ef=ef[i:i + 1], efs=ef_code(at[i]), **kw)
                     y = y[0]
                 y = y.view(n, K, H, P)
                 if D is not None:

@@ -58,16 +58,19 @@ def test_engines_preset(model, family):
     cfg = to_config(_compose(["experiment=engines"] + ([f"model={model}"] if model else [])))
     assert cfg.model.family == family and cfg.run.steps == 32768
     assert cfg.model.name == (model or "nemotron3_super") and cfg.replay.buffer_len == 16
-    got = {(s.kind, s.fmt, s.rounding, s.read_fmt) for s in cfg.schemes.values()}
-    want = {("conventional", "fp32", "rne", None), ("shared", "fp16", "sr", None),
-            ("split", "fp32", "rne", "nvfp4")} | {
-        ("conventional", f, r, None) for f in ("fp16", "bf16", "int8_b128", "fp8_e4m3_b128")
-        for r in ("rne", "sr")}
+    got = {(s.kind, s.fmt, s.rounding, s.read_fmt, s.error_feedback)
+           for s in cfg.schemes.values()}
+    want = {("conventional", "fp32", "rne", None, "none"), ("shared", "fp16", "sr", None, "none"),
+            ("split", "fp32", "rne", "nvfp4", "none")} | {
+        ("conventional", f, r, None, "none") for f in ("fp16", "bf16", "int8_b128",
+                                                       "fp8_e4m3_b128") for r in ("rne", "sr")
+    } | {("conventional", f, "rne", None, f) for f in ("int8_b128", "fp8_e4m3_b128")}  # EF
     assert got == want and len(cfg.schemes) == len(want)
     assert cfg.schemes["shared_fp16_sr"].label == "ReplaySSM L=16 FP16-SR"
     for s in cfg.schemes.values():
-        block = getattr(pf.get(s.fmt), "block", None)
-        assert block is None or cfg.model.state_dim % block == 0
+        for f in {s.fmt, s.error_feedback} - {"none"}:
+            block = getattr(pf.get(f), "block", None)
+            assert block is None or cfg.model.state_dim % block == 0
     assert unsupported_reason(cfg) is None  # the kernels hold row-scaled formats too
 
 

@@ -69,8 +69,10 @@ def test_engine_resumes_bit_identically(engine, family, tmp_path, monkeypatch):
         pytest.skip("numba is not installed")
     dev = "cuda" if engine == "triton" and torch.cuda.is_available() else "cpu"
     schemes = {"c32": {"kind": "conventional", "fmt": "fp32"},
-               "sh": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
-               "sp": {"kind": "split", "fmt": "fp16", "rounding": "sr", "read_fmt": "fp8_e4m3"}}
+               "sh": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr",
+                      "error_feedback": "bf16"},  # the residual is saved and restored too
+               "sp": {"kind": "split", "fmt": "fp16", "rounding": "sr", "read_fmt": "fp8_e4m3"},
+               "ef": {"kind": "conventional", "fmt": "int8_b16", "error_feedback": "fp8_e4m3"}}
     cfg = to_config(tiny_cfg(family, steps=256, schemes=schemes, run__seqs=2, metrics__window=8,
                              run__engine=engine, replay__buffer_len=8, model__head_dim=16))
     ref = mod.run(cfg, dev, progress=False)
