@@ -80,28 +80,35 @@ def is_validation(rel: str) -> bool:
     return int(hashlib.sha256(rel.encode()).hexdigest(), 16) % VAL_MOD == 0
 
 
+def documents(root: Path | None = None, split: str | None = None):
+    """``(relative path, split, token ids)`` of each stdlib file in order (BOS, then its bytes);
+    only ``split`` ("train" or "val") when given."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    for f in stdlib_files(root):
+        rel = f.relative_to(root).as_posix()
+        s = "val" if is_validation(rel) else "train"
+        if split in (None, s):
+            data = f.read_bytes()
+            yield rel, s, np.concatenate([[BOS], np.frombuffer(data, np.uint8)]).astype(np.int64)
+
+
 def corpus(root: Path | None = None) -> dict:
-    """Train and validation token streams (``np.int64``; BOS before each file) and a summary."""
+    """Train and validation token streams (``np.int64``) and a summary of the corpus."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
     parts: dict[str, list] = {"train": [], "val": []}
     digest = hashlib.sha256()
-    nbytes = {"train": 0, "val": 0}
-    for f in stdlib_files(root):
-        rel = f.relative_to(root).as_posix()
-        data = f.read_bytes()
-        digest.update(rel.encode() + b"\0" + data)
-        split = "val" if is_validation(rel) else "train"
-        parts[split].append(np.concatenate([[BOS], np.frombuffer(data, np.uint8)]))
-        nbytes[split] += len(data)
+    for rel, split, ids in documents(root):
+        digest.update(rel.encode() + b"\0" + ids[1:].astype(np.uint8).tobytes())
+        parts[split].append(ids)
     if not parts["train"] or not parts["val"]:
         sys.exit(f"train.py: error: the stdlib at {root} has too few *.py files for a split")
-    streams = {k: np.concatenate(v).astype(np.int64) for k, v in parts.items()}
+    nbytes = {k: sum(len(d) - 1 for d in v) for k, v in parts.items()}
     info = {"root": str(root), "python": platform.python_version(),
             "files": {k: len(v) for k, v in parts.items()}, "bytes": nbytes,
             "total_bytes": sum(nbytes.values()), "sha256": digest.hexdigest()[:16],
             "split": f"validation when sha256(relative path) % {VAL_MOD} == 0",
             "skipped_folders": sorted(SKIP_PARTS)}
-    return {"train": streams["train"], "val": streams["val"], "info": info}
+    return {**{k: np.concatenate(v) for k, v in parts.items()}, "info": info}
 
 
 def unigram_baseline(train: np.ndarray, val: np.ndarray) -> float:
