@@ -421,7 +421,7 @@ def train_one(name: str, args, data: dict, device, out: Path) -> dict:
         "train_curve": curve, "val_curve": vcurve,
         "half_life": {"unit": "tokens; per head, the median over the measured tokens",
                       "tokens_measured": int(hl_win[:, 1:].numel()), "trained": hl,
-                      "init": init_hl},
+                      "init": init_hl, "change": change(init_hl, hl)},
     }
     (folder / "train_log.json").write_text(json.dumps(log, indent=1, default=float) + "\n")
     s, si = hl["summary"], init_hl["summary"]
@@ -433,7 +433,19 @@ def train_one(name: str, args, data: dict, device, out: Path) -> dict:
           f"vs init {si['median']:.3g} (p10 {si['p10']:.3g}, p90 {si['p90']:.3g}, max "
           f"{si['max']:.3g}); heads over 100 tokens {s['frac_over_100']:.0%} vs "
           f"{si['frac_over_100']:.0%}", flush=True)
+    c = log["half_life"]["change"]
+    print(f"[{name}] trained vs init, per head: median log2 ratio {c['median_log2_ratio']:+.2f}; "
+          f"{c['heads_2x_longer']:.0%} of heads remember 2x longer or more, "
+          f"{c['heads_2x_shorter']:.0%} 2x shorter or more", flush=True)
     return log
+
+
+def change(init: dict, trained: dict) -> dict:
+    """How training moved each head's half-life: log2(trained / init) per head, summarised."""
+    r = np.log2([t / i for k in trained["per_layer"]
+                 for t, i in zip(trained["per_layer"][k], init["per_layer"][k], strict=True)])
+    return {"median_log2_ratio": float(np.median(r)), "heads_2x_longer": float((r >= 1).mean()),
+            "heads_2x_shorter": float((r <= -1).mean())}
 
 
 def plot(logs: list[dict], path: Path) -> None:
