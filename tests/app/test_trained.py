@@ -100,8 +100,8 @@ def test_recorded_heads_memory_differs_from_init_as_logged(name, val_ids, tmp_pa
 def test_validation_loss_below_the_logged_unigram_baseline(name, val_ids):
     ckpt, log = checkpoint(name)
     model, _ = load_model(ckpt, "cpu", "float32")
-    ctx = 256
-    starts = np.linspace(0, len(val_ids) - ctx - 1, 4).astype(np.int64)
+    ctx = 256  # two windows: transformers 5.17's Mamba-2 scan takes ~2 s per window here
+    starts = np.linspace(0, len(val_ids) - ctx - 1, 2).astype(np.int64)
     x = torch.as_tensor(np.stack([val_ids[s:s + ctx + 1] for s in starts]))
     with torch.no_grad():
         logits = model(x[:, :-1], use_cache=False).logits
