@@ -481,7 +481,8 @@ def _explain_missing_scheme(e: Exception, overrides: list[str]) -> None:
     if not m:
         return
     name = m.group(2)
-    rest = [o for o in overrides if not o.lstrip("+~").startswith(f"schemes.{name}.")]
+    rest = [o for o in overrides
+            if not o.lstrip("+~").startswith((f"schemes.{name}.", f"schemes.{name}="))]
     try:
         with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
             have = list(compose(config_name="config", overrides=rest).schemes)
@@ -494,8 +495,9 @@ def _explain_missing_scheme(e: Exception, overrides: list[str]) -> None:
                      and name in (yaml.safe_load(p.read_text()) or {}))
     where = (f"; schemes={presets[0]} defines it (add schemes={presets[0]} before "
              f"{m.group(1)})" if presets else
-             f"; to add a scheme give all of it: 'schemes.{name}={{kind: split, fmt: fp32, "
-             "read_fmt: nvfp4}'")
+             "; a scheme of your own: schemes=single and schemes.candidate.KEY=VALUE (the "
+             "preset's one scheme beside FP32), or replace them all: '~schemes' "
+             f"'+schemes={{{name}: {{kind: split, fmt: fp32, read_fmt: nvfp4}}}}'")
     raise PrecsimError(f"unknown scheme schemes.{name} in {m.group(1)}; this config's schemes "
                        f"are: {', '.join(have) or '?'}{where}") from None
 

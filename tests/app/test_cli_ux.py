@@ -192,3 +192,21 @@ def test_report_help_is_plain_text(capsys):
         report.main(["--help"])
     text = capsys.readouterr().out
     assert "``" not in text and "--metric" in text and "relative RMS error" in text
+
+
+@pytest.mark.parametrize("arg", ["schemes.mine={kind: split, fmt: fp32, read_fmt: nvfp4}",
+                                 "schemes.mine.fmt=fp16"])
+def test_a_new_scheme_error_suggests_commands_that_run(arg, tmp_path, capsys):
+    """Adding a scheme the preset lacks: the one-line error names the preset's schemes and
+    suggests forms that work (a typed Dict[str, SchemeConfig] takes no new key by override);
+    both suggestions then run."""
+    import shlex
+
+    rc, _, err = _run([*TINY, arg, f"hydra.run.dir={tmp_path / 'bad'}"], capsys)
+    _one_line(rc, err, "conventional_fp32, shared_nvfp4_sr, split_fp32_nvfp4", "schemes=single")
+    replace = shlex.split(err[0].split("replace them all: ", 1)[1])
+    assert replace[0] == "~schemes" and replace[1].startswith("+schemes={mine:")
+    for i, extra in enumerate((replace, ["schemes=single", "schemes.candidate.kind=split",
+                                         "schemes.candidate.read_fmt=nvfp4"])):
+        rc, out, err = _run([*TINY, *extra, f"hydra.run.dir={tmp_path / str(i)}"], capsys)
+        assert rc == 0, err
