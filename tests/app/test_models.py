@@ -522,14 +522,16 @@ def test_whole_model_interrupt_and_resume_through_the_command_line(kl_ckpt, tmp_
     import sys
 
     out = tmp_path / "run"
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 96, 48))
     args = [sys.executable, "-m", "precsim", "experiment=model_kl",
-            f"model.path={kl_ckpt['Mamba2ForCausalLM']}", "run.steps=48", "model.chunk=16",
+            f"model.path={kl_ckpt['Mamba2ForCausalLM']}", f"model.ids={tmp_path / 'ids.npy'}",
+            "run.steps=48", "model.chunk=16",
             "replay.buffer_len=8", "metrics.window=8", "run.progress=false",
             f"hydra.run.dir={out}"]
     env = {**os.environ, "MPLBACKEND": "Agg", "PRECSIM_SIGNAL_AT": "SIGINT@10"}
     r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 130, r.stderr[-3000:]
-    lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("precsim: generating")]
+    lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "interrupted (SIGINT) at step 16" in lines[0] and "resume: python -m precsim" in lines[0]
     assert json.loads((out / "summary.json").read_text())["complete"] is False
