@@ -38,6 +38,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _window_rows(fam, cfg, device, run_triton, run_torch) -> list[dict]:
+    """Each scheme's largest relative difference of window rel_err, Triton against torch."""
+    a = run_triton(cfg, device, progress=False)
+    b = run_torch(cfg, device, progress=False)
+    assert a.engine == "triton", a.info.get("triton_fallback")
+    worst: dict = {}
+    for ra, rb in zip(a.rows, b.rows, strict=True):
+        d = abs(ra["rel_err"] / rb["rel_err"] - 1) if rb["rel_err"] > 0 else 0.0
+        if rb["rel_err"] < 1e-5:  # FP32: the error is the summation order itself
+            d *= 0.04
+        worst[ra["scheme"]] = max(worst.get(ra["scheme"], 0.0), d)
+    return [{"family": fam, "scheme": n, "check": "rel_err within 2% of torch (FP32 50%)",
+             "value": v, "ok": v <= 0.02} for n, v in worst.items()]
+
+
 def check(device: str, smoke: bool) -> list[dict]:
     """Part 1: Triton vs torch on ``device`` (rows of check_ef.csv)."""
     import yaml
@@ -68,18 +83,13 @@ def check(device: str, smoke: bool) -> list[dict]:
                 rows.append({"family": fam, "scheme": n, "check": "state and residual bits"
                              if conv else "Q+E within E's rounding", "value": r["sum_dev"],
                              "ok": bool(r["ok"])})
+            # beside it, what the GDN rows gate on (on the H200 the ReplaySSM rows failed the
+            # strict rule above, ReplaySSM INT8 SR without a residual included): reported, so a
+            # rerun shows whether the windows' errors agree
+            rows += [{**row, "ok": True, "check": f"{row['check']} (reported, not gated)"}
+                     for row in _window_rows(fam, cfg, device, run_triton, run_torch)]
         else:
-            a = run_triton(cfg, device, progress=False)
-            b = run_torch(cfg, device, progress=False)
-            assert a.engine == "triton", a.info.get("triton_fallback")
-            worst: dict = {}
-            for ra, rb in zip(a.rows, b.rows, strict=True):
-                d = abs(ra["rel_err"] / rb["rel_err"] - 1) if rb["rel_err"] > 0 else 0.0
-                if rb["rel_err"] < 1e-5:  # FP32: the error is the summation order itself
-                    d *= 0.04
-                worst[ra["scheme"]] = max(worst.get(ra["scheme"], 0.0), d)
-            rows += [{"family": fam, "scheme": n, "check": "rel_err within 2% of torch "
-                      "(FP32 50%)", "value": v, "ok": v <= 0.02} for n, v in worst.items()]
+            rows += _window_rows(fam, cfg, device, run_triton, run_torch)
         print(f"check {fam}: {time.perf_counter() - t0:.1f} s", flush=True)
     return rows
 
