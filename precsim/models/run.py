@@ -112,16 +112,15 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     ids, source = documents(model, tok, n_docs=cfg.run.seqs, n_tokens=cfg.run.steps,
                             text=m.text, ids=m.ids, prompt=m.prompt)
     m.family, m.heads, m.head_dim, m.state_dim = layer_shape(model)  # the cost model's bytes
+    every = every_layer_scheme(cfg, layers, also)
     backend, why = "torch", None
     if m.mode == "parallel" and compute == torch.float32:
-        backend = backend_for(every_layer_scheme(cfg, layers, also), dev)
-    why = None
+        backend = backend_for(every, dev)
     if dev == "cuda" and backend == "torch":  # say why the kernels do not run it
         from ..engines import triton as tri
 
         why = "float64 compute" if compute != torch.float32 else (
-            "model.mode=decode" if m.mode != "parallel"
-            else tri.supports(every_layer_scheme(cfg, layers, also), dev))
+            "model.mode=decode" if m.mode != "parallel" else tri.supports(every, dev))
     return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start, why)
 
 
