@@ -80,3 +80,12 @@ def row_dist(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def rel_ratio(d: np.ndarray, rn: np.ndarray) -> np.ndarray:
     """``d / rn`` where the reference's norm ``rn`` is positive; else 0 (no error) or inf."""
     return np.where(rn > 0, d / np.where(rn > 0, rn, 1.0), np.where(d > 0, np.inf, 0.0))
+
+
+def result_rows(tok: dict, groups, window: int, n: int) -> dict:
+    """The ``rows`` and ``per_step`` (``NAME`` logits error, ``NAME:kl``, ``NAME:top1``, shape
+    ``(n, K)``) of a whole-model run's first ``n`` positions, as ``make_result`` takes them."""
+    part = {g.name: {k: v[:, :n] for k, v in tok[g.name].items()} for g in groups[1:]}
+    per_step = {(g.name if key == "rel" else f"{g.name}:{key}"): part[g.name][key].T
+                for g in groups[1:] for key in ("rel", "kl", "top1")}
+    return {"rows": window_rows(part, groups, window, n), "per_step": per_step}

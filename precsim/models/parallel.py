@@ -20,7 +20,7 @@ import torch
 
 from .hook import Hook
 from .load import base_and_head
-from .metrics import token_metrics
+from .metrics import result_rows, token_metrics
 from .scan import Chunks, scan
 
 
@@ -93,7 +93,7 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
         return {"pos": pos, "cache": cache, "out": out, "layers": chunks.layers,
                 "groups": [vars(g) for g in groups],
                 "dead_at": {g.name: g.dead_at for g in groups[1:]},
-                **partial_rows(out, groups, cfg, pos)}
+                **result_rows(out, groups, cfg.metrics.window, pos)}
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with torch.no_grad(), Hook(model, handler):
@@ -127,15 +127,3 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             ck.window(pos, state)
     phases["forward_s"], phases["head_s"] = (round(phases[k], 3) for k in ("forward_s", "head_s"))
     return out
-
-
-def partial_rows(out: dict, groups, cfg, pos: int) -> dict:
-    """The ``rows`` and ``per_step`` of the first ``pos`` positions (a partial result)."""
-    from .metrics import window_rows
-
-    part = {n: {k: v[:, :pos] for k, v in d.items()} for n, d in out.items()}
-    per_step = {}
-    for g in groups[1:]:
-        for key in ("rel", "kl", "top1"):
-            per_step[g.name if key == "rel" else f"{g.name}:{key}"] = part[g.name][key].T
-    return {"rows": window_rows(part, groups, cfg.metrics.window, pos), "per_step": per_step}

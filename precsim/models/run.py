@@ -18,7 +18,7 @@ import torch
 
 from ..errors import PrecsimError
 from .load import documents, load_model, ssm_layers
-from .metrics import first_flips, window_rows
+from .metrics import first_flips, result_rows
 from .scan import REFERENCE, Group
 
 MODES = ("parallel", "decode")
@@ -167,11 +167,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     run_s = time.perf_counter() - t_run
     if bar is not None:
         bar.close()
-    rows = window_rows(tok_m, groups, cfg.metrics.window, N)
-    per_step = {}
-    for g in groups[1:]:
-        for key in ("rel", "kl", "top1"):
-            per_step[g.name if key == "rel" else f"{g.name}:{key}"] = tok_m[g.name][key].T
+    res = result_rows(tok_m, groups, cfg.metrics.window, N)
     name = type(model).__name__
     mdtype = next(model.parameters()).dtype
     info = {"workload": "model", "model_path": str(m.path), "model_class": name,
@@ -188,4 +184,4 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
                      f"L={cfg.replay.buffer_len}"}
     return make_result(cfg, None, {g.name: g.dead_at for g in groups[1:]},
                        engine=f"model/{ld.backend}", device=ld.device, t_start=ld.t_start,
-                       info=info, rows=rows, per_step=per_step, steps=N)
+                       info=info, **res, steps=N)
