@@ -55,7 +55,8 @@ class Chunks:
     """A whole-model run in chunks of positions: each SSM layer's per-group state (the scheme
     objects on the torch backend, the kernels' state tensors on the Triton one) lives here from
     one chunk's forward pass to the next. ``offset``: the current chunk's first position (a
-    whole number of segments and metric windows); ``horizon``: the run's positions."""
+    whole number of ReplaySSM segments, of launch windows on Triton); ``horizon``: the run's
+    positions."""
 
     horizon: int
     offset: int = 0
