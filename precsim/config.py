@@ -351,11 +351,28 @@ def validate(cfg: Config) -> None:
             check(1 <= s.sr_bits <= 32, f"{key}.sr_bits", s.sr_bits, "an integer 1..32")
         if s.layers is not None:
             _check_layers(key, s, m.path, w)
-        for fo in (pf.get(f) for f in (s.fmt, s.read_fmt, ef_fmt(s), *(s.layers or {}).values())
-                   if f):
-            if fo.kind == "block":
-                check(m.state_dim % fo.block == 0, "model.state_dim", m.state_dim,
+    if m.path is None:
+        check_blocks(cfg, m.state_dim)
+
+
+def check_blocks(cfg: Config, dim: int, source: str | None = None) -> None:
+    """Every block format of every scheme divides the state's last axis (``dim``): the
+    config's ``model.state_dim``, or (``source``) a checkpoint's, where the format is to blame."""
+    from precsim import formats as pf
+
+    for name, s in cfg.schemes.items():
+        for key, f in (("fmt", s.fmt), ("read_fmt", s.read_fmt), ("error_feedback", ef_fmt(s)),
+                       *((f"layers.{k}", v) for k, v in (s.layers or {}).items())):
+            fo = pf.get(f) if f else None
+            if fo is None or fo.kind != "block" or dim % fo.block == 0:
+                continue
+            if source is None:
+                check(False, "model.state_dim", dim,
                       f"a multiple of {fo.block} (the {fo.name} block, scheme {name})")
+            hint = (f"a block size dividing {dim} (e.g. {fo.name.rsplit('_b', 1)[0]}_b{dim})"
+                    if "_b" in fo.name else f"a format whose block divides {dim}")
+            raise PrecsimError(f"schemes.{name}.{key}={f!r}: its block of {fo.block} does not "
+                               f"divide the state's last axis, {dim} ({source}); allowed: {hint}")
 
 
 def _check_per_layer(cfg: Config) -> None:

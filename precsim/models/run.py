@@ -83,7 +83,7 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     """Check ``cfg`` against its checkpoint, load it and its documents, pick the scan backend
     for its schemes and ``also`` (one-line PrecsimErrors: a mode, a per-layer map's layer the
     model lacks, ...)."""
-    from ..config import check_layers_exist
+    from ..config import check_blocks, check_layers_exist
 
     t_start = time.perf_counter()
     m = cfg.model
@@ -112,6 +112,7 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     ids, source = documents(model, tok, n_docs=cfg.run.seqs, n_tokens=cfg.run.steps,
                             text=m.text, ids=m.ids, prompt=m.prompt)
     m.family, m.heads, m.head_dim, m.state_dim = layer_shape(model)  # the cost model's bytes
+    check_blocks(cfg, m.state_dim, f"state_dim of {type(model).__name__} at {m.path}")
     every = every_layer_scheme(cfg, layers, also)
     backend, why = "torch", None
     if m.mode == "parallel" and compute == torch.float32:

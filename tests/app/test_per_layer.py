@@ -224,6 +224,12 @@ def test_per_layer_bad_inputs_are_one_line(ckpts, tmp_path, capsys):
           per_layer__formats=["fp16"])
     fails({"s": SPLIT}, r"metrics.budget_metric='state_drift' is unknown; allowed: kl, rel_err",
           per_layer__formats=["fp16", "nvfp4"], metrics__budget_metric="state_drift")
+    # a block format whose block does not divide the checkpoint's state (16 wide here)
+    fails({"s": {"kind": "conventional", "fmt": "fp16", "rounding": "rne",
+                 "layers": {1: "int8_b128", "default": "fp16"}}},
+          r"schemes.s.layers.1='int8_b128': its block of 128 does not divide the state's last "
+          r"axis, 16 \(state_dim of Mamba2ForCausalLM at .*\); allowed: a block size dividing 16 "
+          r"\(e.g. int8_b16\)")
     with pytest.raises(PrecsimError, match=r"schemes.s.layers=.* is invalid; allowed: per-layer "
                                            r"formats with model.path"):
         to_config({"schemes": {"s": {**SPLIT, "layers": {0: "fp16"}}}})
