@@ -352,7 +352,8 @@ def validate(cfg: Config) -> None:
         if s.layers is not None:
             _check_layers(key, s, m.path, w)
     if m.path is None:
-        check_blocks(cfg, m.state_dim)
+        check_blocks(cfg, m.state_dim, f"the state dim of the trace {w.path}"
+                     if w.kind == "trace" else None)
 
 
 def check_blocks(cfg: Config, dim: int, source: str | None = None) -> None:

@@ -202,6 +202,11 @@ def test_record_directory_replays_each_layer_at_its_format(ckpts, tmp_path):
             "s": {**SPLIT, "layers": {0: "fp16", "default": "nvfp4"}}}})
         uni = simulate({**base, "workload": w, "schemes": {"s": {**SPLIT, "read_fmt": fmt}}})
         assert np.array_equal(per.per_step_rel_err["s"], uni.per_step_rel_err["s"]), layer
+    with pytest.raises(PrecsimError, match=r"schemes.s.fmt='int8_b128': its block of 128 does "
+                                           r"not divide the state's last axis, 16 \(the state "
+                                           r"dim of the trace .*\); allowed: .* int8_b16"):
+        simulate({**base, "workload": {**base["workload"], "layer": 0},
+                  "schemes": {"s": {"kind": "conventional", "fmt": "int8_b128"}}})
     with pytest.raises(PrecsimError, match=r"schemes.s.layers: layer 5 is not in the recording"):
         simulate({**base, "workload": {**base["workload"], "layer": 0},
                   "schemes": {"s": {**SPLIT, "layers": {5: "fp16"}}}})
