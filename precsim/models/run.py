@@ -149,22 +149,31 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
               *(Group(n, s) for n, s in cfg.schemes.items())]
     bar = progress_bar(cfg, progress)
     t_run = time.perf_counter()
-    if m.mode == "parallel":
-        from .parallel import chunk_len, run_parallel
+    try:
+        if m.mode == "parallel":
+            from .parallel import chunk_len, run_parallel
 
-        if bar is not None:
-            bar.reset(total=len(ld.layers) * -(-N // chunk_len(cfg, N, ld.backend)))
-            bar.set_description(f"{bar_desc} x chunks")
-        if ckpt is not None:
-            ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
-        tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
-                             phases=phases, ckpt=ckpt)
-    else:
-        from .decode import run_decode
+            chunk = chunk_len(cfg, N, ld.backend)
+            if bar is not None:
+                bar.reset(total=len(ld.layers) * -(-N // chunk))
+                bar.set_description(f"{bar_desc} x chunks")
+            if ckpt is not None:
+                ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
+            tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
+                                 phases=phases, ckpt=ckpt)
+        else:
+            from .decode import run_decode
 
-        if bar is not None:
-            bar.reset(total=N)
-        tok_m = run_decode(model, ld.ids, groups, cfg, ld.compute, bar)
+            if bar is not None:
+                bar.reset(total=N)
+            tok_m = run_decode(model, ld.ids, groups, cfg, ld.compute, bar)
+    except torch.OutOfMemoryError:
+        rows = f"{K} document(s) x {len(groups)} rows (the reference and each scheme)"
+        fix = (f"a smaller model.chunk (now {chunk:,} positions a pass; attention layers hold "
+               "a chunk x everything before it), fewer run.seqs or fewer schemes"
+               if m.mode == "parallel" else "fewer run.seqs or fewer schemes")
+        raise PrecsimError(f"the whole-model run ran out of {ld.device} memory ({rows}, "
+                           f"{N:,} tokens each); allowed: {fix}") from None
     run_s = time.perf_counter() - t_run
     if bar is not None:
         bar.close()

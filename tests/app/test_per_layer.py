@@ -212,6 +212,21 @@ def test_record_directory_replays_each_layer_at_its_format(ckpts, tmp_path):
                   "schemes": {"s": {**SPLIT, "layers": {5: "fp16"}}}})
 
 
+def test_out_of_memory_mid_run_is_one_line(ckpts, monkeypatch):
+    """A forward pass that runs out of device memory (a hybrid's attention over a long
+    document: chunk x everything before it) is a one-line error saying what to shrink."""
+    from precsim.models import parallel
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 120.00 GiB")
+
+    monkeypatch.setattr(parallel, "run_parallel", oom)
+    with pytest.raises(PrecsimError, match=r"the whole-model run ran out of cpu memory \(1 "
+                                           r"document\(s\) x 2 rows .*, 32 tokens each\); "
+                                           r"allowed: a smaller model.chunk \(now 32 positions"):
+        run_model_kl(_cfg(ckpts, {"s": SPLIT}), "cpu", progress=False)
+
+
 def test_per_layer_bad_inputs_are_one_line(ckpts, tmp_path, capsys):
     def fails(schemes, match, **over):
         with pytest.raises(PrecsimError, match=match):
