@@ -149,7 +149,8 @@ def run_info(work: Path, names: list[str], out: Path, what: str) -> None:
                     "finished_at": s.get("finished_at")}
     (out / "run_info.json").write_text(json.dumps({
         "study": what, **host, "driver": "python experiments/trained/studies.py run "
-        "(then analyse)", "commands": [{"name": n, "argv": " ".join(log[n]["argv"]),
+        "(then analyse)", "commands": [{"name": n, "argv": " ".join(log[n]["argv"]).replace(
+            str(HERE.parents[1]) + "/", ""),
                                         "rc": log[n]["rc"], "wall_s": log[n]["wall_s"]}
                                        for n in names if n in log]}, indent=1))
 

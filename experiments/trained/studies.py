@@ -97,7 +97,10 @@ def commands(device: str, smoke: bool) -> list[tuple[str, str, list[str]]]:
             whole = ["experiment=model_kl", f"model.path={path}", f"model.ids={IDS / h}.npy",
                      f"run.steps={n}", f"run.seqs={k}", f"run.device={device}",
                      "metrics.window=64" if not smoke else "metrics.window=16"]
-            out.append(("kl", f"{m}_{h}_pair", ["-m", "precsim", *whole, "schemes=replay_pair"]))
+            # a hybrid's attention holds chunk x everything before it: 2,048 at 131K tokens
+            big = ["model.chunk=2048"] if m == "gdn" and h == "train131k" and not smoke else []
+            out.append(("kl", f"{m}_{h}_pair", ["-m", "precsim", *whole, *big,
+                                                "schemes=replay_pair"]))
             if h == "val32k":
                 out.append(("engines", f"{m}_{h}_engines",
                             ["-m", "precsim", *whole, "schemes=engines", "replay.buffer_len=16",
