@@ -332,8 +332,40 @@ def study_verdict(work: Path, out: Path) -> str:
     write_csv(out / "results.csv", rows)
     if stats:
         write_csv(out / "head_stats.csv", stats)
+        plot_memory(work, out / "head_memory.png")
     run_info(work, names, out, "study_trained_verdict")
     return md_table(rows) + ("\n\n" + md_table(stats) if stats else "")
+
+
+def plot_memory(work: Path, path: Path) -> None:
+    """Per-head decay half-lives: the trained models' recorded layers, the same architecture
+    at initialisation (the recipe's log) and the synthetic default at the layer shape (64
+    heads, for a distribution)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = {"mamba2": (64, 64), "gdn": (32, 32)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    bins = np.linspace(-1, 3.5, 37)
+    for ax, m in zip(axes, ("mamba2", "gdn"), strict=True):
+        st = json.loads((work / f"stats_{m}.json").read_text())
+        tr = np.concatenate([v["half_life"] for k, v in st.items() if k.startswith("trained")])
+        log = json.loads((HERE / m / "train_log.json").read_text())["half_life"]["init"]
+        init = np.concatenate([np.asarray(v) for v in log["per_layer"].values()])
+        syn = np.asarray(synthetic_stats(m, 64, *shapes[m], steps=1024)["half_life"])
+        for a, lab, c in ((syn, "synthetic default (64 heads)", "C0"),
+                          (init, "initialisation (recipe log)", "0.6"),
+                          (tr, "trained, recorded", "C3")):
+            ax.hist(np.log10(a), bins=bins, density=True, alpha=0.45, color=c,
+                    label=f"{lab}: median {np.median(a):.1f}")
+        ax.set(xlabel="log10 half-life (tokens)", ylabel="density of heads",
+               title=f"{m}: per-head decay half-life")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def analyse(work: Path) -> None:
