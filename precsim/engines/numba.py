@@ -670,20 +670,44 @@ if numba is not None:
                 seg += 1
 
     @njit(cache=True, inline="always")
-    def _gdn_step(row, a, beta, v, k, q):
+    def _kdot(x, y, tmp):
+        """sum_c x[c] y[c] in families.base.key_dot's order, bit for bit (the torch engine's
+        GDN sums): with ``h = ceil(n / 2)``, ``p_c + p_{c+h}`` for ``c < n - h`` (the first
+        level from the products, an odd length's middle carried), halving until one is left;
+        ``tmp`` scratch of at least ``ceil(n / 2)`` elements. Separate products and adds (numba
+        compiles without fastmath, so LLVM fuses no multiply-add)."""
+        n = x.shape[0]
+        h = (n + 1) // 2
+        for c in range(n - h):
+            tmp[c] = x[c] * y[c] + x[c + h] * y[c + h]
+        if n - h < h:
+            tmp[n - h] = x[n - h] * y[n - h]
+        n = h
+        while n > 1:
+            h = (n + 1) // 2
+            for c in range(n - h):
+                tmp[c] = tmp[c] + tmp[c + h]
+            n = h
+        return tmp[0]
+
+    @njit(cache=True, inline="always")
+    def _gdn_step(row, a, beta, v, k, q, tmp):
         """One row of families.gdn.step: ``u = beta (v - a row.k)``, ``row = a row + u k``
-        (the torch engine's roundings), returns ``row . q``."""
-        u = beta * (v - a * _dot(row, k))
+        (the torch engine's roundings), returns ``row . q``; the sums by :func:`_kdot` (the
+        torch engine's order), or for the float64 truth (``tmp`` empty) by :func:`_dot`."""
+        fixed = tmp.shape[0] > 0
+        u = beta * (v - a * (_kdot(row, k, tmp) if fixed else _dot(row, k)))
         for c in range(row.shape[0]):
             row[c] = a * row[c] + u * k[c]
-        return _dot(row, q)
+        return _kdot(row, q, tmp) if fixed else _dot(row, q)
 
     @njit(cache=True)
     def _truth_gdn(S, a64, b64, q64, k64, v64, y64, sh):
+        none = np.empty(0)
         for i in range(a64.shape[0]):
             for p in range(S.shape[0]):
                 y64[i, sh, p] = _gdn_step(S[p], a64[i, sh], b64[i, sh], v64[i, sh, p],
-                                          k64[i, sh], q64[i, sh])
+                                          k64[i, sh], q64[i, sh], none)
 
     @njit(cache=True)
     def _scheme_gdn(st, rd, ef, code, keys, k0, a32, b32, q32, k32, v32, gam, A, M, wl, y32, sh,
@@ -701,6 +725,7 @@ if numba is not None:
         RU = st if u_master else R
         U = np.zeros((A.shape[2], V), dtype=np.float32)
         acc = np.empty(K, dtype=np.float32)
+        tmp = np.empty(K, dtype=np.float32)
         cv = np.empty(V, dtype=np.float32)  # per row: the sum over the segment's earlier j
         seg = 0
         for i in range(n_steps):
@@ -709,7 +734,7 @@ if numba is not None:
             qt = q32[i, sh]
             if kind == 0:
                 for p in range(V):
-                    y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt)
+                    y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt, tmp)
                 _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
             j = ph[i] >> 2
@@ -724,7 +749,7 @@ if numba is not None:
                 for p in range(V):
                     cv[p] += ajj * Ujj[p]
             for p in range(V):
-                U[j, p] = bt * (vt[p] - g * _dot(RU[p], kt) - cv[p])
+                U[j, p] = bt * (vt[p] - g * _kdot(RU[p], kt, tmp) - cv[p])
             if (ph[i] & 2) == 0:  # output-only: the checkpoint (read copy) is only read
                 Mj = M[seg, sh, j]
                 cv[:] = 0.0
@@ -734,7 +759,7 @@ if numba is not None:
                     for p in range(V):
                         cv[p] += mjj * Ujj[p]
                 for p in range(V):
-                    y[p] = cv[p] + g * _dot(R[p], qt)
+                    y[p] = cv[p] + g * _kdot(R[p], qt, tmp)
             if ph[i] & 1:  # flush: fold (without drafts the output from it), write
                 w = wl[seg, sh]
                 i0 = i - j
@@ -750,7 +775,7 @@ if numba is not None:
                     for c in range(K):
                         row[c] = g * row[c] + acc[c]
                     if ph[i] & 2:
-                        y[p] = _dot(row, qt)
+                        y[p] = _kdot(row, qt, tmp)
                 _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 seg += 1
 
