@@ -692,7 +692,7 @@ if numba is not None:
 
     def _kdot_pow2(n):
         """:func:`_kdot_any` for a constant length ``n = 2**k``: the same tree with constant
-        trip counts, which LLVM vectorises and unrolls (21 ns per 128-row against 100 ns with
+        trip counts, which LLVM vectorises and unrolls (21 ns per 128-row against ~100 ns with
         runtime ones, as fast as the reassociated :func:`_dot`)."""
         h0 = n // 2
 
@@ -709,40 +709,40 @@ if numba is not None:
 
         return kdot
 
-    _kd32, _kd64, _kd128, _kd256 = (_kdot_pow2(n) for n in (32, 64, 128, 256))
+    _kd32, _kd64, _kd128 = (_kdot_pow2(n) for n in (32, 64, 128))
 
-    @njit(cache=True, inline="always")
-    def _kdot(x, y, tmp):
-        """:func:`_kdot_any`, its usual key lengths compiled with constant trip counts."""
-        n = x.shape[0]
-        if n == 128:
-            return _kd128(x, y, tmp)
-        if n == 64:
-            return _kd64(x, y, tmp)
-        if n == 32:
-            return _kd32(x, y, tmp)
-        if n == 256:
-            return _kd256(x, y, tmp)
-        return _kdot_any(x, y, tmp)
-
-    @njit(cache=True, inline="always")
-    def _gdn_step(row, a, beta, v, k, q, tmp):
-        """One row of families.gdn.step: ``u = beta (v - a row.k)``, ``row = a row + u k``
-        (the torch engine's roundings), returns ``row . q``; the sums by :func:`_kdot` (the
-        torch engine's order), or for the float64 truth (``tmp`` empty) by :func:`_dot`."""
-        fixed = tmp.shape[0] > 0
-        u = beta * (v - a * (_kdot(row, k, tmp) if fixed else _dot(row, k)))
-        for c in range(row.shape[0]):
-            row[c] = a * row[c] + u * k[c]
-        return _kdot(row, q, tmp) if fixed else _dot(row, q)
+    @njit(cache=True)
+    def _kdots(M, y, out, tmp):
+        """``out[p]`` = :func:`_kdot_any` of row ``p`` of ``M`` and ``y``: the key lengths 32,
+        64 and 128 with constant trip counts, chosen once per matrix (chosen per row, inside a
+        row loop that also updates the row, the GDN step ran 2x slower)."""
+        K = M.shape[1]
+        if K == 128:
+            for p in range(M.shape[0]):
+                out[p] = _kd128(M[p], y, tmp)
+        elif K == 64:
+            for p in range(M.shape[0]):
+                out[p] = _kd64(M[p], y, tmp)
+        elif K == 32:
+            for p in range(M.shape[0]):
+                out[p] = _kd32(M[p], y, tmp)
+        else:
+            for p in range(M.shape[0]):
+                out[p] = _kdot_any(M[p], y, tmp)
 
     @njit(cache=True)
     def _truth_gdn(S, a64, b64, q64, k64, v64, y64, sh):
-        none = np.empty(0)
+        """The float64 truth, row by row: families.gdn.step's ``u = beta (v - a row.k)``,
+        ``row = a row + u k``, ``row . q``, the sums reassociated (:func:`_dot`: no engine shares
+        the truth's bits)."""
         for i in range(a64.shape[0]):
+            a, b, k, q = a64[i, sh], b64[i, sh], k64[i, sh], q64[i, sh]
             for p in range(S.shape[0]):
-                y64[i, sh, p] = _gdn_step(S[p], a64[i, sh], b64[i, sh], v64[i, sh, p],
-                                          k64[i, sh], q64[i, sh], none)
+                row = S[p]
+                u = b * (v64[i, sh, p] - a * _dot(row, k))
+                for c in range(row.shape[0]):
+                    row[c] = a * row[c] + u * k[c]
+                y64[i, sh, p] = _dot(row, q)
 
     @njit(cache=True)
     def _scheme_gdn(st, rd, ef, code, keys, k0, a32, b32, q32, k32, v32, gam, A, M, wl, y32, sh,
@@ -762,14 +762,21 @@ if numba is not None:
         acc = np.empty(K, dtype=np.float32)
         tmp = np.empty(K, dtype=np.float32)
         cv = np.empty(V, dtype=np.float32)  # per row: the sum over the segment's earlier j
+        sk = np.empty(V, dtype=np.float32)  # per row: S k (key_dot's order, :func:`_kdots`)
         seg = 0
         for i in range(n_steps):
             y = y32[i, sh]
             kt = k32[i, sh]
             qt = q32[i, sh]
-            if kind == 0:
+            if kind == 0:  # families.gdn.step: u = beta (v - a S k), S = a S + u k^T, y = S q
+                a, bt, vt = a32[i, sh], b32[i, sh], v32[i, sh]
+                _kdots(st, kt, sk, tmp)
                 for p in range(V):
-                    y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt, tmp)
+                    row = st[p]
+                    u = bt * (vt[p] - a * sk[p])
+                    for c in range(K):
+                        row[c] = a * row[c] + u * kt[c]
+                _kdots(st, qt, y, tmp)
                 _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 continue
             j = ph[i] >> 2
@@ -783,8 +790,9 @@ if numba is not None:
                 Ujj = U[jj]
                 for p in range(V):
                     cv[p] += ajj * Ujj[p]
+            _kdots(RU, kt, sk, tmp)
             for p in range(V):
-                U[j, p] = bt * (vt[p] - g * _kdot(RU[p], kt, tmp) - cv[p])
+                U[j, p] = bt * (vt[p] - g * sk[p] - cv[p])
             if (ph[i] & 2) == 0:  # output-only: the checkpoint (read copy) is only read
                 Mj = M[seg, sh, j]
                 cv[:] = 0.0
@@ -793,8 +801,9 @@ if numba is not None:
                     Ujj = U[jj]
                     for p in range(V):
                         cv[p] += mjj * Ujj[p]
+                _kdots(R, qt, sk, tmp)
                 for p in range(V):
-                    y[p] = cv[p] + g * _kdot(R[p], qt, tmp)
+                    y[p] = cv[p] + g * sk[p]
             if ph[i] & 1:  # flush: fold (without drafts the output from it), write
                 w = wl[seg, sh]
                 i0 = i - j
@@ -809,8 +818,8 @@ if numba is not None:
                             acc[c] += wu * kj[c]
                     for c in range(K):
                         row[c] = g * row[c] + acc[c]
-                    if ph[i] & 2:
-                        y[p] = _kdot(row, qt, tmp)
+                if ph[i] & 2:
+                    _kdots(st, qt, y, tmp)
                 _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
                 seg += 1
 
