@@ -11,9 +11,11 @@ cache for the whole window and, per step, apply the update, the quantisation (RN
 bit-equal to :func:`precsim.formats.quantize`, same counter-based random bits) and the output in
 one pass. Gated DeltaNet: a ReplaySSM output depends on the checkpoint through ``u_t``, so the
 host draws only the segments' input-only matrices (:func:`_gdn_terms`) and each task evaluates
-``u_t``, the output and the fold itself (:func:`_scheme_gdn`). The metrics are the torch
-engine's (:class:`precsim.metrics.Accumulator`), fed once per window with rows a compiled pass
-reduced (rel_err, the readout's normalised inputs).
+``u_t``, the output and the fold itself (:func:`_scheme_gdn`), its reductions in the torch
+engine's fixed order (``S k`` and ``S q`` by :func:`_kdots`, the sums over a segment's steps in
+step order), so its states and outputs are the torch engine's bit for bit. The metrics are the
+torch engine's (:class:`precsim.metrics.Accumulator`), fed once per window with rows a compiled
+pass reduced (rel_err, the readout's normalised inputs).
 
 Threads (``run.threads``, docs/performance.md): with n > 1, n - 1 worker threads
 take the window's tasks (nogil calls) while the host prepares the next window and reduces the
@@ -588,8 +590,9 @@ if numba is not None:
 
     @njit(cache=True, fastmath={"reassoc"})
     def _dot(s, c):
-        """sum_n s[n] c[n] (float32 or float64), in whatever order vectorises (the outputs' S.C
-        reductions are the only sums whose order differs from the torch engine's)."""
+        """sum_n s[n] c[n] (float32 or float64), in whatever order vectorises (Mamba-2's output
+        reductions S.C and the float64 truths: the only sums whose order differs from the torch
+        engine's)."""
         acc = s[0] * c[0]
         for n in range(1, s.shape[0]):
             acc += s[n] * c[n]
