@@ -23,7 +23,7 @@ def decay_matrices(la: torch.Tensor):
 def key_dot(S, x):
     """``sum_c S[..., c] x[..., c]`` over the key axis (the last, length ``n``) in one fixed,
     documented order, so that every engine that implements it gets the same float bits (the
-    numba engine's ``_kdot``): the products ``p_c``, then, while ``n > 1``, with
+    numba engine's ``_kdots``): the products ``p_c``, then, while ``n > 1``, with
     ``h = ceil(n / 2)``: ``p_c <- p_c + p_{c+h}`` for ``c < n - h`` (an odd length carries its
     middle element), ``n <- h``. A pairwise tree (error ~ log2(n) ulp, as accurate as BLAS's
     sums), written as elementwise products and adds (each exactly rounded, no fused
@@ -31,11 +31,13 @@ def key_dot(S, x):
     with ``V`` inserted: returns ``(..., V)``. NumPy or torch. A leading axis of ``x`` beyond
     ``S``'s (a segment's steps) is taken in chunks of at most ``KEY_DOT_CHUNK`` product
     elements. float64 (the truth, whose bits no two engines share: each computes it its own
-    way) is an einsum, BLAS's order: the tree costs ~10x a matmul over a segment."""
+    way) keeps the library's sums, as before this order was fixed: ``(S x).sum(-1)`` for one
+    step, an einsum over a segment (the tree costs ~10x a matmul there)."""
     torch_ = torch.is_tensor(S)
-    if S.dtype == (torch.float64 if torch_ else np.float64):
-        return (torch if torch_ else np).einsum("...vk,...k->...v", S, x)
     xv = x[..., None, :]
+    if S.dtype == (torch.float64 if torch_ else np.float64):
+        return (S * xv).sum(-1) if xv.ndim <= S.ndim else (torch if torch_ else np).einsum(
+            "...vk,...k->...v", S, x)
     per = int(np.prod(np.broadcast_shapes(S.shape, xv.shape[1:]))) if xv.ndim > S.ndim else 0
     if per and xv.shape[0] > 1 and xv.shape[0] * per > KEY_DOT_CHUNK:
         step = max(1, KEY_DOT_CHUNK // per)
