@@ -38,15 +38,15 @@ class Capture:
     def window(self, pos: int, get) -> None:
         st = get()
         keep: dict = {}
-        for k in ("st", "ef", "state", "resid"):  # fused engines; the NumPy engine
+        for k in ("st", "rd", "ef", "state", "resid"):  # fused engines; the NumPy engine
             v = st.get(k)
             if isinstance(v, dict):
                 keep[k] = {n: np.array(a, copy=True) for n, a in v.items()}
             elif v is not None:
                 keep[k] = v.cpu().numpy().copy() if torch.is_tensor(v) else np.array(v, copy=True)
         if "schemes" in st:  # the torch engine
-            keep["schemes"] = [{k: d[k].cpu().numpy().copy() for k in ("state", "resid")}
-                               for d in st["schemes"]]
+            keep["schemes"] = [{k: d[k].cpu().numpy().copy() for k in ("state", "resid", "read")
+                                if torch.is_tensor(d.get(k))} for d in st["schemes"]]
         self.last = keep
 
 

@@ -1,8 +1,12 @@
-"""What the family modules share: the causal decay matrices of a ReplaySSM segment."""
+"""What the family modules share: the causal decay matrices of a ReplaySSM segment and the
+fixed-order key-axis dot product."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+KEY_DOT_CHUNK = 1 << 24  # elements of one product tensor of :func:`key_dot`
 
 
 def decay_matrices(la: torch.Tensor):
@@ -14,3 +18,38 @@ def decay_matrices(la: torch.Tensor):
     causal = torch.ones(m, m, dtype=torch.bool, device=D.device).tril()
     ninf = torch.tensor(float("-inf"), dtype=D.dtype, device=D.device)
     return Lc, torch.where(causal, D, ninf)
+
+
+def key_dot(S, x):
+    """``sum_c S[..., c] x[..., c]`` over the key axis (the last, length ``n``) in one fixed,
+    documented order, so that every engine that implements it gets the same float bits (the
+    numba engine's ``_kdots``): the products ``p_c``, then, while ``n > 1``, with
+    ``h = ceil(n / 2)``: ``p_c <- p_c + p_{c+h}`` for ``c < n - h`` (an odd length carries its
+    middle element), ``n <- h``. A pairwise tree (error ~ log2(n) ulp, as accurate as BLAS's
+    sums), written as elementwise products and adds (each exactly rounded, no fused
+    multiply-add). ``S (..., V, K)``, ``x (..., K)`` broadcast against ``S``'s leading axes
+    with ``V`` inserted: returns ``(..., V)``. NumPy or torch. A leading axis of ``x`` beyond
+    ``S``'s (a segment's steps) is taken in chunks of at most ``KEY_DOT_CHUNK`` product
+    elements. float64 (the truth, whose bits no two engines share: each computes it its own
+    way) keeps the library's sums, as before this order was fixed: ``(S x).sum(-1)`` for one
+    step, an einsum over a segment (the tree costs ~10x a matmul there)."""
+    torch_ = torch.is_tensor(S)
+    xv = x[..., None, :]
+    if S.dtype == (torch.float64 if torch_ else np.float64):
+        return (S * xv).sum(-1) if xv.ndim <= S.ndim else (torch if torch_ else np).einsum(
+            "...vk,...k->...v", S, x)
+    per = int(np.prod(np.broadcast_shapes(S.shape, xv.shape[1:]))) if xv.ndim > S.ndim else 0
+    if per and xv.shape[0] > 1 and xv.shape[0] * per > KEY_DOT_CHUNK:
+        step = max(1, KEY_DOT_CHUNK // per)
+        parts = [key_dot(S, x[i:i + step]) for i in range(0, x.shape[0], step)]
+        return torch.cat(parts) if torch_ else np.concatenate(parts)
+    p = S * xv
+    n = p.shape[-1]
+    while n > 1:
+        h = (n + 1) // 2
+        top = p[..., :n - h] + p[..., h:n]
+        if n - h < h:  # odd: the middle element carried
+            mid = p[..., n - h:h]
+            top = torch.cat((top, mid), -1) if torch_ else np.concatenate((top, mid), -1)
+        p, n = top, h
+    return p[..., 0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import decay_matrices
+from .base import decay_matrices, key_dot
 
 name = "gdn"
 KEYS = ("g", "beta", "q", "k", "v")
@@ -33,9 +33,9 @@ def step(S, inp: dict):
     Shapes: ``S (..., V, K)``; ``a``, ``beta`` ``(...)``; ``q``, ``k (..., K)``; ``v (..., V)``.
     """
     a, k = inp["a"], inp["k"]
-    u = inp["beta"][..., None] * (inp["v"] - a[..., None] * (S * k[..., None, :]).sum(-1))
+    u = inp["beta"][..., None] * (inp["v"] - a[..., None] * key_dot(S, k))
     S_new = a[..., None, None] * S + u[..., :, None] * k[..., None, :]
-    return S_new, (S_new * inp["q"][..., None, :]).sum(-1)
+    return S_new, key_dot(S_new, inp["q"])
 
 
 def step_delta(S, inp: dict):
@@ -48,27 +48,34 @@ def step_delta(S, inp: dict):
 
 def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
             u_from_master: bool = False):
-    """ReplaySSM over one segment ``(m, S, H, ...)``: outputs and the unrounded folded state."""
+    """ReplaySSM over one segment ``(m, S, H, ...)``: outputs and the unrounded folded state.
+
+    The sums that involve the state are in fixed orders, the numba engine's bit for bit: over
+    the key axis by :func:`key_dot`; over the segment's steps ``j = 0, 1, ...`` in order, each
+    ``u_j``, once known, added to the later steps' corrections, to the outputs and to the fold
+    (``0 + t_0 + t_1 + ...``, separate products and adds). The input-only matrices (``k_t . k_j``,
+    ``q_t . k_j``) are einsums, which the numba engine's host computes with the same calls."""
     beta, q, v = inp["beta"], inp["q"], inp["v"]
     k = buffer_round(inp["k"])
     m = beta.shape[0]
     Lc, D = decay_matrices(inp["la"])
     decay = torch.exp(D)  # (S,H,t,j), j <= t
+    # the input-only coefficients of u_j in step t's correction (strictly lower) and output
     KK = torch.einsum("tshk,jshk->shtj", k, k)
-    A_strict = (decay * KK).tril(-1)
-    gam = torch.exp(Lc)  # (m,S,H)
-    # a_t S_{t-1} k_t, checkpoint part (output-only: the state is never rebuilt)
-    Sk0 = gam[..., None] * torch.einsum("shvk,tshk->tshv", master if u_from_master else read, k)
-    U = torch.zeros_like(v)
-    for t in range(m):  # sequential: u_t needs the (buffer-rounded) u_j of j < t
-        corr = torch.einsum("shj,jshv->shv", A_strict[:, :, t, :], U)
-        U[t] = buffer_round(beta[t][..., None] * (v[t] - Sk0[t] - corr))
     QK = torch.einsum("tshk,jshk->shtj", q, k)
-    Y = torch.einsum("shtj,jshv->tshv", decay * QK, U)
-    Y = Y + gam[..., None] * torch.einsum("shvk,tshk->tshv", read, q)
-    w_last = decay[..., -1, :].permute(2, 0, 1)
-    fold = gam[-1][..., None, None] * master + torch.einsum(
-        "jshv,jshk->shvk", w_last[..., None] * U, k)
+    AM = torch.stack(((decay * KK).tril(-1), decay * QK)).permute(0, 3, 4, 1, 2)
+    gam = torch.exp(Lc)  # (m,S,H)
+    w_last = decay[..., -1, :].permute(2, 0, 1)[..., None]  # (m,S,H,1)
+    # a_t S_{t-1} k_t, checkpoint part (output-only: the state is never rebuilt)
+    Sk0 = gam[..., None] * key_dot(master if u_from_master else read, k)
+    CY = torch.zeros((2, *v.shape), dtype=v.dtype, device=v.device)  # sum_j A_tj u_j, M_tj u_j
+    F = torch.zeros_like(master)  # sum_j w_j u_j k_j^T
+    for t in range(m):  # sequential: u_t needs the (buffer-rounded) u_j of j < t
+        u = buffer_round(beta[t][..., None] * (v[t] - Sk0[t] - CY[0, t]))
+        CY[:, t:] += AM[:, t:, t, ..., None] * u  # (A_tt = 0: after its last use)
+        F += (w_last[t] * u)[..., None] * k[t][..., None, :]
+    Y = CY[1] + gam[..., None] * key_dot(read, q)
+    fold = gam[-1][..., None, None] * master + F
     if out_from_fold:
-        Y[-1] = torch.einsum("shvk,shk->shv", fold, q[-1])
+        Y[-1] = key_dot(fold, q[-1])
     return Y, fold

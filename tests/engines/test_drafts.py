@@ -1,11 +1,11 @@
 """Speculative decoding (``replay.drafts``): the acceptance models (a rate, a per-position
 profile, a recorded sequence) and the fused engines against the torch engine with drafts.
 
-The numba engine's Mamba-2 states are the torch engine's bit for bit at every window end (the
-irregular segments, the flush-step outputs from the checkpoint, the SR events per flush); the
-outputs differ only by the order of the S·C reductions. GDN's update reads ``S k``, a reduction
-of its own, so there the engines agree statistically (as without drafts). The Triton engine's
-twin of these checks (interpreter) is in tests/kernels/test_triton.py.
+The numba engine's states (and residuals) are the torch engine's bit for bit at every window end,
+Mamba-2 and GDN (the irregular segments, the flush-step outputs from the checkpoint, the SR events
+per flush; GDN's reductions in one fixed order, ``families.base.key_dot``); GDN's outputs too,
+Mamba-2's differ only by the order of the S·C output reductions. The Triton engine's twin of
+these checks (interpreter) is in tests/kernels/test_triton.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from conftest import SEED_TABLE, tiny_cfg
 
 from precsim.checkpoint import Checkpoint
-from precsim.config import to_config
+from precsim.config import ef_fmt, to_config
 from precsim.engines.base import (
     accepted_counts,
     flush_schedule,
@@ -133,6 +133,7 @@ def _grow(monkeypatch, key, t_from, factor):
 def _cfg(family, **over):
     sch = {k: SEED_TABLE[k] for k in ("conventional_fp32", "shared_nvfp4_sr",
                                       "split_fp16sr_nvfp4", "split_fp32_nvfp4")}
+    sch["shared_fp8_ef"] = {"kind": "shared", "fmt": "fp8_e4m3", "error_feedback": "bf16"}
     d = tiny_cfg(family, steps=384, schemes={**sch, **DYING}, run__threads=1,
                  workload__kind="seed_article" if family == "mamba2" else "synthetic", **over)
     d["model"].update(head_dim=16, state_dim=32)
@@ -140,18 +141,23 @@ def _cfg(family, **over):
     return to_config(d)
 
 
-@pytest.mark.parametrize("accept", [dict(replay__acceptance=PROFILE),
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("accept", [dict(replay__acceptance=0.7),
+                                    dict(replay__acceptance=PROFILE),
                                     dict(replay__accept_seq=[3, 0, 4, 1])],
-                         ids=["profile", "accept_seq"])
-def test_numba_mamba2_drafts_bit_identical_to_torch(monkeypatch, accept):
-    """Mamba-2 with T = 4 drafts, two schemes that die mid-run (x grows from step 200): every
-    live scheme's state (and split's read copy) equal to the torch engine's bit for bit at every
-    window end, the same flushes and dead steps, outputs within float32 reduction noise."""
+                         ids=["rate", "profile", "accept_seq"])
+def test_numba_drafts_bit_identical_to_torch(monkeypatch, family, accept):
+    """T = 4 drafts under each acceptance model, two schemes that die mid-run (the inputs grow
+    from step 200): every live scheme's state, residual (error feedback) and split's read copy
+    equal to the torch engine's bit for bit at every window end, the same flushes and dead
+    steps; GDN's outputs bit for bit and its window rows to the float64 truth's rounding (each
+    engine computes the truth its own way), Mamba-2's outputs within float32 reduction noise."""
     pytest.importorskip("numba")
     from precsim.engines.numba import run as run_numba
 
-    _grow(monkeypatch, "x", 200, 1e5)
-    cfg = _cfg("mamba2", replay__drafts=4, **accept)
+    _grow(monkeypatch, "x" if family == "mamba2" else "v", 200, 1e5 if family == "mamba2"
+          else 1e6)
+    cfg = _cfg(family, replay__drafts=4, **accept)
     gn, gt = Grab(cfg), Grab(cfg)
     rn = run_numba(cfg, progress=False, record_outputs=True, ckpt=gn)
     rt = run_torch(cfg, "cpu", progress=False, record_outputs=True, ckpt=gt)
@@ -172,33 +178,20 @@ def test_numba_mamba2_drafts_bit_identical_to_torch(monkeypatch, accept):
             np.testing.assert_array_equal(a["st"][i].reshape(shape), want["state"].numpy())
             if cfg.schemes[n].kind == "split":
                 np.testing.assert_array_equal(a["rd"][i].reshape(shape), want["read"].numpy())
+            if ef_fmt(cfg.schemes[n]):
+                assert np.abs(want["resid"].numpy()).max() > 0, n  # live
+                np.testing.assert_array_equal(a["ef"][i].reshape(shape), want["resid"].numpy())
             compared += 1
-    assert compared >= 3 * 4
+    assert compared >= 3 * 5
     for n in names:
         yn, yt = rn.info["outputs"][n], rt.info["outputs"][n]
         live = np.isfinite(yt)
         np.testing.assert_array_equal(np.isfinite(yn), live)
-        assert np.abs(yn[live] - yt[live]).max() <= 1e-6 * np.abs(yt[live]).max(), n
-
-
-def test_numba_gdn_drafts_match_torch(monkeypatch):
-    """GDN with a drafts profile: the same flushes and dead steps (v grows from step 200), the
-    window rel_err of every scheme within 2e-2 of the torch engine's (FP32: 0.5; see
-    test_engine_numba's GDN test for why not bit for bit)."""
-    pytest.importorskip("numba")
-    from precsim.engines.numba import run as run_numba
-
-    _grow(monkeypatch, "v", 200, 1e6)
-    cfg = _cfg("gdn", replay__drafts=3, replay__acceptance=[0.8, 0.6], replay__buffer_len=12)
-    rn = run_numba(cfg, progress=False)
-    rt = run_torch(cfg, "cpu", progress=False)
-    assert rn.engine == "numba" and rn.info["flushes"] == rt.info["flushes"]
-    assert rn.schemes == rt.schemes
-    assert all(rn.schemes[n]["dead_at"] is not None for n in DYING)
-    for a, b in zip(rn.rows, rt.rows, strict=True):
-        assert (a["scheme"], a["step"]) == (b["scheme"], b["step"])
-        if np.isnan(b["rel_err"]):
-            assert np.isnan(a["rel_err"])
-            continue
-        tol = 0.5 if a["scheme"] == "conventional_fp32" else 2e-2
-        assert a["rel_err"] == pytest.approx(b["rel_err"], rel=tol), (a, b)
+        if family == "gdn":
+            np.testing.assert_array_equal(yn, yt)
+        else:
+            assert np.abs(yn[live] - yt[live]).max() <= 1e-6 * np.abs(yt[live]).max(), n
+    if family == "gdn":
+        for a, b in zip(rn.rows, rt.rows, strict=True):
+            assert (a["scheme"], a["step"]) == (b["scheme"], b["step"])
+            assert a["rel_err"] == pytest.approx(b["rel_err"], rel=1e-9, nan_ok=True), (a, b)

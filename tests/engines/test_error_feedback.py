@@ -219,12 +219,15 @@ def _bits_equal(a, b):
                           np.asarray(b, np.float32).view(np.int32))
 
 
-def test_cpu_engines_hold_the_same_bits():
-    """Mamba-2 (no reductions in the update): every conventional scheme's state and residual
-    are bit-equal in the torch, NumPy and numba engines; ReplaySSM's (a fold: a sum) bit-equal in
-    torch and numba, the NumPy engine's (another summation order) within float32 rounding."""
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_cpu_engines_hold_the_same_bits(family):
+    """Every scheme's state and residual bit-equal in the torch and numba engines (Mamba-2: no
+    reduction in the update, the fold's sum the same torch call; GDN: its reductions in one
+    fixed order, ``families.base.key_dot``); every conventional one in the NumPy engine too (the
+    family's one step). The NumPy engine's ReplaySSM evaluates another formula (another
+    summation order): Mamba-2's fold within float32 rounding, GDN's window rows below."""
     pytest.importorskip("numba")
-    cfg = to_config(tiny_cfg("mamba2", steps=64, schemes=SCHEMES, replay__buffer_len=8,
+    cfg = to_config(tiny_cfg(family, steps=64, schemes=SCHEMES, replay__buffer_len=8,
                              run__threads=1))
     h = {e: held_states(e, cfg) for e in ("torch", "numpy", "numba")}
     for n, sc in SCHEMES.items():
@@ -232,27 +235,25 @@ def test_cpu_engines_hold_the_same_bits():
             assert _bits_equal(h["torch"][n][j], h["numba"][n][j]), (n, j)
             if sc["kind"] == "conventional":
                 assert _bits_equal(h["torch"][n][j], h["numpy"][n][j]), (n, j)
-        if sc["kind"] != "conventional":  # Q + E: the fold within the residual's rounding
-            q, e = h["torch"][n]
+        if sc["kind"] != "conventional" and family == "mamba2":  # Q + E: the fold within E's
+            q, e = h["torch"][n]  # rounding
             np.testing.assert_allclose(sum(h["numpy"][n]), q + e, rtol=0,
                                        atol=np.abs(e).max() / 64 + 1e-6 * np.abs(q).max())
         if "error_feedback" in sc:
             assert np.abs(h["torch"][n][1]).max() > 0, n  # the residual is live
 
 
-def test_gdn_engines_agree():
-    """GDN (reductions in the update: no engine is bit-equal to another today): the window
-    rows of every engine within 2% of the torch engine's (a summation order that flips one
-    rounding persists in a rounded state; measured 0.3%)."""
-    pytest.importorskip("numba")
+def test_gdn_numpy_engine_agrees():
+    """GDN's NumPy engine (its ReplaySSM another formula, another summation order, whose rounding
+    flips persist in a rounded state): the window rows within 2% of the torch engine's
+    (measured 7e-5; its conventional schemes' states are bit-equal, above)."""
     cfg = to_config(tiny_cfg("gdn", steps=64, schemes=SCHEMES, replay__buffer_len=8,
                              run__threads=1))
     rows = {e: importlib.import_module(f"precsim.engines.{e}").run(cfg, "cpu", progress=False)
-            .rows for e in ("torch", "numpy", "numba")}
-    for e in ("numpy", "numba"):
-        for a, b in zip(rows[e], rows["torch"], strict=True):
-            assert a["scheme"] == b["scheme"]
-            assert a["rel_err"] == pytest.approx(b["rel_err"], rel=2e-2), (e, a["scheme"])
+            .rows for e in ("torch", "numpy")}
+    for a, b in zip(rows["numpy"], rows["torch"], strict=True):
+        assert a["scheme"] == b["scheme"]
+        assert a["rel_err"] == pytest.approx(b["rel_err"], rel=2e-2), a["scheme"]
 
 
 def _triton_cfg(family, device):
