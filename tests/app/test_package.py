@@ -32,7 +32,7 @@ def wheel(tmp_path_factory):
     src = out / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "*.egg-info", "__pycache__", "experiments", "tests", "outputs",
-        "multirun", ".*_cache"))
+        "multirun", ".*_cache", ".hypothesis", ".tf-lower"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                         "-q", "-w", str(out), str(src)], capture_output=True, text=True)
     assert r.returncode == 0, f"pip wheel failed: {r.stderr.strip()[-2000:]}"

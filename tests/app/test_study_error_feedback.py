@@ -22,7 +22,8 @@ def _load(path: Path, name: str):
     return mod
 
 
-def test_study_rows_table_csv_and_plot(tmp_path, capsys):
+def test_study_rows_table_csv_and_plot(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Hydra's own run directory (outputs/) here, not in the checkout
     st = _load(ROOT / "experiments/study_error_feedback/run.py", "study_ef_run")
     cmd = st.command("nemotron3_super", {"heads": 1, "steps": 64, "seqs": 1}, tmp_path / "r",
                      "cpu")
@@ -58,8 +59,9 @@ def test_gpu_script_without_cuda_says_use_smoke(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_gpu_script_smoke(tmp_path):
+def test_gpu_script_smoke(tmp_path, monkeypatch):
     """The whole script on the CPU: Triton's interpreter, tiny processes (~3 min)."""
+    monkeypatch.chdir(tmp_path)  # its processes' Hydra run directories land here
     pytest.importorskip("triton")
     g = _load(ROOT / "experiments/bench/gpu_check_ef.py", "gpu_check_ef_smoke")
     assert g.main([str(tmp_path), "--smoke"]) == 0
