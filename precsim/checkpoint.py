@@ -47,8 +47,31 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
-# the signal waiting for the next window boundary
-_STOP: dict = {"defer": False, "signum": None, "notice": None}
+# the signal waiting for the next window boundary; ``process``: this is the process's own
+# command (precsim.cli.entry), which may end itself hard if an interrupt gets lost
+_STOP: dict = {"defer": False, "signum": None, "notice": None, "process": False,
+               "said": False}
+WATCHDOG_S = 10.0
+
+
+def watchdog(signum: int, after: float = WATCHDOG_S, end=None):
+    """End the process ``after`` seconds from now with ``128 + signum`` and one line, unless it
+    ended by itself. An interrupt that lands inside an import lock's callback is printed as
+    "Exception ignored" and lost, and the main thread then waits on that lock for ever (seen
+    under load: SIGINT in the first second of a run, later SIGTERMs ignored); this daemon timer
+    runs beside it. ``end`` (tests): called instead of ``os._exit``."""
+    import threading
+
+    def fire():
+        if not _STOP.get("said"):  # the command's own line was never printed
+            print(f"precsim: {signal.Signals(signum).name}: stopped (the process had not "
+                  f"ended {after:g} s after the signal)", file=sys.stderr, flush=True)
+        (end or os._exit)(128 + signum)
+
+    t = threading.Timer(after, fire)
+    t.daemon = True
+    t.start()
+    return t
 
 
 def _on_signal(signum, frame) -> None:
@@ -65,6 +88,8 @@ def _on_signal(signum, frame) -> None:
         _STOP["notice"].daemon = True
         _STOP["notice"].start()
         return
+    if _STOP["process"]:
+        watchdog(signum)
     raise Interrupted(signum)
 
 

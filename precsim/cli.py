@@ -208,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             e = Interrupted(signal.SIGINT)
         for line in _interrupt_lines(e, args):
             print(line, file=sys.stderr, flush=True)
+        from precsim.checkpoint import _STOP
+
+        _STOP["said"] = True  # a watchdog still running exits without a second line
         return e.exit_code
     finally:  # an in-process caller (tests, a notebook) gets its collector back as it was
         # and no warm-up thread outlives the command: one still initialising CUDA when the
@@ -226,6 +229,9 @@ def entry() -> None:
     interpreter's teardown (CUDA's context, torch's and Triton's modules) took 0.5-0.7 s of each
     GPU process and has nothing left to write. Errors still exit through ``SystemExit``; so does
     a sweep (``-m``), whose launcher's exit handlers stop its worker processes (joblib's loky)."""
+    from precsim.checkpoint import _STOP
+
+    _STOP["process"] = True  # a lost interrupt may end this process hard (checkpoint.watchdog)
     code = main()
     if any(a in _MULTIRUN_FLAGS for a in sys.argv[1:]):
         return sys.exit(code)  # a sweep: its launchers' exit handlers stop their workers

@@ -266,3 +266,21 @@ def _submitit_task(session: int) -> int:
         if b"SUBMITIT_LOCAL_GLOBALID=0" in environ:
             return pid
     raise AssertionError("no submitit task found")
+
+
+def test_watchdog_ends_a_process_whose_interrupt_was_lost(capsys):
+    """An interrupt swallowed inside an import lock's callback left the process waiting for
+    ever (seen under load); the watchdog armed with the signal ends it: 128 + signum and one
+    line, or no second line when the command already said why it stops."""
+    from precsim import checkpoint as ck
+
+    got = []
+    ck.watchdog(signal.SIGINT, after=0.05, end=got.append).join(5)
+    assert got == [130]
+    assert capsys.readouterr().err.startswith("precsim: SIGINT: stopped (the process had not ")
+    ck._STOP["said"] = True
+    try:
+        ck.watchdog(signal.SIGTERM, after=0.05, end=got.append).join(5)
+    finally:
+        ck._STOP["said"] = False
+    assert got == [130, 143] and capsys.readouterr().err == ""
