@@ -18,16 +18,19 @@ reduced (rel_err, the readout's normalised inputs).
 Threads (``run.threads``, docs/performance.md): with n > 1, n - 1 worker threads
 take the window's tasks (nogil calls) while the host prepares the next window and reduces the
 last one's metrics, then takes tasks too; results are the same bit for bit at any n.
-:func:`supports` names what is not covered (the torch engine runs it then). Compiled code is
-cached on disk (``cache=True``).
+:func:`supports` names what is not covered (the torch engine runs it then).
+
+Compilation: a scheme's kind and formats are constants of its compiled task (:func:`_task`,
+one per :func:`scheme_consts`), so a run compiles the branches and quantisers of its own
+schemes only, and numba caches each on disk (``cache=True``) for the next run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
-import os
 import time
 
 import numpy as np
@@ -58,20 +61,14 @@ NAME = "numba"
 try:  # numba is optional (extra ``cpu``)
     import numba
     from llvmlite import ir
-    from numba import njit, prange, types
+    from numba import njit, types
     from numba.core import cgutils
-    from numba.extending import intrinsic
+    from numba.extending import intrinsic, overload
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
-if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
-    # workqueue, for the one parallel function (quantize_many; the engine's tasks are plain
-    # nogil calls from Python threads): its workers sleep between calls (OpenMP's spin, and
-    # once torch had set its OpenMP threads to 1, OpenMP ran on one thread); it is called from
-    # one thread at a time, all workqueue needs
-    numba.config.THREADING_LAYER = "workqueue"
 
-# format ids (runtime ints: one compiled specialisation covers every scheme); a row-scaled
-# format <element>_b<B> is the id of its element + SCALED * B (see fmt_code)
+# format ids (compile-time constants of a scheme's task, scheme_consts); a row-scaled format
+# <element>_b<B> is the id of its element + SCALED * B (see fmt_code)
 FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
            "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8, "int8": 9, "int16": 10}
 SCALED = 32
@@ -140,6 +137,20 @@ def scheme_codes(sc) -> np.ndarray:
                      int(sc.overflow == "ieee"),
                      fmt_code(sc.read_fmt) if sc.kind == "split" else 0,
                      fmt_code(ef) if ef else -1], dtype=np.int64)
+
+
+def sr_lane(bits: int) -> int:
+    """The width of the lanes an SR integer of ``bits`` bits is read from (8, 16 or 32)."""
+    return 8 if bits <= 8 else (16 if bits <= 16 else 32)
+
+
+def scheme_consts(code) -> tuple[int, int, int, int, int]:
+    """What the compiled task of a scheme takes as constants (a :func:`scheme_codes` row): its
+    kind, its format code and SR lane width (:func:`sr_lane`; 0: RNE), its read copy's format
+    code (0: none) and its error-feedback residual's (-1: none)."""
+    return (int(code[C_KIND]), int(code[C_FMT]),
+            sr_lane(int(code[C_BITS])) if code[C_RND] else 0,
+            int(code[C_RFMT]) if code[C_KIND] == KINDS["split"] else 0, int(code[C_EF]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +351,7 @@ if numba is not None:
             for i in range(x.shape[0]):
                 x[i] = _round_int(x[i], qmax, ieee, False, sc, _F0)
 
-    @njit(cache=True)
+    @njit(cache=True, inline="always")
     def _scaled(x, B, ef, ub, ush, sr, bits, el):
         """A row-scaled format ``<element>_b<B>`` over flat ``x``, in place, as
         ``formats.ScaledFormat``: per block of ``B`` elements the FP32 scale ``max|x| / emax``
@@ -382,46 +393,44 @@ if numba is not None:
         xs = min(max(v * fg if mul else v / fg, -maxe), maxe)
         return _round_fin(xs, pmin, imb, tmb, maxv, sr, sc, u) * tg
 
-    @njit(cache=True)
-    def _blocks(x, fac, tot, mul, ub, sr, pmin, imb, tmb, maxv, maxe, sc):
+    def _blocks(x, fac, tot, mul, ub, blk, sr, pmin, imb, tmb, maxv, maxe, sc):
         """Block formats over flat ``x``, in place (see :func:`_elements`; lane ``ub[i]`` is
-        element ``i``'s SR integer, already shifted): block ``g`` is
-        ``x * fac[g]`` (``mul``) or ``x / fac[g]``, rounded, times ``tot[g]``. Blocks of 16 or
-        32 as constant inner trip counts (vectorised whole; the branches on ``mul``/``sr`` are
-        loop-invariant)."""
-        nb = fac.shape[0]
-        if nb * 16 == x.shape[0]:
-            x2 = x.reshape(nb, 16)
-            if sr:
-                u2 = ub[:nb * 16].reshape(nb, 16)
+        element ``i``'s SR integer, already shifted): block ``g`` (``blk`` elements) is
+        ``x * fac[g]`` (``mul``) or ``x / fac[g]``, rounded, times ``tot[g]``. Compiled code
+        only, ``blk`` and ``sr`` constants: :func:`_blocks_impl`."""
+        raise NotImplementedError("precsim.engines.numba._blocks runs compiled only")
+
+    @overload(_blocks, prefer_literal=True)
+    def _blocks_typed(x, fac, tot, mul, ub, blk, sr, pmin, imb, tmb, maxv, maxe, sc):
+        if isinstance(blk, types.IntegerLiteral) and isinstance(sr, types.BooleanLiteral):
+            return _blocks_impl(blk.literal_value, sr.literal_value)
+        return None
+
+    @functools.cache
+    def _blocks_impl(BLK, SR):
+        """:func:`_blocks` for blocks of ``BLK`` (16 or 32) elements, SR or RNE: a constant
+        inner trip count (vectorised whole; the branch on ``mul`` is loop-invariant), and one
+        loop nest compiled instead of four."""
+
+        def blocks(x, fac, tot, mul, ub, blk, sr, pmin, imb, tmb, maxv, maxe, sc):
+            nb = fac.shape[0]
+            x2 = x.reshape(nb, BLK)
+            if SR:
+                u2 = ub[:nb * BLK].reshape(nb, BLK)
                 for g in range(nb):
                     fg, tg = fac[g], tot[g]
-                    for j in range(16):
+                    for j in range(BLK):
                         u = np.float32(u2[g, j])
                         x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, pmin, imb, tmb, maxv,
                                            maxe, sc)
             else:
                 for g in range(nb):
                     fg, tg = fac[g], tot[g]
-                    for j in range(16):
+                    for j in range(BLK):
                         x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, pmin, imb, tmb,
                                            maxv, maxe, sc)
-        else:
-            x2 = x.reshape(nb, 32)
-            if sr:
-                u2 = ub[:nb * 32].reshape(nb, 32)
-                for g in range(nb):
-                    fg, tg = fac[g], tot[g]
-                    for j in range(32):
-                        u = np.float32(u2[g, j])
-                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, True, u, pmin, imb, tmb, maxv,
-                                           maxe, sc)
-            else:
-                for g in range(nb):
-                    fg, tg = fac[g], tot[g]
-                    for j in range(32):
-                        x2[g, j] = _blk_el(x2[g, j], fg, tg, mul, False, _F0, pmin, imb, tmb,
-                                           maxv, maxe, sc)
+
+        return blocks
 
     def _vec_absmax(width):
         """An intrinsic ``f(x, b0)``: the largest ``|x|`` bit pattern (as int32) of the
@@ -460,131 +469,142 @@ if numba is not None:
     _absmax16, _absmax32 = _vec_absmax(16), _vec_absmax(32)
 
     @njit(cache=True)
-    def _quant(M, out, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
+    def _quant(M, out, f, lane, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
         """Fake-quantise one C-contiguous float32 matrix ``M (P, N)`` into ``out`` (may alias M):
-        a copy, then :func:`_quant_in` on ``out``."""
+        a copy, then :func:`_qin` on ``out``."""
         if not (out.ctypes.data == M.ctypes.data):
-            out[:, :] = M
-        _quant_in(out, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el)
+            o, m = out.reshape(out.size), M.reshape(M.size)
+            for i in range(o.size):  # (``out[:, :] = M``: its broadcasting compiled for ~7 s)
+                o[i] = m[i]
+        _qin(out, f, lane, bits, ieee, floor, scope_none, recip, base, k0, k1, el)
 
-    @njit(cache=True)
-    def _quant_in(X, f, sr, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
-        """Fake-quantise one C-contiguous float32 matrix ``X (P, N)`` in place: element formats
-        per element, block formats along the last axis (NVFP4's FP32 scale over the matrix
+    def _qin(X, f, lane, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
+        """Fake-quantise one C-contiguous float32 matrix ``X (P, N)`` in place to the format of
+        code ``f`` (:func:`fmt_code`; 0 or below: unchanged), stochastically with ``bits``
+        random bits read from ``lane``-bit lanes (:func:`sr_lane`), or RNE if ``lane`` is 0.
+        Compiled code only, ``f`` and ``lane`` constants (literal ints): numba compiles
+        :func:`_qin_impl` of that format and rounding, nothing of the others."""
+        raise NotImplementedError("precsim.engines.numba._qin runs compiled only")
+
+    @overload(_qin, prefer_literal=True)
+    def _qin_typed(X, f, lane, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
+        if isinstance(f, types.IntegerLiteral) and isinstance(lane, types.IntegerLiteral):
+            return _qin_impl(f.literal_value, lane.literal_value)
+        return None
+
+    @functools.cache
+    def _qin_impl(F, LANE):
+        """:func:`_qin` for format code ``F`` and SR lanes of ``LANE`` bits (0: RNE). Element
+        formats per element, block formats along the last axis (NVFP4's FP32 scale over the matrix
         unless ``scope_none``; its scales applied as reciprocals if ``recip``, else divided).
         Elements are numbered ``base + p*N + n`` for SR; the random words come in one pass and
         are read back as lanes (little-endian: lane ``j`` of a word is its ``j``-th 8/16-bit
         slot in memory). One array argument: with a second one that may alias it (the former
-        ``_quant(M, out)`` body) NVFP4-SR on a 64 x 128 state took 9.5 us, here 5.3 us."""
-        P, N = X.shape
-        if f == 0:
-            return
-        x = X.reshape(P * N)
-        slot = 8 if bits <= 8 else (16 if bits <= 16 else 32)
-        lanes = 32 // slot
-        uoff = base % lanes
-        W = np.empty((uoff + P * N + lanes - 1) // lanes if sr else 1, dtype=np.uint32)
-        if sr:
-            _words(W, base // lanes, k0, k1)
-        ush = slot - bits
-        if f >= SCALED:  # <element>_b<B>: one FP32 scale per B elements
-            if slot == 8:
-                _scaled(x, f // SCALED, f % SCALED, W.view(np.uint8)[uoff:], ush, sr, bits, el)
-            elif slot == 16:
-                _scaled(x, f // SCALED, f % SCALED, W.view(np.uint16)[uoff:], ush, sr, bits, el)
-            else:
-                _scaled(x, f // SCALED, f % SCALED, W[uoff:], ush, sr, bits, el)
-            return
-        if f >= 9:  # the integers -qmax..qmax
-            qmax, sc = np.float32(el[f, 2]), np.float32(2.0 ** bits)
-            if slot == 8:
-                _ints(x, W.view(np.uint8)[uoff:], ush, sr, qmax, ieee, sc)
-            elif slot == 16:
-                _ints(x, W.view(np.uint16)[uoff:], ush, sr, qmax, ieee, sc)
-            else:
-                _ints(x, W[uoff:], ush, sr, qmax, ieee, sc)
-            return
-        if f <= 5:
-            mb, emin, maxv, ovf, sc = _consts(f, bits, ieee, el)
-            div = emin - mb < -126
-            if slot == 8:
-                _elements(x, W.view(np.uint8)[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
-            elif slot == 16:
-                _elements(x, W.view(np.uint16)[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
-            else:
-                _elements(x, W[uoff:], ush, sr, mb, emin, maxv, ovf, sc, div)
-            return
-        blk = 16 if f == 6 else 32
-        nb = P * N // blk
-        ef = 5 if f != 8 else 3
-        emaxe = 2 if ef == 5 else 8
-        maxe = np.float32(el[ef, 2])
-        mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
-        bmx = np.empty(nb, dtype=np.int32)
-        if blk == 16:
-            for g in range(nb):
-                bmx[g] = _absmax16(x, g * 16)
-        else:
-            for g in range(nb):
-                bmx[g] = _absmax32(x, g * 32)
-        tot = np.empty(nb, dtype=np.float32)
-        fac = np.empty(nb, dtype=np.float32)
-        if f == 6:
-            s_t = _F1
-            if not scope_none:
-                s_t = _i2f(bmx.max()) / np.float32(2688.0)
-                if s_t == 0:
-                    s_t = _F1
-            r_t = _F1 / s_t
-            lo = np.float32(0.015625) if floor else _F0
-            m4, e4, x4 = np.int64(el[3, 0]), np.int64(el[3, 1]), np.float32(el[3, 2])
-            # scope none == a tensor scale of 1: bs / 1, 1 * bs and (1 / 1) / bs are exact
-            for g in range(nb):  # branch-free (vectorises); a NaN/Inf block max selects NaN
-                bm = bmx[g]
-                bs = (_i2f(bm) / np.float32(6.0)) / s_t
-                bs = x4 if bs > x4 else bs
-                bs = lo if bs < lo else bs
-                bs = _round_v(bs, m4, e4, x4, x4, False, _F0, _F0, False)
-                total = s_t * bs
-                tot[g] = total if bm < 0x7F800000 else _NAN
-                rf = r_t / (bs if bs > 0 else _F1)
-                fac[g] = rf if recip else (total if total > 0 else _F1)
-        else:
-            for g in range(nb):
-                bm = bmx[g]
-                e = min(max(((bm >> 23) & 0xFF) - 127 - emaxe, -127), 127)
-                tot[g] = _pow2(e) if bm < 0x7F800000 else _NAN
-                fac[g] = _F1 / _pow2(e)  # exact: x * 2**-e == x / 2**e, subnormals included
-        mul = recip or f != 6
-        pmin, imb, tmb = _pow2(emin), _pow2(-mb), _pow2(mb)
-        if sr and ush:  # each lane's top ``bits`` bits, the SR integer, before the loop
-            if slot == 8:
-                _shift(W.view(np.uint8), ush)
-            elif slot == 16:
-                _shift(W.view(np.uint16), ush)
-            else:
-                _shift(W, ush)
-        for g in range(nb):  # a NaN block: finite factors, the NaN comes from its total
-            if not tot[g] == tot[g]:
-                fac[g] = _F1
-        if slot == 8:
-            _blocks(x, fac, tot, mul, W.view(np.uint8)[uoff:], sr, pmin, imb, tmb, maxv, maxe,
-                    sc)
-        elif slot == 16:
-            _blocks(x, fac, tot, mul, W.view(np.uint16)[uoff:], sr, pmin, imb, tmb, maxv, maxe,
-                    sc)
-        else:
-            _blocks(x, fac, tot, mul, W[uoff:], sr, pmin, imb, tmb, maxv, maxe, sc)
+        ``_quant(M, out)`` body) NVFP4-SR on a 64 x 128 state took 9.5 us, here 5.3 us.
+        ``F`` and ``LANE`` are constants of the closure, so numba prunes every other format's
+        branches before typing: a run compiles the paths of the formats it uses (one quantiser
+        with the format a runtime argument compiled all of them at each lane width, ~45 s of
+        the first process of ``experiment=split_nvfp4`` on 2 cores)."""
+        BLK, EF = divmod(F, SCALED)  # a row-scaled format's block and element format
+        SR, LN = LANE > 0, LANE or 8
+        BLKF = 16 if F == FMT_IDS["nvfp4"] else 32  # a block format's block
+        UT = {8: np.uint8, 16: np.uint16, 32: np.uint32}[LN]
 
-    @njit(cache=True, parallel=True)
-    def quantize_many(X, f, sr, bits, ieee, floor, scope_none, recip, k0, k1, el):
-        """Quantise every matrix of ``X (M, P, N)`` float32 (matrix m's elements start at
-        ``m*P*N``); returns a new array."""
-        out = np.empty_like(X)
-        MP = X.shape[1] * X.shape[2]
-        for m in prange(X.shape[0]):
-            _quant(X[m], out[m], f, sr, bits, ieee, floor, scope_none, recip, m * MP, k0, k1, el)
-        return out
+        def qin(X, f, lane, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
+            P, N = X.shape
+            if F <= 0:
+                return
+            x = X.reshape(P * N)
+            lanes = 32 // LN
+            uoff = base % lanes
+            W = np.empty((uoff + P * N + lanes - 1) // lanes if SR else 1, dtype=np.uint32)
+            if SR:
+                _words(W, base // lanes, k0, k1)
+            ush = LN - bits
+            if F >= SCALED:  # <element>_b<B>: one FP32 scale per B elements
+                _scaled(x, BLK, EF, W.view(UT)[uoff:], ush, SR, bits, el)
+                return
+            if F >= 9:  # the integers -qmax..qmax
+                qmax, sc = np.float32(el[F, 2]), np.float32(2.0 ** bits)
+                _ints(x, W.view(UT)[uoff:], ush, SR, qmax, ieee, sc)
+                return
+            if F <= 5:
+                mb, emin, maxv, ovf, sc = _consts(F, bits, ieee, el)
+                div = emin - mb < -126
+                _elements(x, W.view(UT)[uoff:], ush, SR, mb, emin, maxv, ovf, sc, div)
+                return
+            nb = P * N // BLKF
+            ef = 5 if F != 8 else 3
+            emaxe = 2 if ef == 5 else 8
+            maxe = np.float32(el[ef, 2])
+            mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
+            bmx = np.empty(nb, dtype=np.int32)
+            if BLKF == 16:
+                for g in range(nb):
+                    bmx[g] = _absmax16(x, g * 16)
+            else:
+                for g in range(nb):
+                    bmx[g] = _absmax32(x, g * 32)
+            tot = np.empty(nb, dtype=np.float32)
+            fac = np.empty(nb, dtype=np.float32)
+            if F == 6:
+                s_t = _F1
+                if not scope_none:
+                    m = bmx[0]
+                    for g in range(1, nb):  # (bmx.max() compiled for ~1 s)
+                        m = np.int32(max(m, bmx[g]))
+                    s_t = _i2f(m) / np.float32(2688.0)
+                    if s_t == 0:
+                        s_t = _F1
+                r_t = _F1 / s_t
+                lo = np.float32(0.015625) if floor else _F0
+                m4, e4, x4 = np.int64(el[3, 0]), np.int64(el[3, 1]), np.float32(el[3, 2])
+                # scope none == a tensor scale of 1: bs / 1, 1 * bs and (1 / 1) / bs are exact
+                for g in range(nb):  # branch-free (vectorises); a NaN/Inf block max selects NaN
+                    bm = bmx[g]
+                    bs = (_i2f(bm) / np.float32(6.0)) / s_t
+                    bs = x4 if bs > x4 else bs
+                    bs = lo if bs < lo else bs
+                    bs = _round_v(bs, m4, e4, x4, x4, False, _F0, _F0, False)
+                    total = s_t * bs
+                    tot[g] = total if bm < 0x7F800000 else _NAN
+                    rf = r_t / (bs if bs > 0 else _F1)
+                    fac[g] = rf if recip else (total if total > 0 else _F1)
+            else:
+                for g in range(nb):
+                    bm = bmx[g]
+                    e = min(max(((bm >> 23) & 0xFF) - 127 - emaxe, -127), 127)
+                    tot[g] = _pow2(e) if bm < 0x7F800000 else _NAN
+                    fac[g] = _F1 / _pow2(e)  # exact: x * 2**-e == x / 2**e, subnormals included
+            mul = recip or F != 6
+            pmin, imb, tmb = _pow2(emin), _pow2(-mb), _pow2(mb)
+            if SR and ush:  # each lane's top ``bits`` bits, the SR integer, before the loop
+                _shift(W.view(UT), ush)
+            for g in range(nb):  # a NaN block: finite factors, the NaN comes from its total
+                if not tot[g] == tot[g]:
+                    fac[g] = _F1
+            _blocks(x, fac, tot, mul, W.view(UT)[uoff:], BLKF, SR, pmin, imb, tmb, maxv, maxe,
+                    sc)
+
+        return qin
+
+    @functools.cache
+    def _quantize_many(F, LANE):
+        """:func:`quantize`'s compiled loop for format code ``F`` and SR lanes of ``LANE``
+        bits: every matrix of ``X (M, P, N)`` float32 (matrix m's elements start at
+        ``m*P*N``) quantised into a new array, on one thread (a parallel loop took ~2 s longer
+        to compile per format)."""
+
+        @njit(cache=True)
+        def many(X, bits, ieee, floor, scope_none, recip, k0, k1, el):
+            out = np.empty_like(X)
+            MP = X.shape[1] * X.shape[2]
+            for m in range(X.shape[0]):
+                _quant(X[m], out[m], F, LANE, bits, ieee, floor, scope_none, recip, m * MP, k0,
+                       k1, el)
+            return out
+
+        return many
 
     @njit(cache=True, fastmath={"reassoc"})
     def _dot(s, c):
@@ -611,37 +631,36 @@ if numba is not None:
             _update(S, a64[i, sh], dt64[i, sh], x64[i, sh], B64[i, sh], C64[i, sh], y64[i, sh])
 
     @njit(cache=True, inline="always")
-    def _store(st, rd, ef, code, key, k0, base, floor, scope_none, recip, el):
+    def _store(st, rd, ef, code, key, k0, base, floor, scope_none, recip, el, kind, qfmt, qlane,
+               qread, qef):
         """Round a scheme's state after an update or a fold: the master in its format and
         rounding (SR event key ``key``), then a split scheme's read copy from it (RNE). With
         error feedback (``ef`` the residual) first ``X = st + ef``, then ``ef = Q_e(X - Q(X))``
-        (RNE), as ``schemes.write_state``."""
-        fe = code[C_EF]
-        if fe >= 0:
+        (RNE), as ``schemes.write_state``. ``kind, qfmt, qlane, qread, qef``: the scheme's
+        :func:`scheme_consts` (constants: only its own branches and formats are compiled)."""
+        if qef >= 0:
             X = st.reshape(st.size)
             E = ef.reshape(ef.size)
             for c in range(X.size):
                 X[c] = X[c] + E[c]
                 E[c] = X[c]
-        _quant_in(st, code[C_FMT], code[C_RND] != 0, code[C_BITS], code[C_IEEE] != 0, floor,
-                  scope_none, recip, base, k0, np.int64(key), el)
-        if fe >= 0:
+        _qin(st, qfmt, qlane, code[C_BITS], code[C_IEEE] != 0, floor, scope_none, recip, base, k0,
+             np.int64(key), el)
+        if qef >= 0:
             for c in range(X.size):
                 E[c] = E[c] - X[c]
-            _quant_in(ef, fe, False, 0, code[C_IEEE] != 0, floor, scope_none, recip, base, 0, 0,
-                      el)
-        if code[C_KIND] == 2:
-            _quant(st, rd, code[C_RFMT], False, 0, False, floor, scope_none, recip, base, 0, 0,
-                   el)
+            _qin(ef, qef, 0, 0, code[C_IEEE] != 0, floor, scope_none, recip, base, 0, 0, el)
+        if kind == 2:
+            _quant(st, rd, qread, 0, 0, False, floor, scope_none, recip, base, 0, 0, el)
 
-    @njit(cache=True)
+    @njit(cache=True, inline="always")
     def _scheme(st, rd, ef, code, keys, k0, a32, dt32, x32, B32, C32, Yb, gam, Fb, y32, sh, ph,
-                floor, scope_none, recip, el):
+                floor, scope_none, recip, el, kind, qfmt, qlane, qread, qef):
         """One scheme on one head over one window (which starts at a flush boundary); ``ph``:
-        each step's place in its segment (``engines.base.segment_phase``)."""
+        each step's place in its segment (``engines.base.segment_phase``); ``kind, qfmt,
+        qlane, qread, qef``: its :func:`scheme_consts`."""
         n_steps = a32.shape[0]
         P, N = st.shape
-        kind = code[C_KIND]
         base = np.int64(sh) * P * N
         R = rd if kind == 2 else st
         seg = 0
@@ -649,7 +668,8 @@ if numba is not None:
             y = y32[i, sh]
             if kind == 0:
                 _update(st, a32[i, sh], dt32[i, sh], x32[i, sh], B32[i, sh], C32[i, sh], y)
-                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el, kind,
+                       qfmt, qlane, qread, qef)
                 continue
             Cv = C32[i, sh]
             g = gam[i, sh]
@@ -666,7 +686,8 @@ if numba is not None:
                         row[n] = g * row[n] + fr[n]
                     if ph[i] & 2:
                         y[p] = _dot(row, Cv)
-                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el, kind,
+                       qfmt, qlane, qread, qef)
                 seg += 1
 
     @njit(cache=True, inline="always")
@@ -685,9 +706,10 @@ if numba is not None:
                 y64[i, sh, p] = _gdn_step(S[p], a64[i, sh], b64[i, sh], v64[i, sh, p],
                                           k64[i, sh], q64[i, sh])
 
-    @njit(cache=True)
+    @njit(cache=True, inline="always")
     def _scheme_gdn(st, rd, ef, code, keys, k0, a32, b32, q32, k32, v32, gam, A, M, wl, y32, sh,
-                    ph, floor, scope_none, recip, el, u_master):
+                    ph, floor, scope_none, recip, el, u_master, kind, qfmt, qlane, qread,
+                    qef):
         """One GDN scheme on one head over one window (which starts at a flush boundary):
         conventional schemes step and quantise every token; ReplaySSM schemes evaluate
         families.gdn.segment output by output (``u_t`` from the checkpoint's ``S k_t`` and the
@@ -695,7 +717,6 @@ if numba is not None:
         matrices) and fold, quantise and renew the read copy at a flush."""
         n_steps = a32.shape[0]
         V, K = st.shape
-        kind = code[C_KIND]
         base = np.int64(sh) * V * K
         R = rd if kind == 2 else st
         RU = st if u_master else R
@@ -710,7 +731,8 @@ if numba is not None:
             if kind == 0:
                 for p in range(V):
                     y[p] = _gdn_step(st[p], a32[i, sh], b32[i, sh], v32[i, sh, p], kt, qt)
-                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el, kind,
+                       qfmt, qlane, qread, qef)
                 continue
             j = ph[i] >> 2
             g = gam[i, sh]
@@ -751,39 +773,57 @@ if numba is not None:
                         row[c] = g * row[c] + acc[c]
                     if ph[i] & 2:
                         y[p] = _dot(row, qt)
-                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el)
+                _store(st, rd, ef, code, keys[i], k0, base, floor, scope_none, recip, el, kind,
+                       qfmt, qlane, qread, qef)
                 seg += 1
 
-    @njit(cache=True, nogil=True)
-    def _task_gdn(task, S64, st, rd, ef, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
-                  q32, k32, v32, gam, A, M, wl, y32, ph, floor, scope_none, recip, el, u_master):
+    @functools.cache
+    def _task_gdn(consts):
         """:func:`_task` for Gated DeltaNet."""
-        nt = st.shape[0] + 1
-        sh = task // nt
-        slot = task % nt
-        if slot == 0:
-            _truth_gdn(S64[sh], a64, b64, q64, k64, v64, y64, sh)
-        else:
-            i = slot - 1
-            _scheme_gdn(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, b32, q32, k32,
-                        v32, gam, A, M, wl, y32[i], sh, ph, floor, scope_none, recip, el,
-                        u_master)
+        K, F, LANE, FR, FE = consts
 
-    @njit(cache=True, nogil=True)
-    def _task(task, S64, st, rd, ef, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32,
-              x32, B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
-        """One task of a window, one (head, slot): ``task = sh * (ns + 1) + slot``, slot 0 the
-        truth, slot i + 1 scheme i. Tasks write disjoint state and outputs, so threads run
-        different tasks at once (nogil) and the result does not depend on who ran what."""
-        nt = st.shape[0] + 1
-        sh = task // nt
-        slot = task % nt
-        if slot == 0:
-            _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
-        else:
-            i = slot - 1
-            _scheme(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32,
-                    C32, Yb, gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el)
+        @njit(cache=True, nogil=True)
+        def task(task, S64, st, rd, ef, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
+                 q32, k32, v32, gam, A, M, wl, y32, ph, floor, scope_none, recip, el, u_master):
+            nt = st.shape[0] + 1
+            sh = task // nt
+            slot = task % nt
+            if slot == 0:
+                _truth_gdn(S64[sh], a64, b64, q64, k64, v64, y64, sh)
+            else:
+                i = slot - 1
+                _scheme_gdn(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, b32,
+                            q32, k32, v32, gam, A, M, wl, y32[i], sh, ph, floor, scope_none,
+                            recip, el, u_master, K, F, LANE, FR, FE)
+
+        return task
+
+    @functools.cache
+    def _task(consts):
+        """The compiled task of a window, one (head, slot), for schemes of
+        :func:`scheme_consts` ``consts`` (any of them runs the truth): ``task = sh * (ns + 1) +
+        slot``, slot 0 the truth, slot i + 1 scheme i. Tasks write disjoint state and outputs,
+        so threads run different tasks at once (nogil) and the result does not depend on who
+        ran what. The constants are the closure's, so numba compiles one function per scheme
+        kind and formats, with only their branches (numba caches each one: a closure's
+        constants are part of its cache key)."""
+        K, F, LANE, FR, FE = consts
+
+        @njit(cache=True, nogil=True)
+        def task(task, S64, st, rd, ef, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32,
+                 x32, B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
+            nt = st.shape[0] + 1
+            sh = task // nt
+            slot = task % nt
+            if slot == 0:
+                _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
+            else:
+                i = slot - 1
+                _scheme(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, dt32, x32,
+                        B32, C32, Yb, gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el, K, F,
+                        LANE, FR, FE)
+
+        return task
 
     @njit(cache=True, nogil=True)
     def _row_stats(y32, y64, x64, x32, D64, D32, P, kl, err, s_ss, d, yh):
@@ -858,9 +898,10 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
     X = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
     sr = rounding == "sr"
     k0, k1 = pf.stream_keys(seed, stream)
-    out = quantize_many(X, fmt_code(fmt), sr, pf.sr_bits_used(fmt, sr_bits) if sr else 0,
-                        overflow == "ieee", scale_floor == "normal", tensor_scope == "none",
-                        scale_mode == "reciprocal", k0, k1, _EL)
+    bits = pf.sr_bits_used(fmt, sr_bits) if sr else 0
+    out = _quantize_many(fmt_code(fmt), sr_lane(bits) if sr else 0)(
+        X, bits, overflow == "ieee", scale_floor == "normal", tensor_scope == "none",
+        scale_mode == "reciprocal", k0, k1, _EL)
     return out.reshape(x.shape)
 
 
@@ -1065,9 +1106,11 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         return {"t0": t0, "t1": t1, "x": None, "x_t": None, "y64": y64, "y32": y32,
                 "args": args, "next": itertools.count()}
 
-    task_fn = _task_gdn if gdn else _task
-    order = task_order(codes, SH).tolist()
-    ntask = len(order)
+    # each task's compiled function: its scheme's formats (slot 0, the truth: any of them)
+    fns = [(_task_gdn if gdn else _task)(scheme_consts(c)) for c in [*codes[:1], *codes]] \
+        if ns else [(_task_gdn if gdn else _task)((0, 0, 0, 0, -1))]
+    calls = [(fns[t % (ns + 1)], t) for t in task_order(codes, SH).tolist()]
+    ntask = len(calls)
 
     def kernel(w: dict) -> None:
         """Take the window's tasks one at a time until none is left (any number of threads:
@@ -1075,7 +1118,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         tk = time.perf_counter()
         args, cnt = w["args"], w["next"]
         while (j := next(cnt)) < ntask:  # itertools.count: one task per caller, atomic
-            task_fn(order[j], *args)
+            fn, t = calls[j]
+            fn(t, *args)
         t_kernel.append(time.perf_counter() - tk)  # summed: the kernel's seconds, all threads
 
     def snapshot(w: dict) -> None:
