@@ -10,8 +10,8 @@ one per (head, slot) — slot 0 the float64 truth, then one per scheme — keep 
 cache for the whole window and, per step, apply the update, the quantisation (RNE and SR,
 bit-equal to :func:`precsim.formats.quantize`, same counter-based random bits) and the output in
 one pass. Gated DeltaNet: a ReplaySSM output depends on the checkpoint through ``u_t``, so the
-host draws only the segments' input-only matrices (:func:`_gdn_terms`) and each task evaluates
-``u_t``, the output and the fold itself (:func:`_scheme_gdn`). The metrics are the torch
+host draws only the segments' input-only matrices (``numba_host._gdn_terms``) and each task
+evaluates ``u_t``, the output and the fold itself (:func:`_scheme_gdn`). The metrics are the torch
 engine's (:class:`precsim.metrics.Accumulator`), fed once per window with rows a compiled pass
 reduced (rel_err, the readout's normalised inputs).
 
@@ -22,39 +22,23 @@ last one's metrics, then takes tasks too; results are the same bit for bit at an
 
 Compilation: a scheme's kind and formats are constants of its compiled task (:func:`_task`,
 one per :func:`scheme_consts`), so a run compiles the branches and quantisers of its own
-schemes only, and numba caches each on disk (``cache=True``) for the next run.
+schemes only, and numba caches each on disk (``cache=True``) for the next run. numba keys its
+cache on the contents of the file that defines the compiled code, so this module holds the
+compiled kernels and what they need only; the host driver (windows, inputs, threads, metrics,
+checkpoints: :func:`run`) is :mod:`precsim.engines.numba_host`, and a change there, or a new
+release that leaves this file as it is, keeps the compiled code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import itertools
-import math
-import time
 
 import numpy as np
-import torch
 
 from precsim import formats as pf
-from precsim.formats.rng import event_keys
+from precsim.formats.rng import event_keys  # noqa: F401 - re-exported (the host, tests)
 
-from ..checkpoint import Checkpoint, restore_acc
 from ..config import Config, ef_fmt
-from ..families import decays
-from ..metrics import Accumulator, Readout
-from ..result import make_result
-from ..schemes import build_schemes
-from ..workload import expand_groups, make_workload
-from .base import (
-    cpu_threads,
-    flush_events,
-    launch_ends,
-    progress_bar,
-    segment_ends,
-    segment_phase,
-    slow_notice,
-)
 
 NAME = "numba"
 
@@ -777,6 +761,14 @@ if numba is not None:
                        qfmt, qlane, qread, qef)
                 seg += 1
 
+    @njit(cache=True, nogil=True)
+    def _truth_task_gdn(task, S64, st, rd, ef, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32,
+                        b32, q32, k32, v32, gam, A, M, wl, y32, ph, floor, scope_none, recip, el,
+                        u_master):
+        """:func:`_truth_task` for Gated DeltaNet."""
+        sh = task // (st.shape[0] + 1)
+        _truth_gdn(S64[sh], a64, b64, q64, k64, v64, y64, sh)
+
     @functools.cache
     def _task_gdn(consts):
         """:func:`_task` for Gated DeltaNet."""
@@ -785,43 +777,38 @@ if numba is not None:
         @njit(cache=True, nogil=True)
         def task(task, S64, st, rd, ef, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
                  q32, k32, v32, gam, A, M, wl, y32, ph, floor, scope_none, recip, el, u_master):
-            nt = st.shape[0] + 1
-            sh = task // nt
-            slot = task % nt
-            if slot == 0:
-                _truth_gdn(S64[sh], a64, b64, q64, k64, v64, y64, sh)
-            else:
-                i = slot - 1
-                _scheme_gdn(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, b32,
-                            q32, k32, v32, gam, A, M, wl, y32[i], sh, ph, floor, scope_none,
-                            recip, el, u_master, K, F, LANE, FR, FE)
+            sh, i = task // (st.shape[0] + 1), task % (st.shape[0] + 1) - 1
+            _scheme_gdn(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, b32, q32,
+                        k32, v32, gam, A, M, wl, y32[i], sh, ph, floor, scope_none, recip, el,
+                        u_master, K, F, LANE, FR, FE)
 
         return task
 
+    @njit(cache=True, nogil=True)
+    def _truth_task(task, S64, st, rd, ef, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32,
+                    dt32, x32, B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
+        """The float64 truth's task of a window (slot 0, see :func:`_task`), on head ``sh``."""
+        sh = task // (st.shape[0] + 1)
+        _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
+
     @functools.cache
     def _task(consts):
-        """The compiled task of a window, one (head, slot), for schemes of
-        :func:`scheme_consts` ``consts`` (any of them runs the truth): ``task = sh * (ns + 1) +
-        slot``, slot 0 the truth, slot i + 1 scheme i. Tasks write disjoint state and outputs,
-        so threads run different tasks at once (nogil) and the result does not depend on who
-        ran what. The constants are the closure's, so numba compiles one function per scheme
-        kind and formats, with only their branches (numba caches each one: a closure's
-        constants are part of its cache key)."""
+        """The compiled task of a window, one (head, slot), for a scheme of
+        :func:`scheme_consts` ``consts``: ``task = sh * (ns + 1) + slot``, slot 0 the truth
+        (:func:`_truth_task`), slot i + 1 scheme i. Tasks write disjoint state and outputs, so
+        threads run different tasks at once (nogil) and the result does not depend on who ran
+        what. The constants are the closure's, so numba compiles one function per scheme kind
+        and formats, with only their branches (numba caches each one: a closure's constants
+        are part of its cache key)."""
         K, F, LANE, FR, FE = consts
 
         @njit(cache=True, nogil=True)
         def task(task, S64, st, rd, ef, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32,
                  x32, B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
-            nt = st.shape[0] + 1
-            sh = task // nt
-            slot = task % nt
-            if slot == 0:
-                _truth(S64[sh], a64, dt64, x64, B64, C64, y64, sh)
-            else:
-                i = slot - 1
-                _scheme(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, dt32, x32,
-                        B32, C32, Yb, gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el, K, F,
-                        LANE, FR, FE)
+            sh, i = task // (st.shape[0] + 1), task % (st.shape[0] + 1) - 1
+            _scheme(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32,
+                    C32, Yb, gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el, K, F, LANE,
+                    FR, FE)
 
         return task
 
@@ -905,364 +892,9 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
     return out.reshape(x.shape)
 
 
-# ---------------------------------------------------------------------------------------------
-# host driver
-
-
-def _segment_decays(la32, lens, Sq: int, H: int):
-    """A window's ReplaySSM segments (lengths ``lens`` from its start), grouped by length:
-    yields ``(segs, idx, k, m, Lc, decay)`` for the ``k`` segments ``segs`` of ``m`` steps
-    (their steps ``idx``, ``(k*m,)``), ``Lc (k, m, S, H)`` the cumulative float32 log-decays and
-    ``decay (k, S, H, m, m)`` = exp(Lc_t - Lc_j) for j <= t, 0 above (families' decay_matrices,
-    batched over the segments)."""
-    lens = np.asarray(lens)
-    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
-    for m in np.unique(lens)[::-1].tolist():
-        segs = np.flatnonzero(lens == m)
-        k = len(segs)
-        idx = torch.from_numpy((starts[segs][:, None] + np.arange(m)).reshape(-1))
-        Lc = torch.cumsum(la32[idx].reshape(k, m, Sq, H), 1)
-        Lh = Lc.permute(0, 2, 3, 1)  # (k, S, H, m)
-        causal = torch.ones(m, m, dtype=torch.bool).tril()
-        decay = torch.exp(torch.where(causal, Lh[..., :, None] - Lh[..., None, :],
-                                      torch.tensor(float("-inf"))))
-        yield torch.from_numpy(segs), idx, k, m, Lc, decay
-
-
-def _buffer_terms(dt32, la32, x, B, C, lens, Sq: int, H: int):
-    """Input-only ReplaySSM terms of a window (torch, float32, the torch engine's operations):
-    ``gam (n, SH)`` = exp(Lc_t), ``Yb (n, SH, P)`` = the buffer's part of each output and
-    ``Fb (nseg, SH, P, N)`` = the buffer's part of each fold. Segments of lengths ``lens`` from
-    the window's start; ``la32`` the float32 log-decays (the torch engine's: float64 ``dt A``
-    rounded once, not a float32 product)."""
-    n = dt32.shape[0]
-    SH = Sq * H
-    P, N = x.shape[-1], B.shape[-1]
-    gam = torch.empty((n, SH), dtype=torch.float32)
-    Yb = torch.empty((n, SH, P), dtype=torch.float32)
-    Fb = torch.empty((len(lens), SH, P, N), dtype=torch.float32)
-    for segs, sl, k, m, Lc, decay in _segment_decays(la32, lens, Sq, H):
-        W = decay * dt32[sl].reshape(k, m, Sq, H).permute(0, 2, 3, 1)[..., None, :]
-        xs = x[sl].reshape(k, m, Sq, H, P)
-        Bs = B[sl].reshape(k, m, Sq, H, N)
-        Cs = C[sl].reshape(k, m, Sq, H, N)
-        G = torch.einsum("ktshn,kjshn->kshtj", Cs, Bs)
-        Y = torch.einsum("kshtj,kjshp->ktshp", W * G, xs)
-        Yb[sl] = Y.reshape(k * m, SH, P)
-        gam[sl] = torch.exp(Lc).reshape(k * m, SH)
-        w_last = W[..., -1, :].permute(0, 3, 1, 2)  # (k, m, S, H)
-        F = torch.einsum("kjshp,kjshn->kshpn", w_last[..., None] * xs, Bs)
-        Fb[segs] = F.reshape(k, SH, P, N)
-    return gam, Yb, Fb
-
-
-def _gdn_terms(la32, q, k, lens, L: int, Sq: int, H: int):
-    """Input-only ReplaySSM terms of a GDN window (torch, float32, families.gdn.segment's
-    operations): ``gam (n, SH)`` = exp(Lc_t), per segment ``A (nseg, SH, L, L)`` the strictly
-    lower ``decay * (k_t . k_j)``, ``M`` the lower ``decay * (q_t . k_j)`` and ``wl (nseg, SH,
-    L)`` the last row of ``decay``. Segments of lengths ``lens`` (at most L) from the window's
-    start."""
-    n = la32.shape[0]
-    SH = Sq * H
-    Kd = k.shape[-1]
-    nseg = len(lens)
-    gam = torch.empty((n, SH), dtype=torch.float32)
-    A = torch.zeros((nseg, SH, L, L), dtype=torch.float32)
-    M = torch.zeros_like(A)
-    wl = torch.zeros((nseg, SH, L), dtype=torch.float32)
-    for segs, sl, kk, m, Lc, decay in _segment_decays(la32, lens, Sq, H):
-        ks = k[sl].reshape(kk, m, Sq, H, Kd)
-        qs = q[sl].reshape(kk, m, Sq, H, Kd)
-        KK = torch.einsum("ktshc,kjshc->kshtj", ks, ks)
-        QK = torch.einsum("ktshc,kjshc->kshtj", qs, ks)
-        A[segs, :, :m, :m] = (decay * KK).tril(-1).reshape(kk, SH, m, m)
-        M[segs, :, :m, :m] = (decay * QK).reshape(kk, SH, m, m)
-        wl[segs, :, :m] = decay[..., -1, :].reshape(kk, SH, m)
-        gam[sl] = torch.exp(Lc).reshape(kk * m, SH)
-    return gam, A, M, wl
-
-
 def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs: bool = False,
-        ckpt: Checkpoint | None = None):
-    """Run ``cfg`` on the fused CPU engine; the same ``Result`` as the torch engine's.
+        ckpt=None):
+    """Run ``cfg`` on the fused CPU engine: :func:`precsim.engines.numba_host.run`."""
+    from .numba_host import run as host_run
 
-    ``record_outputs`` keeps every output in ``info["outputs"]`` (tests, small runs); ``ckpt``
-    saves and restores its state (:mod:`precsim.checkpoint`).
-    """
-    t_start = time.perf_counter()
-    wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
-    reason = supports(cfg, device)
-    if reason is not None:  # the torch engine runs it, with a note
-        import logging
-
-        from . import torch as torch_engine
-
-        logging.getLogger("precsim").warning(
-            "precsim: the numba engine does not support %s; running the torch engine", reason)
-        res = torch_engine.run(cfg, device, progress=progress, record_outputs=record_outputs,
-                               ckpt=ckpt)
-        res.info["numba_fallback"] = reason
-        return res
-    threads = min(cpu_threads(cfg.run.threads), numba.config.NUMBA_NUM_THREADS)
-    ck = ckpt or Checkpoint(cfg, None)
-    ck.start(NAME, "cpu", t_start)
-    m = cfg.model
-    Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
-    SH = Sq * H
-    steps, L = cfg.run.steps, cfg.replay.buffer_len
-    schemes = build_schemes(cfg)
-    ns = len(schemes)
-    codes = np.stack([scheme_codes(s.cfg) for s in schemes]) if ns else np.zeros((0, NCODE),
-                                                                                   np.int64)
-    S64 = np.zeros((SH, P, N))
-    st = np.zeros((ns, SH, P, N), dtype=np.float32)
-    rd = np.zeros_like(st)
-    # error feedback's residuals (empty matrices when no scheme has it)
-    ef = np.zeros((ns, SH, P, N) if (codes[:, C_EF] >= 0).any() else (ns, SH, 0, 0), np.float32)
-    k0 = pf.stream_keys(cfg.run.seed, 0)[0]
-    ev = np.arange(steps, dtype=np.int64)
-    seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
-    flush_ev = flush_events(seg_ends, steps)
-    phase = segment_phase(seg_ends, steps, cfg.replay.drafts == 0)
-    keys = np.zeros((ns, steps), dtype=np.uint32)
-    for i, s in enumerate(schemes):
-        if s.cfg.rounding == "sr":
-            keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else flush_ev, 0)[1]
-    gdn = cfg.model.family == "gdn"
-    A64 = None if gdn else np.asarray(wl.params["A"], dtype=np.float64)
-    D = wl.params.get("D")
-    D64 = torch.as_tensor(D, dtype=torch.float64) if D is not None else None
-    readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
-        if cfg.metrics.kl else None
-    acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
-    bufdt = cfg.replay.buffer_dtype
-    floor, scope_none = cfg.formats.scale_floor == "normal", cfg.formats.tensor_scope == "none"
-    recip = cfg.formats.nvfp4_scale == "reciprocal"
-    bar = progress_bar(cfg, progress)
-    names = ["truth", *(s.name for s in schemes)]
-    recorded: dict[str, list] = {n: [] for n in names}
-    dead_at: list[int | None] = [None] * ns
-    t_kernel: list[float] = []
-
-    def lens(t0: int, t1: int) -> np.ndarray:
-        """The lengths of the segments of steps [t0, t1) (t0 and t1 are flushes)."""
-        e = seg_ends[(seg_ends > t0) & (seg_ends <= t1)]
-        return np.diff(e, prepend=t0)
-
-    def prepare(t0: int, t1: int) -> dict:
-        """The window's inputs, decays and buffer terms (host, torch/NumPy)."""
-        n = t1 - t0
-        raw_t = expand_groups(wl.chunk(t0, t1), H)
-        raw = {k: v.numpy() for k, v in raw_t.items()}
-        if gdn:
-            return prepare_gdn(t0, t1, raw_t, raw)
-        dt_t = torch.from_numpy(raw["dt"]).to(torch.float32)  # (n, S, H)
-        x_t = torch.from_numpy(raw["x"]).to(torch.float32)
-        B_t = torch.from_numpy(raw["B"]).to(torch.float32)
-        C_t = torch.from_numpy(raw["C"]).to(torch.float32)
-        dec = decays("mamba2", raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
-                     cfg.model.decay_exp)  # the torch engine's decays
-        xb, Bb = x_t, B_t
-        if bufdt not in ("fp32", "fp64"):
-            xb, Bb = pf.quantize(x_t, bufdt, "rne"), pf.quantize(B_t, bufdt, "rne")
-        gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), dec["la"], xb, Bb, C_t, lens(t0, t1),
-                                    Sq, H)
-        y64 = np.empty((n, SH, P))
-        y32 = np.empty((ns, n, SH, P), dtype=np.float32)
-        args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
-                np.exp(raw["dt"] * A64).reshape(n, SH),
-                np.ascontiguousarray(raw["dt"].reshape(n, SH)),
-                np.ascontiguousarray(raw["x"].reshape(n, SH, P)),
-                np.ascontiguousarray(raw["B"].reshape(n, SH, N)),
-                np.ascontiguousarray(raw["C"].reshape(n, SH, N)), y64,
-                dec["a"].reshape(n, SH).numpy(), dt_t.reshape(n, SH).numpy(),
-                x_t.reshape(n, SH, P).numpy(), B_t.reshape(n, SH, N).numpy(),
-                C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32,
-                phase[t0:t1], floor, scope_none, recip, _EL)
-        return {"t0": t0, "t1": t1, "x": raw["x"], "x_t": x_t, "y64": y64, "y32": y32,
-                "args": args, "next": itertools.count()}
-
-    u_master = cfg.replay.gdn_u_source == "master"
-
-    def prepare_gdn(t0: int, t1: int, raw_t: dict, raw: dict) -> dict:
-        """:func:`prepare` for Gated DeltaNet: the inputs in float64 (the truth) and float32, the
-        decays and the segments' input-only matrices (:func:`_gdn_terms`)."""
-        n = t1 - t0
-        f32 = {k: torch.from_numpy(raw[k]).to(torch.float32) for k in ("beta", "q", "k", "v")}
-        dec = decays("gdn", raw_t, {}, torch.float32, cfg.model.decay_exp)
-        gam, Am, Mm, wlast = _gdn_terms(dec["la"], f32["q"], f32["k"], lens(t0, t1), L, Sq, H)
-
-        def flat(a, *tail):
-            return np.ascontiguousarray(a.reshape(n, SH, *tail))
-
-        y64 = np.empty((n, SH, P))
-        y32 = np.empty((ns, n, SH, P), dtype=np.float32)
-        args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
-                flat(np.exp(raw["g"])), flat(raw["beta"]), flat(raw["q"], N), flat(raw["k"], N),
-                flat(raw["v"], P), y64, flat(dec["a"].numpy()), flat(f32["beta"].numpy()),
-                flat(f32["q"].numpy(), N), flat(f32["k"].numpy(), N), flat(f32["v"].numpy(), P),
-                gam.numpy(), Am.numpy(), Mm.numpy(), wlast.numpy(), y32, phase[t0:t1], floor,
-                scope_none, recip, _EL, u_master)
-        return {"t0": t0, "t1": t1, "x": None, "x_t": None, "y64": y64, "y32": y32,
-                "args": args, "next": itertools.count()}
-
-    # each task's compiled function: its scheme's formats (slot 0, the truth: any of them)
-    fns = [(_task_gdn if gdn else _task)(scheme_consts(c)) for c in [*codes[:1], *codes]] \
-        if ns else [(_task_gdn if gdn else _task)((0, 0, 0, 0, -1))]
-    calls = [(fns[t % (ns + 1)], t) for t in task_order(codes, SH).tolist()]
-    ntask = len(calls)
-
-    def kernel(w: dict) -> None:
-        """Take the window's tasks one at a time until none is left (any number of threads:
-        the workers and, between its own work, the host)."""
-        tk = time.perf_counter()
-        args, cnt = w["args"], w["next"]
-        while (j := next(cnt)) < ntask:  # itertools.count: one task per caller, atomic
-            fn, t = calls[j]
-            fn(t, *args)
-        t_kernel.append(time.perf_counter() - tk)  # summed: the kernel's seconds, all threads
-
-    def snapshot(w: dict) -> None:
-        """The held states at the window's end, if a drift sample is due (before the next
-        window's kernel overwrites them)."""
-        if acc.want_drift(w["t1"]):
-            w["states"] = (S64.copy(), st.copy(), rd.copy()) if overlap else (S64, st, rd)
-
-    W = H * P
-    D64n = np.asarray(D, dtype=np.float64) if D is not None else np.zeros(0)
-    want_kl = readout is not None
-
-    def finish(w: dict) -> None:
-        """Dead schemes, the metrics (rows by ``_row_stats``, the KL from them), the drift
-        sample, the outputs kept, the bar."""
-        t0, t1 = w["t0"], w["t1"]
-        n = t1 - t0
-        rows = n * Sq
-        err, s_ss, yh = np.empty((ns, rows)), np.empty((ns, rows)), np.empty((rows, W))
-        d = np.empty((ns, rows, W) if want_kl else (0, 0, 0), dtype=np.float32)
-        no = np.zeros((0, 0))
-        x64 = np.ascontiguousarray(w["x"]).reshape(rows, W) if D is not None else no
-        _row_stats(w["y32"].reshape(ns, rows, W), w["y64"].reshape(rows, W), x64,
-                   x64.astype(np.float32), D64n, D64n.astype(np.float32), P, want_kl, err, s_ss,
-                   d, yh)
-        cuts = []
-        for i in range(ns):
-            if dead_at[i] is None:  # the first step with a non-finite output (any sequence)
-                bad = ~np.isfinite(s_ss[i]).reshape(n, Sq).all(axis=1)
-                if bad.any():
-                    dead_at[i] = t0 + int(np.argmax(bad)) + 1
-            cuts.append(_dead_cut(dead_at[i], t0, n, seg_ends))
-            err[i, cuts[i] * Sq:] = math.nan  # after the dying segment: NaN outputs
-            if want_kl:
-                d[i, cuts[i] * Sq:] = math.nan
-        acc.push_rows(torch.from_numpy(err).view(ns, n, Sq),
-                      torch.from_numpy(yh).view(n, Sq, W) if want_kl else None,
-                      torch.from_numpy(d).view(ns, n, Sq, W) if want_kl else None)
-        if record_outputs:
-            y_ref = torch.from_numpy(w["y64"]).view(n, Sq, H, P)
-            if D64 is not None:
-                y_ref = y_ref + D64[:, None] * torch.from_numpy(w["x"])
-            recorded["truth"].append(y_ref.numpy())
-            for i, s in enumerate(schemes):
-                y = torch.from_numpy(w["y32"][i]).view(n, Sq, H, P)
-                if D64 is not None:
-                    y = y + D64.to(torch.float32)[:, None] * w["x_t"]
-                y = y.clone()
-                y[cuts[i]:] = math.nan
-                recorded[s.name].append(y.numpy())
-        if "states" in w:
-            s64, s32, r32 = w["states"]
-            def v4(a):
-                return torch.from_numpy(a).view(Sq, H, P, N)
-
-            acc.record_drift(t1, v4(s64), {s.name: None if dead_at[i] is not None else {
-                "state": v4(s32[i]), **({"read": v4(r32[i])} if s.kind == "split" else {})}
-                for i, s in enumerate(schemes)})
-        if bar is not None:
-            bar.update(n)
-
-    # With more than one thread, threads - 1 workers take the window's tasks while the host
-    # draws the next window's inputs and reduces the last window's metrics (torch, one thread),
-    # then takes tasks too: the cores stay busy whichever side has more to do (a numba parallel
-    # kernel beside the host thread oversubscribed the cores). One thread: window after window.
-    overlap = threads > 1
-    ends = launch_ends(seg_ends, cfg.metrics.window)
-    t0 = 0
-    saved = ck.resume()
-    if saved is not None:  # the arrays in place: every window's arguments refer to them
-        t0, dead_at[:] = saved["pos"], saved["dead"]
-        for a, k in ((S64, "S64"), (st, "st"), (rd, "rd"), (ef, "ef")):
-            a[...] = saved.get(k, a)
-        restore_acc(acc, saved["acc"])
-        ends = [e for e in ends if e > t0]
-        if bar is not None:
-            bar.update(t0)
-
-    def whole(pos: int):  # the state when window ``pos`` is finished and the next not started
-        return lambda: {"pos": pos, "S64": S64, "st": st, "rd": rd, "ef": ef, "dead": dead_at,
-                        "acc": acc,
-                        "dead_at": {s.name: dead_at[i] for i, s in enumerate(schemes)}}
-
-    first = slow_notice("compiling the fused CPU engine (the first run after an install; numba "
-                        "caches it on disk)", bar is not None, after=4.0)
-    if not overlap:
-        for t1 in ends:
-            w = prepare(t0, t1)
-            with first if t0 == 0 else contextlib.nullcontext():
-                kernel(w)
-            snapshot(w)
-            finish(w)
-            t0 = t1
-            ck.window(t1, whole(t1))
-    else:
-        from concurrent.futures import ThreadPoolExecutor, wait
-
-        with ThreadPoolExecutor(threads - 1, thread_name_prefix="precsim-numba") as pool:
-            futs, prev = [], None
-            for t1 in ends:
-                w = prepare(t0, t1)
-                if prev is not None:
-                    with first if prev["t0"] == 0 else contextlib.nullcontext():
-                        kernel(prev)  # the host's share of the running window
-                        wait(futs)
-                    for f in futs:
-                        f.result()
-                    snapshot(prev)
-                    if ck.due(prev["t1"]):  # whole: finish it before the next one starts
-                        finish(prev)
-                        ck.window(prev["t1"], whole(prev["t1"]))
-                        prev = None
-                futs = [pool.submit(kernel, w) for _ in range(threads - 1)]
-                if prev is not None:
-                    finish(prev)
-                prev, t0 = w, t1
-            kernel(prev)
-            for f in futs:
-                f.result()
-            snapshot(prev)
-            finish(prev)
-    acc.finish()
-    if bar is not None:
-        bar.close()
-    for i, s in enumerate(schemes):
-        s.dead_at = dead_at[i]
-    n_flush = len(seg_ends)
-    info = {"flushes": n_flush, "workload": cfg.workload.kind,
-            "mean_segment": steps / max(n_flush, 1), "kernel_s": sum(t_kernel),
-            "threads": threads, **ck.info()}
-    if record_outputs:
-        info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
-    return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,
-                       device="cpu", t_start=t_start, info=info)
-
-
-def _dead_cut(dead_at: int | None, t0: int, n: int, seg_ends: np.ndarray) -> int:
-    """The torch engine's dead-scheme rule: a segment with a non-finite output marks the scheme
-    dead at that step and its outputs read as NaN from the end of that segment on (it stops
-    running). The first of the window's ``n`` steps (from ``t0``) that reads as NaN (``n``:
-    none)."""
-    if dead_at is None:
-        return n
-    end = int(seg_ends[np.searchsorted(seg_ends, dead_at - 1, side="right")]) \
-        if dead_at - 1 < seg_ends[-1] else seg_ends[-1]
-    return min(n, max(0, end - t0))
+    return host_run(cfg, device, progress=progress, record_outputs=record_outputs, ckpt=ckpt)
