@@ -859,6 +859,24 @@ if numba is not None:
                 yh[r, c] = yh[r, c] / rms_r
 
 
+def task_function(gdn: bool, consts: tuple[int, ...] | None):
+    """The compiled task of the float64 truth (``consts`` None) or of a scheme of
+    :func:`scheme_consts` ``consts``, Mamba-2 or (``gdn``) Gated DeltaNet."""
+    if consts is None:
+        return _truth_task_gdn if gdn else _truth_task
+    return (_task_gdn if gdn else _task)(tuple(consts))
+
+
+def compile_tasks() -> None:
+    """A helper process's work (:func:`precsim.engines.numba_host.compile_ahead`): compile the
+    tasks read from stdin (a pickled list of ``(gdn, consts, signature)``) into numba's cache."""
+    import pickle
+    import sys
+
+    for gdn, consts, sig in pickle.load(sys.stdin.buffer):
+        task_function(gdn, consts).compile(sig)
+
+
 def task_order(codes: np.ndarray, heads: int) -> np.ndarray:
     """The windows' tasks (head, slot) costliest first (a thread that takes the last task then
     waits the least): slots by a static estimate (block formats, then SR, then quantising every

@@ -6,9 +6,9 @@ numba's cache of that code valid."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
+import threading
 import time
 
 import numpy as np
@@ -30,7 +30,6 @@ from .base import (
     progress_bar,
     segment_ends,
     segment_phase,
-    slow_notice,
 )
 from .numba import (
     _EL,
@@ -38,17 +37,79 @@ from .numba import (
     NAME,
     NCODE,
     _row_stats,
-    _task,
-    _task_gdn,
-    _truth_task,
-    _truth_task_gdn,
     event_keys,
     numba,
     scheme_codes,
     scheme_consts,
     supports,
+    task_function,
     task_order,
 )
+
+HELPER_START = 1.5  # a helper process's start before it compiles, in compile_cost's units
+
+
+def compile_cost(gdn: bool, consts: tuple[int, ...] | None) -> float:
+    """A rough compile time of a task (~seconds on the 2-core machine): the truth's, or a
+    scheme's from its quantisers (:func:`precsim.engines.numba.scheme_consts`)."""
+    if consts is None:
+        return 1.0
+    kind, fmt, lane, read, ef = consts
+    return 1.5 + 1.5 * (fmt > 0) + 1.5 * (read > 0) + (ef >= 0) + 0.5 * (lane > 0)
+
+
+def _cached(fn, sig) -> bool:
+    """Whether ``fn`` has ``sig`` compiled in this process or in numba's cache on disk (True
+    when that cannot be told: the first call then compiles or loads it as usual)."""
+    if tuple(sig) in fn.overloads:
+        return True
+    try:  # numba's index of the function's cached signatures, without loading the code
+        cache = fn._cache
+        return cache._index_key(sig, fn.targetctx.codegen()) in cache._cache_file._load_index()
+    except Exception:  # noqa: BLE001 - no cache (NullCache) or another numba: not ahead
+        return True
+
+
+def compile_ahead(tasks: list, fns: list, args: tuple, threads: int) -> None:
+    """Before the first window, every task the run calls (``fns``, of ``tasks`` ``(gdn,
+    consts)``) compiled or loaded from numba's cache, so that no task compiles mid-window. The
+    ones not in the cache yet are compiled after a one-line notice; with 2+ threads a helper
+    process compiles part of them at the same time (numba compiles one function at a time per
+    process), into the same cache, from which this process then loads them."""
+    import pickle
+    import subprocess
+    import sys
+
+    todo, seen = [], set()
+    for key, fn in zip(tasks, fns, strict=True):
+        sig = tuple(fn.typeof_pyval(a) for a in (0, *args))
+        if id(fn) not in seen and not _cached(fn, sig):
+            todo.append((key, fn, sig))
+        seen.add(id(fn))
+    if not todo:
+        return
+    print(f"precsim: compiling the fused CPU engine for this run's schemes ({len(todo)} "
+          "functions, once: numba caches them on disk) ...", file=sys.stderr, flush=True)
+    mine, theirs, load = [], [], [0.0, HELPER_START]
+    for item in sorted(todo, key=lambda it: -compile_cost(*it[0])):  # longest first, to the
+        j = 0 if threads < 2 or load[0] <= load[1] else 1  # less loaded of the two
+        (mine, theirs)[j].append(item)
+        load[j] += compile_cost(*item[0])
+    helper = None
+    if theirs:
+        try:
+            helper = subprocess.Popen(
+                [sys.executable, "-c",
+                 "from precsim.engines.numba import compile_tasks; compile_tasks()"],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with helper.stdin:
+                helper.stdin.write(pickle.dumps([(*k, sig) for k, _, sig in theirs]))
+        except OSError:  # no helper: this process compiles them at their first call
+            helper = None
+    for _, fn, sig in mine:
+        fn.compile(sig)
+    if helper is not None:
+        helper.wait()
 
 
 def _segment_decays(la32, lens, Sq: int, H: int):
@@ -249,16 +310,22 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 "args": args, "next": itertools.count()}
 
     # each task's compiled function: the truth's (slot 0), its scheme's kind and formats
-    fns = [_truth_task_gdn if gdn else _truth_task,
-           *((_task_gdn if gdn else _task)(scheme_consts(c)) for c in codes)]
+    tasks = [(gdn, None), *((gdn, scheme_consts(c)) for c in codes)]
+    fns = [task_function(*k) for k in tasks]
     calls = [(fns[t % (ns + 1)], t) for t in task_order(codes, SH).tolist()]
     ntask = len(calls)
+    ahead = threading.Lock()
+    ready: list[bool] = []
 
     def kernel(w: dict) -> None:
         """Take the window's tasks one at a time until none is left (any number of threads:
         the workers and, between its own work, the host)."""
         tk = time.perf_counter()
         args, cnt = w["args"], w["next"]
+        with ahead:  # the first window's first caller: every task compiled or loaded first
+            if not ready:
+                compile_ahead(tasks, fns, args, threads)
+                ready.append(True)
         while (j := next(cnt)) < ntask:  # itertools.count: one task per caller, atomic
             fn, t = calls[j]
             fn(t, *args)
@@ -345,13 +412,10 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                         "acc": acc,
                         "dead_at": {s.name: dead_at[i] for i, s in enumerate(schemes)}}
 
-    first = slow_notice("compiling the fused CPU engine (the first run after an install; numba "
-                        "caches it on disk)", bar is not None, after=4.0)
     if not overlap:
         for t1 in ends:
             w = prepare(t0, t1)
-            with first if t0 == 0 else contextlib.nullcontext():
-                kernel(w)
+            kernel(w)
             snapshot(w)
             finish(w)
             t0 = t1
@@ -364,9 +428,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
             for t1 in ends:
                 w = prepare(t0, t1)
                 if prev is not None:
-                    with first if prev["t0"] == 0 else contextlib.nullcontext():
-                        kernel(prev)  # the host's share of the running window
-                        wait(futs)
+                    kernel(prev)  # the host's share of the running window
+                    wait(futs)
                     for f in futs:
                         f.result()
                     snapshot(prev)
