@@ -452,7 +452,7 @@ if numba is not None:
 
     _absmax16, _absmax32 = _vec_absmax(16), _vec_absmax(32)
 
-    @njit(cache=True)
+    @njit(cache=True, inline="always")
     def _quant(M, out, f, lane, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
         """Fake-quantise one C-contiguous float32 matrix ``M (P, N)`` into ``out`` (may alias M):
         a copy, then :func:`_qin` on ``out``."""
@@ -609,7 +609,7 @@ if numba is not None:
                 row[n] = a * row[n] + dx * Bv[n]
             y[p] = _dot(row, Cv)
 
-    @njit(cache=True)
+    @njit(cache=True, inline="always")
     def _truth(S, a64, dt64, x64, B64, C64, y64, sh):
         for i in range(a64.shape[0]):
             _update(S, a64[i, sh], dt64[i, sh], x64[i, sh], B64[i, sh], C64[i, sh], y64[i, sh])
@@ -683,7 +683,7 @@ if numba is not None:
             row[c] = a * row[c] + u * k[c]
         return _dot(row, q)
 
-    @njit(cache=True)
+    @njit(cache=True, inline="always")
     def _truth_gdn(S, a64, b64, q64, k64, v64, y64, sh):
         for i in range(a64.shape[0]):
             for p in range(S.shape[0]):
@@ -859,17 +859,30 @@ if numba is not None:
                 yh[r, c] = yh[r, c] / rms_r
 
 
-def task_function(gdn: bool, consts: tuple[int, ...] | None):
+def task_function(gdn: bool | None, consts: tuple[int, ...] | None):
     """The compiled task of the float64 truth (``consts`` None) or of a scheme of
-    :func:`scheme_consts` ``consts``, Mamba-2 or (``gdn``) Gated DeltaNet."""
+    :func:`scheme_consts` ``consts``, Mamba-2 or (``gdn``) Gated DeltaNet; ``gdn`` None: the
+    window's row statistics (``_row_stats``)."""
+    if gdn is None:
+        return _row_stats
     if consts is None:
         return _truth_task_gdn if gdn else _truth_task
     return (_task_gdn if gdn else _task)(tuple(consts))
 
 
+def row_stats_signature() -> tuple:
+    """The argument types the host calls ``_row_stats`` with (C-contiguous arrays, an int, a
+    bool)."""
+    f32, f64 = np.float32, np.float64
+    return tuple(numba.typeof(np.zeros((0,) * nd, dt) if nd else dt) for nd, dt in (
+        (3, f32), (2, f64), (2, f64), (2, f32), (1, f64), (1, f32), (0, 0), (0, True), (2, f64),
+        (2, f64), (3, f32), (2, f64)))
+
+
 def compile_tasks() -> None:
     """A helper process's work (:func:`precsim.engines.numba_host.compile_ahead`): compile the
-    tasks read from stdin (a pickled list of ``(gdn, consts, signature)``) into numba's cache."""
+    functions read from stdin (a pickled list of :func:`task_function`'s ``(gdn, consts)`` and
+    a signature) into numba's cache."""
     import pickle
     import sys
 

@@ -39,6 +39,7 @@ from .numba import (
     _row_stats,
     event_keys,
     numba,
+    row_stats_signature,
     scheme_codes,
     scheme_consts,
     supports,
@@ -49,9 +50,10 @@ from .numba import (
 HELPER_START = 1.5  # a helper process's start before it compiles, in compile_cost's units
 
 
-def compile_cost(gdn: bool, consts: tuple[int, ...] | None) -> float:
-    """A rough compile time of a task (~seconds on the 2-core machine): the truth's, or a
-    scheme's from its quantisers (:func:`precsim.engines.numba.scheme_consts`)."""
+def compile_cost(gdn: bool | None, consts: tuple[int, ...] | None) -> float:
+    """A rough compile time of a :func:`precsim.engines.numba.task_function` (~seconds on the
+    2-core machine): the truth's, the row statistics', or a scheme's from its quantisers
+    (:func:`precsim.engines.numba.scheme_consts`)."""
     if consts is None:
         return 1.0
     kind, fmt, lane, read, ef = consts
@@ -81,8 +83,9 @@ def compile_ahead(tasks: list, fns: list, args: tuple, threads: int) -> None:
     import sys
 
     todo, seen = [], set()
-    for key, fn in zip(tasks, fns, strict=True):
-        sig = tuple(fn.typeof_pyval(a) for a in (0, *args))
+    sigs = [tuple(fn.typeof_pyval(a) for a in (0, *args)) for fn in fns]
+    for key, fn, sig in zip([*tasks, (None, None)], [*fns, _row_stats],
+                            [*sigs, row_stats_signature()], strict=True):
         if id(fn) not in seen and not _cached(fn, sig):
             todo.append((key, fn, sig))
         seen.add(id(fn))
