@@ -1,5 +1,11 @@
 """CPU engines vs the plain NumPy per-step loop, measured side by side in one run.
 
+First, the card's command as a user runs it, ``python -m precsim experiment=split_nvfp4`` (the
+fused numba engine, ``run.engine=auto``), as whole processes: the first process after an install
+(``NUMBA_CACHE_DIR`` a new, empty folder: it compiles) and the warm ones after it (the compiled
+code loaded from that cache), ``--repeats`` times, beside the same command on the NumPy loop
+(``run.engine=numpy``). ``--card-only`` stops there.
+
 Both sides run the same study — ``experiment=seed_table`` (five schemes + float64 truth,
 seed_article workload, L = 16) — as whole processes (``python -m precsim ...``: interpreter start,
 imports, Hydra, simulation, files and plot), then in-process (simulation only) so the ratio of the
@@ -14,6 +20,7 @@ against the NumPy loop, its compile cache warm (a warm-up process fills it first
 process's compile time is measured with an empty cache (``NUMBA_CACHE_DIR`` set to a new folder).
 
     python experiments/bench/bench_cpu.py [--heads 8] [--steps 4096] [--repeats 1] [--numba-only]
+                                          [--card-only]
 """
 
 from __future__ import annotations
@@ -21,26 +28,71 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 
 FLOOR = 256  # steps of the short runs (compile, cache, process floor): one metrics window
+CARD = ["experiment=split_nvfp4"]  # the card's command (README, Quick start)
 
 
-def whole_process(engine: str, heads: int, steps: int, env: dict | None = None) -> float:
+def command(overrides: list[str], env: dict | None = None, cpu: list | None = None) -> float:
+    """Wall seconds of one whole ``python -m precsim`` process (a new run directory); its CPU
+    seconds (user + system, its helper processes included) appended to ``cpu``."""
     with tempfile.TemporaryDirectory() as d:
-        args = [sys.executable, "-m", "precsim", "experiment=seed_table", f"model.heads={heads}",
-                f"run.steps={steps}", f"run.engine={engine}", "run.progress=false",
-                f"hydra.run.dir={d}/out"]
+        args = [sys.executable, "-m", "precsim", *overrides, f"hydra.run.dir={d}/out"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         r = subprocess.run(args, capture_output=True, text=True,
                            env={**os.environ, **(env or {})})
         wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if r.returncode != 0:
-            raise SystemExit(f"{engine} run failed:\n{r.stderr[-2000:]}")
+            raise SystemExit(f"{' '.join(overrides)} failed:\n{r.stderr[-2000:]}")
+        if cpu is not None:
+            cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         return wall
+
+
+def whole_process(engine: str, heads: int, steps: int, env: dict | None = None) -> float:
+    return command(["experiment=seed_table", f"model.heads={heads}", f"run.steps={steps}",
+                    f"run.engine={engine}", "run.progress=false"], env)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def card_section(repeats: int) -> None:
+    """The card's command: first process (empty numba cache), warm processes, the NumPy loop."""
+    print(f"\nthe card's command, python -m precsim {' '.join(CARD)}, whole processes "
+          f"({load()})")
+    print(f"{'rep':>4}{'first process s':>17}{'warm s':>16}{'CPU s: first':>14}{'warm':>14}")
+    firsts, warms = [], []
+    for rep in range(repeats):
+        cpu: list[float] = []
+        with tempfile.TemporaryDirectory() as cache:
+            env = {"NUMBA_CACHE_DIR": cache}
+            first = command(CARD, env, cpu)
+            warm = [command(CARD, env, cpu) for _ in range(2)]
+        firsts.append(first)
+        warms += warm
+        print(f"{rep:>4}{first:>17.2f}{' / '.join(f'{w:.2f}' for w in warm):>16}"
+              f"{cpu[0]:>14.2f}{' / '.join(f'{c:.2f}' for c in cpu[1:]):>14}")
+    t_np = command([*CARD, "run.engine=numpy"])
+    print(f"first process {min(firsts):.1f}-{max(firsts):.1f} s, warm {min(warms):.1f}-"
+          f"{max(warms):.1f} s; the NumPy loop (run.engine=numpy), one process: {t_np:.1f} s "
+          f"({t_np / min(warms):.1f}x the warm process) ({load()})")
 
 
 def in_process(engine: str, heads: int, steps: int, only: str | None = None,
@@ -122,18 +174,25 @@ def main() -> None:
     ap.add_argument("--whole-steps", type=int, default=32768)
     ap.add_argument("--numba-only", action="store_true",
                     help="only the numba section (engine only and whole process)")
+    ap.add_argument("--card-only", action="store_true",
+                    help="only the card's command (first and warm processes, the NumPy loop)")
     ap.add_argument("--skip-numpy-whole", action="store_true",
                     help="leave out the NumPy loop's whole process at --whole-steps (minutes)")
     a = ap.parse_args()
     from precsim.cli import keep_freed_memory
 
     keep_freed_memory()  # as the command line does: the in-process rows run under its malloc
+    import numba
     import numpy as np
     import torch
 
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  {platform.platform()}  cpus={os.cpu_count()}  "
-          f"python {platform.python_version()}  numpy {np.__version__}  torch {torch.__version__}"
-          f" (threads {torch.get_num_threads()})")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M %Z')}  {platform.platform()}  {cpu_model()}  "
+          f"cpus={os.cpu_count()}  python {platform.python_version()}  numpy {np.__version__}  "
+          f"torch {torch.__version__} (threads {torch.get_num_threads()})  numba "
+          f"{numba.__version__}")
+    card_section(a.repeats)
+    if a.card_only:
+        return
     print(f"# study: experiment=seed_table, model.heads={a.heads} (x64x128), "
           f"run.steps={a.steps}, 5 schemes + float64 truth")
     if a.numba_only:

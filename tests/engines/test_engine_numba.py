@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import subprocess
+import sys
 import zlib
 
 import ml_dtypes
@@ -18,7 +22,7 @@ from precsim import oracle  # noqa: E402
 from precsim.config import to_config  # noqa: E402
 from precsim.engines import run  # noqa: E402
 from precsim.engines.held import Capture  # noqa: E402
-from precsim.engines.numba import event_keys, quantize, supports  # noqa: E402
+from precsim.engines.numba import event_keys, fmt_code, quantize, supports  # noqa: E402
 from precsim.engines.numba import run as run_numba  # noqa: E402
 from precsim.engines.torch import run as run_torch  # noqa: E402
 
@@ -388,3 +392,52 @@ def test_auto_picks_numba_on_cpu_when_it_covers_the_config(monkeypatch):
     assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE, formats__rotate=True)) == "torch"
     monkeypatch.setattr(nb_engine, "available", lambda: False)  # numba not installed
     assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE)) == "torch"
+
+
+def _python(code: str, cache, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    """``code`` in a new interpreter whose numba cache is the folder ``cache``."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True,
+                          env=env, check=True)
+
+
+def test_a_run_compiles_its_own_formats_only_and_caches_them(tmp_path):
+    """With an empty numba cache a run of conventional FP32 and split FP32 + FP8 (RNE) compiles
+    one quantiser, FP8 E4M3's, and no other format's (the engine once compiled them all), and
+    says so once on stderr; the next process, on 2 threads (a helper would compile what is
+    missing), finds every function in the cache: no notice, the same rows."""
+    cfg = tiny_cfg(steps=64, schemes={
+        "conventional_fp32": {"kind": "conventional", "fmt": "fp32"},
+        "split_fp32_fp8": {"kind": "split", "fmt": "fp32", "read_fmt": "fp8_e4m3"}})
+    code = f"""
+import json
+from precsim.config import to_config
+from precsim.engines import numba as nb
+from precsim.engines.numba_host import run
+typed, impl = [], nb._qin_impl
+nb._qin_impl = lambda f, lane: typed.append((f, lane)) or impl(f, lane)
+cfg = to_config(json.loads({json.dumps(json.dumps(cfg))}))
+cfg.run.threads = THREADS
+res = run(cfg, progress=False)
+print(json.dumps([sorted({{t for t in typed if t[0] > 0}}), res.rows]))
+"""
+    first = _python(code.replace("THREADS", "1"), tmp_path)
+    second = _python(code.replace("THREADS", "2"), tmp_path)
+    (typed1, rows1), (typed2, rows2) = (json.loads(r.stdout) for r in (first, second))
+    assert typed1 == [[fmt_code("fp8_e4m3"), 0]] and typed2 == []
+    assert first.stderr.decode().count("compiling the fused CPU engine") == 1
+    assert "compiling" not in second.stderr.decode()
+    assert rows1 == rows2
+
+
+def test_compile_helper_fills_the_cache_the_engine_reads(tmp_path):
+    """What the compile helper (``compile_tasks``, fed a pickled signature on stdin) compiles is
+    what the engine then finds in the cache for the same signature."""
+    from precsim.engines.numba import row_stats_signature
+
+    _python("from precsim.engines.numba import compile_tasks; compile_tasks()", tmp_path,
+            pickle.dumps([(None, None, row_stats_signature())]))
+    check = ("from precsim.engines import numba as nb, numba_host as h; "
+             "print(h._cached(nb._row_stats, nb.row_stats_signature()))")
+    assert _python(check, tmp_path).stdout.strip() == b"True"
+    assert _python(check, tmp_path / "empty").stdout.strip() == b"False"

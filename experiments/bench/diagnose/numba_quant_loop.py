@@ -1,8 +1,9 @@
 """Diagnosis (not a user path): the numba engine's compiled quantiser alone, per format.
 
 A compiled loop copies one of 16 random 64 x 128 float32 states into a work matrix and
-quantises it in place (``precsim.engines.numba._quant_in``, as a scheme task does after each
-update); the copy is timed alone and subtracted. Prints microseconds per 64 x 128 state.
+quantises it in place (``precsim.engines.numba._qin``, compiled for that format and rounding, as
+a scheme task does after each update); the copy is timed alone and subtracted. Prints
+microseconds per 64 x 128 state.
 
     python experiments/bench/diagnose/numba_quant_loop.py [--n 4096]
 """
@@ -10,6 +11,7 @@ update); the copy is timed alone and subtracted. Prints microseconds per 64 x 12
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -23,13 +25,19 @@ FORMATS = [("nvfp4", "rne"), ("nvfp4", "sr"), ("mxfp4", "sr"), ("fp16", "sr"), (
            ("int8_b128", "sr"), ("fp8_e4m3_b128", "rne"), ("fp8_e4m3_b128", "sr")]
 
 
-@njit
-def _loop(pool, work, n, f, sr, bits, keys, el, quantise):
-    for i in range(n):
-        work[:, :] = pool[i % pool.shape[0]]
-        if quantise:
-            ne._quant_in(work, f, sr, bits, False, False, False, True, 0, 77, np.int64(keys[i]),
-                         el)
+@functools.cache
+def _loop(f, lane):
+    """The loop for format code ``f`` and SR lanes of ``lane`` bits (0: RNE; constants)."""
+
+    @njit
+    def loop(pool, work, n, bits, keys, el, quantise):
+        for i in range(n):
+            work[:, :] = pool[i % pool.shape[0]]
+            if quantise:
+                ne._qin(work, f, lane, bits, False, False, False, True, 0, 77,
+                        np.int64(keys[i]), el)
+
+    return loop
 
 
 def main() -> None:
@@ -41,17 +49,17 @@ def main() -> None:
     work = np.empty((64, 128), np.float32)
     keys = rng.integers(0, 2**32, n).astype(np.uint32)
 
-    def timed(*a) -> float:
-        _loop(pool, work, 1, *a)  # compile / load
+    def timed(f, lane, *a) -> float:
+        _loop(f, lane)(pool, work, 1, *a)  # compile
         t = time.perf_counter()
-        _loop(pool, work, n, *a)
+        _loop(f, lane)(pool, work, n, *a)
         return (time.perf_counter() - t) / n * 1e6
 
-    copy = timed(0, False, 0, keys, ne._EL, False)
+    copy = timed(0, 0, 0, keys, ne._EL, False)
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  copy alone {copy:.2f} us (subtracted)")
     for fmt, rnd in FORMATS:
-        sr = rnd == "sr"
-        us = timed(ne.fmt_code(fmt), sr, pf.sr_bits_used(fmt) if sr else 0, keys, ne._EL,
+        bits = pf.sr_bits_used(fmt) if rnd == "sr" else 0
+        us = timed(ne.fmt_code(fmt), ne.sr_lane(bits) if bits else 0, bits, keys, ne._EL,
                    True) - copy
         print(f"{fmt:15s} {rnd:4s} {us:6.2f} us per 64 x 128")
 
