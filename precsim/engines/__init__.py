@@ -18,7 +18,7 @@ from ..result import Result
 from .base import torch_threads
 
 ENGINES = {"numpy": "precsim.engines.numpy", "torch": "precsim.engines.torch",
-           "triton": "precsim.engines.triton", "numba": "precsim.engines.numba"}
+           "triton": "precsim.engines.triton", "numba": "precsim.engines.numba_host"}
 AUTO = {"cuda": ("triton", "torch"), "cpu": ("numba", "torch")}
 
 

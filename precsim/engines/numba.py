@@ -994,10 +994,3 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
         scale_mode == "reciprocal", k0, k1, _EL)
     return out.reshape(x.shape)
 
-
-def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs: bool = False,
-        ckpt=None):
-    """Run ``cfg`` on the fused CPU engine: :func:`precsim.engines.numba_host.run`."""
-    from .numba_host import run as host_run
-
-    return host_run(cfg, device, progress=progress, record_outputs=record_outputs, ckpt=ckpt)

@@ -37,6 +37,7 @@ from .numba import (
     NAME,
     NCODE,
     _row_stats,
+    available,  # noqa: F401 (the engine registry's interface: precsim.engines.engine_module)
     event_keys,
     numba,
     row_stats_signature,

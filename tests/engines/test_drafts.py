@@ -153,7 +153,7 @@ def test_numba_drafts_bit_identical_to_torch(monkeypatch, family, accept):
     steps; GDN's outputs bit for bit and its window rows to the float64 truth's rounding (each
     engine computes the truth its own way), Mamba-2's outputs within float32 reduction noise."""
     pytest.importorskip("numba")
-    from precsim.engines.numba import run as run_numba
+    from precsim.engines.numba_host import run as run_numba
 
     _grow(monkeypatch, "x" if family == "mamba2" else "v", 200, 1e5 if family == "mamba2"
           else 1e6)

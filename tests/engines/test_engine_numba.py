@@ -23,7 +23,7 @@ from precsim.config import to_config  # noqa: E402
 from precsim.engines import run  # noqa: E402
 from precsim.engines.held import Capture  # noqa: E402
 from precsim.engines.numba import event_keys, fmt_code, quantize, supports  # noqa: E402
-from precsim.engines.numba import run as run_numba  # noqa: E402
+from precsim.engines.numba_host import run as run_numba  # noqa: E402
 from precsim.engines.torch import run as run_torch  # noqa: E402
 
 # every format but nvfp4 on element and MX paths, satfinite and IEEE overflow
