@@ -9,8 +9,6 @@ threads its last window is not handed over).
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import torch
 
@@ -54,8 +52,9 @@ def held_states(engine: str, cfg: Config, device: str = "cpu") -> dict:
     """Run ``cfg`` on ``engine``; per scheme ``(state, residual)`` float32 ``(S, H, P, N)`` at
     the last step (the residual zeros without error feedback)."""
     cap = Capture()
-    importlib.import_module(f"precsim.engines.{engine}").run(cfg, device, progress=False,
-                                                             ckpt=cap)
+    from . import engine_module
+
+    engine_module(engine).run(cfg, device, progress=False, ckpt=cap)
     shape = (cfg.run.seqs, cfg.model.heads, -1, cfg.model.state_dim)
     names = list(cfg.schemes)
     order = list(range(len(names)))

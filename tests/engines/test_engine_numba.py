@@ -382,7 +382,7 @@ def test_supports_and_dispatch():
 
 
 def test_auto_picks_numba_on_cpu_when_it_covers_the_config(monkeypatch):
-    from precsim.engines import numba as nb_engine
+    from precsim.engines import numba_host as nb_engine  # the registry's module
     from precsim.engines import resolve_engine
 
     assert resolve_engine("auto", "cpu", _cfg(SEED_TABLE)) == "numba"

@@ -23,6 +23,7 @@ from conftest import tiny_cfg
 
 from precsim.config import SchemeConfig, to_config
 from precsim.cost import scheme_cost, state_bytes
+from precsim.engines import engine_module
 from precsim.engines.held import compare, held_states
 from precsim.errors import PrecsimError
 from precsim.families import get_family
@@ -249,7 +250,7 @@ def test_gdn_numpy_engine_agrees():
     (measured 7e-5; its conventional schemes' states are bit-equal, above)."""
     cfg = to_config(tiny_cfg("gdn", steps=64, schemes=SCHEMES, replay__buffer_len=8,
                              run__threads=1))
-    rows = {e: importlib.import_module(f"precsim.engines.{e}").run(cfg, "cpu", progress=False)
+    rows = {e: engine_module(e).run(cfg, "cpu", progress=False)
             .rows for e in ("torch", "numpy")}
     for a, b in zip(rows["numpy"], rows["torch"], strict=True):
         assert a["scheme"] == b["scheme"]
