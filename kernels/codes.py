@@ -68,3 +68,28 @@ def dispatch_order(truth: bool, codes: list[int], lpt: bool = True) -> int:
     order = sorted(range(len(costs)), key=lambda k: -costs[k]) if lpt else range(len(costs))
     return sum(k << (4 * pos) for pos, k in enumerate(order))
 
+
+
+META_CODES, META_EFS = 16, 32  # offsets in a runtime launch's meta vector (kernels' RUNTIME)
+_META: dict = {}
+
+
+def runtime_meta(truth: bool, codes: list[int], order: int, efs: int, device):
+    """The int32 vector a kernel compiled with ``RUNTIME`` reads its slots from: the slot of
+    each grid column (``order`` unpacked), then each slot's code (at ``META_CODES``) and
+    error-feedback code (``META_EFS``; ``efs`` packed as the kernels' ``EFS``). Built once per
+    launch group and device and kept (a copy to the device per launch would wait for the GPU)."""
+    import torch
+
+    key = (truth, tuple(codes), order, efs, str(device))
+    if key not in _META:
+        meta = [0] * (META_EFS + MAX_SLOTS)
+        for c in range(int(truth) + len(codes)):
+            meta[c] = (order >> (4 * c)) & 15
+        for k, code in enumerate(codes):
+            meta[META_CODES + k] = code
+            meta[META_EFS + k] = (efs // 64**k) % 64
+        if len(_META) > 64:
+            _META.clear()
+        _META[key] = torch.tensor(meta, dtype=torch.int32, device=device)
+    return _META[key]

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .codes import CODE_BITS as _CB
+from .codes import runtime_meta
 from .quant import quantize, round_elem, write_state
 
 
@@ -67,18 +68,19 @@ def _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, S
 @triton.jit
 def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr, y32_ptr,
             k1_ptr, ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE, KSTRIDE,
-            IDX: tl.constexpr, CODE: tl.constexpr, EF: tl.constexpr, P: tl.constexpr,
+            IDX, CODE, EF, P: tl.constexpr,
             NB: tl.constexpr, BLK: tl.constexpr,
             LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr,
             U_MASTER: tl.constexpr):
     """One scheme (``CODE`` as in ``mamba2._scheme``) on one head."""
-    # the fields of kernels.codes.pack (literal: constexpr arithmetic; a test checks them)
-    KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
-    F: tl.constexpr = (CODE // 4) % 32
-    RF: tl.constexpr = (CODE // 128) % 32
-    RND: tl.constexpr = (CODE // 4096) % 2
-    OVF: tl.constexpr = (CODE // 8192) % 2
-    SRB: tl.constexpr = (CODE // 16384) % 64
+    # the fields of kernels.codes.pack (literal arithmetic; a test checks them): constexprs when
+    # CODE is one (a kernel compiled for its schemes), else uniform runtime scalars (RUNTIME)
+    KIND = CODE % 4  # 0 conventional, 1 shared, 2 split
+    F = (CODE // 4) % 32
+    RF = (CODE // 128) % 32
+    RND = (CODE // 4096) % 2
+    OVF = (CODE // 8192) % 2
+    SRB = (CODE // 16384) % 64
     K: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     ok2 = tl.arange(0, K)
@@ -117,6 +119,8 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr
     Lb = tl.zeros([LB], tl.float32)  # Lc at each buffered step
     na, nb, nq, nk, nv = _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, z64, sh, SHT, P, K, op,
                                     ok3)
+    nk2 = tl.zeros([K], k_ptr.dtype.element_ty)  # (defined for every kind: RUNTIME kinds)
+    nq2 = nk2
     if KIND != 0:  # k and q as vectors too (the buffer's layout), prefetched as well
         nk2 = tl.load(k_ptr + (z64 * SHT + sh) * K + ok2)
         nq2 = tl.load(q_ptr + (z64 * SHT + sh) * K + ok2)
@@ -125,8 +129,8 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr
         inext = tl.minimum(z64 + i + 1, n_steps - 1)
         na, nb, nq, nk, nv = _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, inext, sh, SHT, P, K,
                                         op, ok3)  # prefetch the next step
+        k2v, q2v = nk2, nq2
         if KIND != 0:
-            k2v, q2v = nk2, nq2
             nk2 = tl.load(k_ptr + (inext * SHT + sh) * K + ok2)
             nq2 = tl.load(q_ptr + (inext * SHT + sh) * K + ok2)
         beta = b64.to(tl.float32)
@@ -136,11 +140,9 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr
             k3 = k64.to(tl.float32)
             Sk = tl.sum(tl.sum(S * k3[None, :, :], axis=2), axis=1)
             u = beta * (v - a * Sk)
-            S_new = a * S + u[:, None, None] * k3[None, :, :]
-            y = tl.sum(tl.sum(S_new * q3[None, :, :], axis=2), axis=1)
-            k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-            S, E = write_state(S_new, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
-                               base_hi, off3)
+            W = a * S + u[:, None, None] * k3[None, :, :]
+            y = tl.sum(tl.sum(W * q3[None, :, :], axis=2), axis=1)
+            fl = KIND * 0 + 1  # a write every step
         else:
             ph = tl.load(ph_ptr + t0 + i)  # 4 j + flush + 2 (output from the fold)
             j = ph // 4
@@ -166,20 +168,22 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr
                 QK = tl.sum(Kb * q2[None, :], axis=1)
                 y = tl.sum((w * QK)[:, None] * Ub, axis=0) + gam * tl.sum(
                     tl.sum(R * q3[None, :, :], axis=2), axis=1)
-            if (ph & 1) != 0:  # flush: fold, write (without drafts the output from the fold)
+            W = S
+            fl = ph & 1
+            if fl != 0:  # flush: fold (without drafts the output from the fold)
                 fold = tl.dot(tl.trans(w[:, None] * Ub), Kb, input_precision="ieee")
-                fold = gam * S + tl.reshape(fold, (P, NB, BLK))
+                W = gam * S + tl.reshape(fold, (P, NB, BLK))
                 if (ph & 2) != 0:
-                    y = tl.sum(tl.sum(fold * q3[None, :, :], axis=2), axis=1)
-                k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-                S, E = write_state(fold, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
-                                   base_hi, off3)
-                if KIND == 2:
-                    R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
-                                 off3)
-                else:
-                    R = S
-                Lc = tl.full([], 0.0, tl.float32)
+                    y = tl.sum(tl.sum(W * q3[None, :, :], axis=2), axis=1)
+        if fl != 0:  # the write (one call site for every kind: one copy in a RUNTIME kernel)
+            k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
+            S, E = write_state(W, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
+                               base_hi, off3)
+            if KIND == 2:
+                R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi, off3)
+            else:
+                R = S
+            Lc = tl.full([], 0.0, tl.float32)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(st + off3, S)
     if KIND == 2:
@@ -196,41 +200,57 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
                TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, U_MASTER: tl.constexpr,
                ORDER: tl.constexpr,
-               CODES: tl.constexpr, EFS: tl.constexpr = 0):
+               CODES: tl.constexpr, EFS: tl.constexpr = 0, meta_ptr=None,
+               RUNTIME: tl.constexpr = 0):
     """One launch window: grid (S*H, TRUTH + NSCH); grid column k runs slot
     ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``; ``EFS`` as there)."""
     sh = tl.program_id(0)
     # int64: 9 slots take 36 bits
-    slot = ((tl.full([], ORDER, tl.int64) >> (4 * tl.program_id(1))) & 15).to(tl.int32)
+    if RUNTIME:  # meta: the slot of each grid column, then each slot's code and EF code
+        slot = tl.load(meta_ptr + tl.program_id(1))
+    else:
+        slot = ((tl.full([], ORDER, tl.int64) >> (4 * tl.program_id(1))) & 15).to(tl.int32)
     if TRUTH:
         if slot == 0:
             _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,
                    NB, BLK)
-    for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
-        if slot == TRUTH + k:
+    if RUNTIME:  # one body for every scheme: its fields are runtime scalars
+        if slot >= TRUTH:
+            k = slot - TRUTH
             _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr,
                     y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE,
-                    KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64, P, NB, BLK,
-                    LB, BUF, SFLOOR, SCOPE,
-                    U_MASTER)
+                    KSTRIDE, k, tl.load(meta_ptr + 16 + k),
+                    tl.load(meta_ptr + 32 + k) if EFS else 0,
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
+    else:
+        for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
+            if slot == TRUTH + k:
+                _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr,
+                        y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, SHT, YSTRIDE, SSTRIDE,
+                        KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64,
+                        P, NB, BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
 
 
 def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
            n: int, total: int, slots: list[int], codes: list[int], truth: bool, blk: int, LB: int,
            buf: int, sfloor: int, scope: int, order: int, u_master: bool, num_warps: int,
-           maxnreg: int | None = None, ef=None, efs: int = 0):
+           maxnreg: int | None = None, ef=None, efs: int = 0, runtime: bool = False):
     """One launch over steps ``[t0, t0+n)`` (see ``mamba2.launch``). Tensors: ``a64, a32, g32,
     beta (n, S*H)``, ``q, k (n, S, H, K)``, ``v (n, S, H, V)``, states ``(S*H, V, K)``."""
     SH, P, K = S64.shape
     assert v.shape[-1] == P and k.shape[-1] == K and K % blk == 0
     i0 = slots[0] if slots else 0
     packed = sum(c << (_CB * j) for j, c in enumerate(codes))
+    # runtime codes: one compiled kernel for every scheme (its constexprs: shapes and options)
+    meta = runtime_meta(truth, codes, order, efs, S64.device) if runtime else None
+    consts = (dict(NSCH=0, ORDER=0, CODES=0, EFS=int(efs != 0), RUNTIME=1) if runtime else
+              dict(NSCH=len(slots), ORDER=order, CODES=packed, EFS=efs))
     grid = (SH, int(truth) + len(slots))
     return gdn_window[grid](
         a64, a32, g32, beta.reshape(n, SH), q, k, v, S64, st[i0:], rd[i0:],
         (st if ef is None else ef)[i0:], y64, y32[i0:],
         k1[i0:, t0:], ph, k0, t0, n, SH, y32.stride(0), SH * P * K, total, P=P,
-        NB=K // blk, BLK=blk, LB=LB, TRUTH=int(truth), NSCH=len(slots), BUF=buf, SFLOOR=sfloor,
-        SCOPE=scope, U_MASTER=int(u_master), ORDER=order, CODES=packed, EFS=efs,
+        NB=K // blk, BLK=blk, LB=LB, TRUTH=int(truth), BUF=buf, SFLOOR=sfloor,
+        SCOPE=scope, U_MASTER=int(u_master), meta_ptr=meta, **consts,
         num_warps=num_warps,
         enable_fp_fusion=False, **({"maxnreg": maxnreg} if maxnreg else {}))

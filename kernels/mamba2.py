@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .codes import CODE_BITS as _CB
+from .codes import runtime_meta
 from .quant import quantize, round_elem, write_state
 
 
@@ -72,18 +73,19 @@ def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, 
 @triton.jit
 def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr, y32_ptr,
             k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
-            IDX: tl.constexpr, CODE: tl.constexpr, EF: tl.constexpr, P: tl.constexpr,
+            IDX, CODE, EF, P: tl.constexpr,
             NB: tl.constexpr,
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
             SCOPE: tl.constexpr):
     """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head."""
-    # the fields of kernels.codes.pack (literal: constexpr arithmetic; a test checks them)
-    KIND: tl.constexpr = CODE % 4  # 0 conventional, 1 shared, 2 split
-    F: tl.constexpr = (CODE // 4) % 32
-    RF: tl.constexpr = (CODE // 128) % 32
-    RND: tl.constexpr = (CODE // 4096) % 2
-    OVF: tl.constexpr = (CODE // 8192) % 2
-    SRB: tl.constexpr = (CODE // 16384) % 64
+    # the fields of kernels.codes.pack (literal arithmetic; a test checks them): constexprs when
+    # CODE is one (a kernel compiled for its schemes), else uniform runtime scalars (RUNTIME)
+    KIND = CODE % 4  # 0 conventional, 1 shared, 2 split
+    F = (CODE // 4) % 32
+    RF = (CODE // 128) % 32
+    RND = (CODE // 4096) % 2
+    OVF = (CODE // 8192) % 2
+    SRB = (CODE // 16384) % 64
     N: tl.constexpr = NB * BLK
     op = tl.arange(0, P)
     on2 = tl.arange(0, N)
@@ -123,6 +125,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr
     db = tl.zeros([LB], tl.float32)  # dt of each buffered step
     ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, z64, sh, sg, SHT,
                                       SGT, P, N, op, on3)
+    nB2 = tl.zeros([N], B_ptr.dtype.element_ty)  # (defined for every kind: RUNTIME kinds)
+    nC2 = nB2
     if KIND != 0:  # B and C as vectors too (the buffer's layout), prefetched as well
         nB2 = tl.load(B_ptr + (z64 * SGT + sg) * N + on2)
         nC2 = tl.load(C_ptr + (z64 * SGT + sg) * N + on2)
@@ -131,19 +135,17 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr
         inext = tl.minimum(z64 + i + 1, n_steps - 1)
         ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, inext, sh, sg,
                                           SHT, SGT, P, N, op, on3)  # prefetch the next step
+        B2, C2 = nB2, nC2
         if KIND != 0:
-            B2, C2 = nB2, nC2
             nB2 = tl.load(B_ptr + (inext * SGT + sg) * N + on2)
             nC2 = tl.load(C_ptr + (inext * SGT + sg) * N + on2)
         dt = dt64.to(tl.float32)
         x = x64.to(tl.float32)
         C3 = C64.to(tl.float32)
         if KIND == 0:
-            S_new = a * S + (dt * x)[:, None, None] * B64.to(tl.float32)[None, :, :]
-            y = tl.sum(tl.sum(S_new * C3[None, :, :], axis=2), axis=1)
-            k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-            S, E = write_state(S_new, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
-                               base_hi, off3)
+            W = a * S + (dt * x)[:, None, None] * B64.to(tl.float32)[None, :, :]
+            y = tl.sum(tl.sum(W * C3[None, :, :], axis=2), axis=1)
+            fl = KIND * 0 + 1  # a write every step
         else:
             ph = tl.load(ph_ptr + t0 + i)  # 4 j + flush + 2 (output from the fold)
             j = ph // 4
@@ -161,20 +163,22 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr
                 G = tl.sum(Bb * C2.to(tl.float32)[None, :], axis=1)
                 y = tl.sum((w * G)[:, None] * xb, axis=0) + gam * tl.sum(
                     tl.sum(R * C3[None, :, :], axis=2), axis=1)
-            if (ph & 1) != 0:  # flush: fold, write (without drafts the output from the fold)
+            W = S
+            fl = ph & 1
+            if fl != 0:  # flush: fold (without drafts the output from the fold)
                 fold = tl.dot(tl.trans(w[:, None] * xb), Bb, input_precision="ieee")
-                fold = gam * S + tl.reshape(fold, (P, NB, BLK))
+                W = gam * S + tl.reshape(fold, (P, NB, BLK))
                 if (ph & 2) != 0:
-                    y = tl.sum(tl.sum(fold * C3[None, :, :], axis=2), axis=1)
-                k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-                S, E = write_state(fold, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
-                                   base_hi, off3)
-                if KIND == 2:
-                    R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi,
-                                 off3)
-                else:
-                    R = S
-                Lc = tl.full([], 0.0, tl.float32)
+                    y = tl.sum(tl.sum(W * C3[None, :, :], axis=2), axis=1)
+        if fl != 0:  # the write (one call site for every kind: one copy in a RUNTIME kernel)
+            k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
+            S, E = write_state(W, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
+                               base_hi, off3)
+            if KIND == 2:
+                R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi, off3)
+            else:
+                R = S
+            Lc = tl.full([], 0.0, tl.float32)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(st + off3, S)
     if KIND == 2:
@@ -192,7 +196,8 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                   P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, LB: tl.constexpr,
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                   SFLOOR: tl.constexpr, SCOPE: tl.constexpr, ORDER: tl.constexpr,
-                  CODES: tl.constexpr, EFS: tl.constexpr = 0):
+                  CODES: tl.constexpr, EFS: tl.constexpr = 0, meta_ptr=None,
+                  RUNTIME: tl.constexpr = 0):
     """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout.
     ``EFS = sum ef_k 64^k``: slot k's error-feedback residual format id + 1 (0: none).
 
@@ -201,24 +206,36 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
     tail per launch)."""
     sh = tl.program_id(0)
     # int64: 9 slots take 36 bits
-    slot = ((tl.full([], ORDER, tl.int64) >> (4 * tl.program_id(1))) & 15).to(tl.int32)
+    if RUNTIME:  # meta: the slot of each grid column, then each slot's code and EF code
+        slot = tl.load(meta_ptr + tl.program_id(1))
+    else:
+        slot = ((tl.full([], ORDER, tl.int64) >> (4 * tl.program_id(1))) & 15).to(tl.int32)
     sg = (sh // H) * G + (sh % H) // REP
     if TRUTH:
         if slot == 0:
             _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT,
                    SGT, P, NB, BLK)
-    for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
-        if slot == TRUTH + k:
+    if RUNTIME:  # one body for every scheme: its fields are runtime scalars
+        if slot >= TRUTH:
+            k = slot - TRUTH
             _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr,
                     y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE,
-                    SSTRIDE, KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64,
+                    SSTRIDE, KSTRIDE, k, tl.load(meta_ptr + 16 + k),
+                    tl.load(meta_ptr + 32 + k) if EFS else 0,
                     P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+    else:
+        for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
+            if slot == TRUTH + k:
+                _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr,
+                        y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE,
+                        SSTRIDE, KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64,
+                        P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
 
 
 def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
            n: int, total: int, heads: int, slots: list[int], codes: list[int], truth: bool,
            blk: int, LB: int, buf: int, sfloor: int, scope: int, order: int, num_warps: int,
-           maxnreg: int | None = None, ef=None, efs: int = 0):
+           maxnreg: int | None = None, ef=None, efs: int = 0, runtime: bool = False):
     """One launch over steps ``[t0, t0+n)``: the truth (if ``truth``) and the schemes in storage
     slots ``slots`` (contiguous, codes ``codes``; error feedback: residuals ``ef`` shaped as
     ``st``, ``efs`` packed as ``mamba2_window``'s ``EFS``). Tensors:
@@ -232,12 +249,16 @@ def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: in
     assert heads % G == 0 and x.shape[-1] == P and B.shape[-1] == N and N % blk == 0
     i0 = slots[0] if slots else 0
     packed = sum(c << (_CB * k) for k, c in enumerate(codes))
+    # runtime codes: one compiled kernel for every scheme (its constexprs: shapes and options)
+    meta = runtime_meta(truth, codes, order, efs, S64.device) if runtime else None
+    consts = (dict(NSCH=0, ORDER=0, CODES=0, EFS=int(efs != 0), RUNTIME=1) if runtime else
+              dict(NSCH=len(slots), ORDER=order, CODES=packed, EFS=efs))
     grid = (SH, int(truth) + len(slots))
     return mamba2_window[grid](
         dt.reshape(n, -1), a64, a32, dA32, x, B, C, S64, st[i0:], rd[i0:],
         (st if ef is None else ef)[i0:], y64, y32[i0:],
         k1[i0:, t0:], ph, k0, t0, n, heads, heads // G, G, SH, (SH // heads) * G,
         y32.stride(0), SH * P * N, total, P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth),
-        NSCH=len(slots), BUF=buf, SFLOOR=sfloor, SCOPE=scope, ORDER=order, CODES=packed,
-        EFS=efs, num_warps=num_warps, enable_fp_fusion=False,
+        BUF=buf, SFLOOR=sfloor, SCOPE=scope, meta_ptr=meta, **consts, num_warps=num_warps,
+        enable_fp_fusion=False,
         **({"maxnreg": maxnreg} if maxnreg else {}))

@@ -81,15 +81,17 @@ def rint_pos(y):
 
 
 @triton.jit
-def round_pos(y, RND: tl.constexpr, SRB: tl.constexpr, k0, k1, base_lo, base_hi, off):
-    """A non-negative tile rounded to an integer: RNE, or SR with ``SRB % 64`` random bits
-    (``SRB // 64``: the random source) — the last step of every element rounding."""
+def round_pos(y, RND, SRB, k0, k1, base_lo, base_hi, off, SRC: tl.constexpr = 0):
+    """A non-negative tile rounded to an integer: RNE, or SR with ``SRB`` random bits from
+    source ``SRC`` — the last step of every element rounding."""
     if RND == 0:
         r = rint_pos(y)
     else:
         lo = tl.floor(y)
-        thr = tl.floor((y - lo) * (2.0 ** (SRB % 64)))
-        r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB)
+        # 2**SRB from its bits (an int tensor whether SRB is a constexpr or a runtime field)
+        scale = ((tl.zeros([], tl.int32) + SRB + 127) << 23).to(tl.float32, bitcast=True)
+        thr = tl.floor((y - lo) * scale)
+        r = lo + sr_increment(thr, k0, k1, base_lo, base_hi, off, SRB, SRC)
     return r
 
 
@@ -101,158 +103,181 @@ def copysign_f32(a, b):
 
 
 @triton.jit
-def round_float(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
-                HAS_INF: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
-                k0, k1, base_lo, base_hi, off):
-    """formats.core.round_float on float32 ``x``; ``off`` = element offsets (int32, x's shape)."""
+def round_float(x, MB, EMIN, MAXV, HAS_INF, IS_INT, RND, SRB, OVF, k0, k1, base_lo, base_hi,
+                off, SRC: tl.constexpr = 0):
+    """formats.core.round_float (IS_INT 0) or round_int (IS_INT 1: the integers -MAXV..MAXV)
+    on float32 ``x``; ``off`` = element offsets (int32, x's shape).
+
+    Every format parameter is a constexpr (one format compiled) or a runtime scalar (a kernel
+    that takes its formats at run time, ``kernels.codes``): the ``if``s below are then resolved
+    at compile time or branch on uniform scalars."""
     ax = tl.abs(x)
-    e = tl.maximum(exponent_f32(ax), EMIN)
-    if EMIN - MB >= -126:  # q and 1/q are normal: ax * (1/q) == ax / q (both correctly rounded)
-        q = pow2n_f32(e - MB)
-        y = ax * pow2n_f32(MB - tl.minimum(e, 127))  # e = 128 (Inf/NaN): y stays Inf/NaN
-    else:  # bf16: q may be subnormal and 1/q beyond float32
-        q = pow2_f32(e - MB)
-        y = tl.math.div_rn(ax, q)
-    r = round_pos(y, RND, SRB, k0, k1, base_lo, base_hi, off)
-    out = r * q
-    over = out > MAXV
-    if OVF == 1:
-        if HAS_INF:
-            out = tl.where(over, float("inf"), out)
+    if IS_INT:
+        if OVF == 1:
+            y = ax
         else:
-            out = tl.where(over, float("nan"), out)
+            y = tl.minimum(ax, MAXV, propagate_nan=tl.PropagateNan.ALL)
+        q = ax
     else:
-        out = tl.where(over, MAXV, out)
+        e = tl.maximum(exponent_f32(ax), EMIN)
+        if EMIN - MB >= -126:  # q and 1/q are normal: ax * (1/q) == ax / q (correctly rounded)
+            q = pow2n_f32(e - MB)
+            y = ax * pow2n_f32(MB - tl.minimum(e, 127))  # e = 128 (Inf/NaN): y stays Inf/NaN
+        else:  # bf16: q may be subnormal and 1/q beyond float32
+            q = pow2_f32(e - MB)
+            y = tl.math.div_rn(ax, q)
+    r = round_pos(y, RND, SRB, k0, k1, base_lo, base_hi, off, SRC)
+    if IS_INT:
+        if OVF == 1:
+            r = tl.where(r > MAXV, float("nan"), r)
+        out = r
+    else:
+        out = r * q
+        over = out > MAXV
+        if OVF == 1:
+            if HAS_INF:
+                out = tl.where(over, float("inf"), out)
+            else:
+                out = tl.where(over, float("nan"), out)
+        else:
+            out = tl.where(over, MAXV, out)
     return copysign_f32(out, x)
 
 
 @triton.jit
-def round_elem(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
-               k0, k1, base_lo, base_hi, off):
-    """Round to element format id F (1 bf16, 2 fp16, 3 e4m3, 4 e5m2, 5 e2m1; 0 = fp32 as is)."""
-    if F == 1:
-        out = round_float(x, 7, -126, 3.3895313892515355e38, True, RND, SRB, OVF,
-                          k0, k1, base_lo, base_hi, off)
-    elif F == 2:
-        out = round_float(x, 10, -14, 65504.0, True, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
-    elif F == 3:
-        out = round_float(x, 3, -6, 448.0, False, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
-    elif F == 4:
-        out = round_float(x, 2, -14, 57344.0, True, RND, SRB, OVF, k0, k1, base_lo, base_hi,
-                          off)
-    elif F == 5:
-        out = round_float(x, 1, 0, 6.0, False, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
-    elif F == 9:
-        out = round_int(x, 127.0, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
-    elif F == 10:
-        out = round_int(x, 32767.0, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
-    else:
+def round_elem(x, F, RND, SRB, OVF, k0, k1, base_lo, base_hi, off, SRC: tl.constexpr = 0):
+    """Round to element format id F (1 bf16, 2 fp16, 3 e4m3, 4 e5m2, 5 e2m1, 9 int8, 10 int16;
+    0 = fp32 as is). F a constexpr compiles one format; a runtime F one body for all of them."""
+    if F == 0:
         out = x
+    else:
+        # the format's parameters (a constexpr chain, or scalars selected at run time: ``z``
+        # keeps each constant in F's kind)
+        z = F * 0
+        zf = z * 0.0
+        if F == 1:
+            MB, EMIN, MAXV, HINF, ISI = z + 7, z - 126, zf + 3.3895313892515355e38, z + 1, z
+        elif F == 2:
+            MB, EMIN, MAXV, HINF, ISI = z + 10, z - 14, zf + 65504.0, z + 1, z
+        elif F == 3:
+            MB, EMIN, MAXV, HINF, ISI = z + 3, z - 6, zf + 448.0, z, z
+        elif F == 4:
+            MB, EMIN, MAXV, HINF, ISI = z + 2, z - 14, zf + 57344.0, z + 1, z
+        elif F == 5:
+            MB, EMIN, MAXV, HINF, ISI = z + 1, z, zf + 6.0, z, z
+        elif F == 9:
+            MB, EMIN, MAXV, HINF, ISI = z, z, zf + 127.0, z, z + 1
+        else:  # 10: int16
+            MB, EMIN, MAXV, HINF, ISI = z, z, zf + 32767.0, z, z + 1
+        out = round_float(x, MB, EMIN, MAXV, HINF, ISI, RND, SRB, OVF, k0, k1, base_lo, base_hi,
+                          off, SRC)
     return out
 
 
 @triton.jit
-def round_int(x, QMAX: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
-              k0, k1, base_lo, base_hi, off):
-    """formats.core.round_int: the integers -QMAX..QMAX, saturating (NaN beyond with OVF=1)."""
-    ax = tl.abs(x)
-    if OVF == 1:
-        y = ax
-    else:
-        y = tl.minimum(ax, QMAX, propagate_nan=tl.PropagateNan.ALL)
-    r = round_pos(y, RND, SRB, k0, k1, base_lo, base_hi, off)
-    if OVF == 1:
-        r = tl.where(r > QMAX, float("nan"), r)
-    return copysign_f32(r, x)
-
-
-@triton.jit
-def quant_block(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
-                SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
-    """formats.core.quantize_block on a tile ``[R, NB, BLK]`` (F: 6 nvfp4, 7 mxfp4, 8 mxfp8,
-    SCALED_BASE + element id: a row-scaled format).
+def quantize(x, F, RND, SRB, OVF, SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo,
+             base_hi, off, SRC: tl.constexpr = 0):
+    """Fake-quantise a float32 tile ``[R, NB, BLK]`` to format id F (0: unchanged):
+    element formats through :func:`round_elem`, block formats (F: 6 nvfp4, 7 mxfp4, 8 mxfp8,
+    SCALED_BASE + element id: a row-scaled format) as formats.core.quantize_block.
 
     NVFP4: s_t = amax(tile)/2688 (SCOPE 0, "matrix") or none (SCOPE 1); block scale
     (bmax/6)/s_t clamped to 448 (and to 2^-6 if SFLOOR bit 0), RNE to E4M3; the elements are
     multiplied by (1/s_t)/bs (reciprocal) or divided by s_t*bs (SFLOOR bit 1, "divide"). MX:
     2^(floor(log2 bmax) - emax(element)) clamped to [-127, 127]. Row-scaled: one float32 scale
-    bmax / element max, elements divided by it.
+    bmax / element max, elements divided by it. One element rounding serves both kinds, so a
+    runtime F compiles it once.
     """
-    # max of |x| as int32 bit patterns: same order for x >= 0, and NaN (> Inf) propagates as in
-    # torch's amax (a float max reduction may drop NaN)
-    bmax_i = tl.max(tl.abs(x).to(tl.int32, bitcast=True), axis=2)
-    bmax = bmax_i.to(tl.float32, bitcast=True)  # [R, NB]
-    if F == 6:
-        bs = tl.math.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
-        if SCOPE == 0:
-            tmax = tl.max(tl.max(bmax_i, axis=1), axis=0).to(tl.float32, bitcast=True)
-            s_t = tl.math.div_rn(tl.full(bmax.shape, 1.0, tl.float32) * tmax,
-                                 tl.full(bmax.shape, 2688.0, tl.float32))
-            s_t = tl.where(s_t == 0, 1.0, s_t)
-            bs = tl.math.div_rn(bs, s_t)
-        bs = tl.minimum(bs, 448.0, propagate_nan=tl.PropagateNan.ALL)
-        if SFLOOR % 2 == 1:
-            bs = tl.maximum(bs, 0.015625, propagate_nan=tl.PropagateNan.ALL)
-        bs = round_float(bs, 3, -6, 448.0, False, 0, 0, 0, 0, 0, 0, 0, bmax_i)
-        one = tl.full(bmax.shape, 1.0, tl.float32)
-        bs1 = tl.where(bs > 0, bs, 1.0)
-        if SCOPE == 0:
-            total = s_t * bs
-            inv = tl.math.div_rn(tl.math.div_rn(one, s_t), bs1)
+    z = F * 0
+    if (F == 6) | (F == 7) | (F == 8) | (F >= 16):
+        # max of |x| as int32 bit patterns: same order for x >= 0, and NaN (> Inf) propagates
+        # as in torch's amax (a float max reduction may drop NaN)
+        bmax_i = tl.max(tl.abs(x).to(tl.int32, bitcast=True), axis=2)
+        bmax = bmax_i.to(tl.float32, bitcast=True)  # [R, NB]
+        if F == 6:
+            bs = tl.math.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
+            if SCOPE == 0:
+                tmax = tl.max(tl.max(bmax_i, axis=1), axis=0).to(tl.float32, bitcast=True)
+                s_t = tl.math.div_rn(tl.full(bmax.shape, 1.0, tl.float32) * tmax,
+                                     tl.full(bmax.shape, 2688.0, tl.float32))
+                s_t = tl.where(s_t == 0, 1.0, s_t)
+                bs = tl.math.div_rn(bs, s_t)
+            bs = tl.minimum(bs, 448.0, propagate_nan=tl.PropagateNan.ALL)
+            if SFLOOR % 2 == 1:
+                bs = tl.maximum(bs, 0.015625, propagate_nan=tl.PropagateNan.ALL)
+            bs = round_float(bs, 3, -6, 448.0, False, False, 0, 0, 0, 0, 0, 0, 0, bmax_i)
+            one = tl.full(bmax.shape, 1.0, tl.float32)
+            bs1 = tl.where(bs > 0, bs, 1.0)
+            if SCOPE == 0:
+                total = s_t * bs
+                inv = tl.math.div_rn(tl.math.div_rn(one, s_t), bs1)
+            else:
+                total = bs
+                inv = tl.math.div_rn(one, bs1)
+            EL = z + 5
+        elif F >= 16:
+            EL = F - 16
+            total = bmax
+            inv = bmax
         else:
-            total = bs
-            inv = tl.math.div_rn(one, bs1)
-        EL: tl.constexpr = 5
-    elif F >= 16:
-        EL: tl.constexpr = F - 16
-    else:
-        if F == 7:
-            EL: tl.constexpr = 5
-            EMAXE: tl.constexpr = 2
+            if F == 7:
+                EL = z + 5
+                EMAXE = z + 2
+            else:
+                EL = z + 3
+                EMAXE = z + 8
+            e = tl.minimum(tl.maximum(exponent_f32(bmax) - EMAXE, -127), 127)
+            total = pow2_f32(e)
+            inv = pow2_f32(-e)  # exact reciprocal of a power of two
+        # largest finite value of the element format (the clamp before rounding)
+        zf = z * 0.0
+        if EL == 1:
+            MAXE = zf + 3.3895313892515355e38
+        elif EL == 2:
+            MAXE = zf + 65504.0
+        elif EL == 3:
+            MAXE = zf + 448.0
+        elif EL == 4:
+            MAXE = zf + 57344.0
+        elif EL == 5:
+            MAXE = zf + 6.0
+        elif EL == 9:
+            MAXE = zf + 127.0
+        elif EL == 10:
+            MAXE = zf + 32767.0
         else:
-            EL: tl.constexpr = 3
-            EMAXE: tl.constexpr = 8
-        e = tl.minimum(tl.maximum(exponent_f32(bmax) - EMAXE, -127), 127)
-        total = pow2_f32(e)
-        inv = pow2_f32(-e)  # exact reciprocal of a power of two
-    # largest finite value of the element format (the clamp before rounding): a constexpr chain,
-    # as compiled Triton takes no Python helper here
-    MAXE: tl.constexpr = (3.3895313892515355e38 if EL == 1 else 65504.0 if EL == 2 else 448.0
-                          if EL == 3 else 57344.0 if EL == 4 else 6.0 if EL == 5 else 127.0
-                          if EL == 9 else 32767.0 if EL == 10 else 3.4028234663852886e38)
-    if F >= 16:  # row-scaled: one float32 scale bmax / element max
-        total = tl.math.div_rn(bmax, tl.full(bmax.shape, MAXE, tl.float32))
-    total = tl.where((bmax - bmax) == 0, total, float("nan"))
-    t3 = total[:, :, None]
-    safe = tl.where(t3 > 0, t3, 1.0)
-    if F == 6 and SFLOOR // 2 == 0:  # NVFP4, reciprocal: x * ((1/s_t)/bs)
-        xs = x * inv[:, :, None]
-    elif F == 6 or F >= 16:
-        xs = tl.math.div_rn(x, tl.broadcast_to(safe, x.shape))
-    else:  # MX: x / 2^e == x * 2^-e exactly
-        xs = x * inv[:, :, None]
-    # a NaN element makes its block's scale NaN (bmax_i), so plain min/max suffice here
-    scaled = tl.minimum(tl.maximum(xs, -MAXE), MAXE)
-    qe = round_elem(scaled, EL, RND, SRB, 0, k0, k1, base_lo, base_hi, off)
-    out = tl.where(t3 > 0, qe * t3, x * 0.0)
-    return tl.where(t3 == t3, out, float("nan"))
-
-
-@triton.jit
-def quantize(x, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr, OVF: tl.constexpr,
-             SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
-    """Fake-quantise a float32 tile ``[R, NB, BLK]`` to format id F (0: unchanged)."""
-    if F == 6 or F == 7 or F == 8 or F >= 16:
-        out = quant_block(x, F, RND, SRB, SFLOOR, SCOPE, k0, k1, base_lo, base_hi, off)
+            MAXE = zf + 3.4028234663852886e38
+        if F >= 16:  # row-scaled: one float32 scale bmax / element max
+            total = tl.math.div_rn(bmax, bmax * 0.0 + MAXE)
+        total = tl.where((bmax - bmax) == 0, total, float("nan"))
+        t3 = total[:, :, None]
+        safe = tl.where(t3 > 0, t3, 1.0)
+        if (F == 6) & (SFLOOR // 2 == 0):  # NVFP4, reciprocal: x * ((1/s_t)/bs)
+            xs = x * inv[:, :, None]
+        elif (F == 6) | (F >= 16):
+            xs = tl.math.div_rn(x, tl.broadcast_to(safe, x.shape))
+        else:  # MX: x / 2^e == x * 2^-e exactly
+            xs = x * inv[:, :, None]
+        # a NaN element makes its block's scale NaN (bmax_i), so plain min/max suffice here
+        xs = tl.minimum(tl.maximum(xs, -MAXE), MAXE)
+        OV = z
     else:
-        out = round_elem(x, F, RND, SRB, OVF, k0, k1, base_lo, base_hi, off)
+        EL = F
+        xs = x
+        t3 = tl.zeros([x.shape[0], x.shape[1], 1], tl.float32)
+        OV = OVF
+    qe = round_elem(xs, EL, RND, SRB, OV, k0, k1, base_lo, base_hi, off, SRC)
+    if (F == 6) | (F == 7) | (F == 8) | (F >= 16):
+        out = tl.where(t3 > 0, qe * t3, x * 0.0)
+        out = tl.where(t3 == t3, out, float("nan"))
+    else:
+        out = qe
     return out
 
 
 @triton.jit
-def write_state(x, E, EF: tl.constexpr, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
-                OVF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo,
-                base_hi, off):
+def write_state(x, E, EF, F, RND, SRB, OVF, SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1,
+                base_lo, base_hi, off):
     """The master's rounding after an update or a fold (``precsim.schemes.write_state``):
     ``(Q(x), E)`` without error feedback (``EF == 0``), else ``X = x + E``,
     ``(Q(X), Q_e,RNE(X - Q(X)))`` with the residual's format id ``EF - 1``."""
@@ -277,8 +302,8 @@ def _quantize_kernel(x_ptr, out_ptr, k0, k1, R: tl.constexpr, NB: tl.constexpr,
     base_lo = (base & 0xFFFFFFFF).to(tl.uint32)
     base_hi = (base >> 32).to(tl.uint32)
     x = tl.load(x_ptr + base + off)
-    y = quantize(x, F, RND, SRB, OVF, SFLOOR, SCOPE, k0.to(tl.uint32), k1.to(tl.uint32),
-                 base_lo, base_hi, off)
+    y = quantize(x, F, RND, SRB % 64, OVF, SFLOOR, SCOPE, k0.to(tl.uint32), k1.to(tl.uint32),
+                 base_lo, base_hi, off, SRB // 64)
     tl.store(out_ptr + base + off, y)
 
 

@@ -85,51 +85,52 @@ SRC_IDS = {"hash": 0, "philox5": 1, "philox7": 2, "philox10": 3}
 
 
 @triton.jit
-def sr_increment(thr, k0, k1, base_lo, base_hi, off, SRBITS: tl.constexpr):
+def sr_increment(thr, k0, k1, base_lo, base_hi, off, BITS, SRC: tl.constexpr = 0):
     """1.0 where SR rounds up (``u < thr``), else 0.0, for a 3D tile ``[R, C, K]``.
 
     ``thr``: float32 thresholds in [0, 2^BITS], ``off``: int32 element offsets (x's shape);
     ``u``: the top BITS bits of lane ``i % lanes`` of word ``i // lanes``, ``i = base + off``.
     With several lanes per word (BITS <= 16) the word of each run of ``lanes`` elements is
-    hashed once, not once per element: the tile is viewed as ``[R, C, K / lanes, lanes]``, the
-    hash runs on ``[R, C, K / lanes]`` and is broadcast over the lanes.
-    That needs what every caller's tile has: each run of ``lanes`` along the last axis holds
-    consecutive elements and ``base + off`` of its first is a multiple of ``lanes``
-    (``base`` a multiple of the tile size; K a multiple of lanes).
+    hashed once, not once per element (:func:`_sr_lanes`).
 
-    ``SRBITS = bits + 64 * source`` (source: ``SRC_IDS``, 0 = the hash), so one constexpr carries
-    both through the rounding functions.
+    ``BITS`` is a constexpr (one lane layout compiled) or a runtime scalar (the three layouts,
+    chosen per call on a uniform scalar); ``SRC`` (the random source, ``SRC_IDS``) is always a
+    constexpr.
     """
-    BITS: tl.constexpr = SRBITS % 64
-    SRC: tl.constexpr = SRBITS // 64
     if BITS <= 8:
-        SLOT: tl.constexpr = 8
-        SH: tl.constexpr = 2
+        inc = _sr_lanes(thr, k0, k1, base_lo, base_hi, off, BITS, SRC, 2)
     elif BITS <= 16:
-        SLOT: tl.constexpr = 16
-        SH: tl.constexpr = 1
+        inc = _sr_lanes(thr, k0, k1, base_lo, base_hi, off, BITS, SRC, 1)
     else:
-        SLOT: tl.constexpr = 32
-        SH: tl.constexpr = 0
-    if SH == 0:
         ilo, ihi = element_index(base_lo, base_hi, off)
-        u = word_of(k0, k1, ilo, ihi, SRC) >> (32 - BITS)
+        shift = (tl.zeros([], tl.int32) + 32 - BITS).to(tl.uint32)
+        u = word_of(k0, k1, ilo, ihi, SRC) >> shift
         inc = tl.where(u.to(tl.float32) < thr, 1.0, 0.0)
-    else:
-        LANES: tl.constexpr = 1 << SH
-        R: tl.constexpr = off.shape[0]
-        C: tl.constexpr = off.shape[1]
-        K: tl.constexpr = off.shape[2]
-        Q: tl.constexpr = K // LANES
-        o4 = tl.reshape(off, (R, C, Q, LANES))
-        t4 = tl.reshape(thr, (R, C, Q, LANES))
-        lo, hi = element_index(base_lo, base_hi, tl.min(o4, axis=3))  # first element of a word
-        w = word_of(k0, k1, (lo >> SH) | (hi << (32 - SH)), hi >> SH, SRC)  # [R, C, Q]
-        lane = tl.arange(0, LANES)
-        shift = (lane * SLOT + (SLOT - BITS)).to(tl.uint32)
-        u = (w[:, :, :, None] >> shift[None, None, None, :]) & ((1 << BITS) - 1)
-        inc = tl.reshape(tl.where(u.to(tl.float32) < t4, 1.0, 0.0), (R, C, K))
     return inc
+
+
+@triton.jit
+def _sr_lanes(thr, k0, k1, base_lo, base_hi, off, BITS, SRC: tl.constexpr, SH: tl.constexpr):
+    """:func:`sr_increment` with ``2**SH`` lanes (of ``32 >> SH`` bits) per word: the tile is
+    viewed as ``[R, C, K / lanes, lanes]``, the hash runs on ``[R, C, K / lanes]`` and is
+    broadcast over the lanes. That needs what every caller's tile has: each run of ``lanes``
+    along the last axis holds consecutive elements and ``base + off`` of its first is a multiple
+    of ``lanes`` (``base`` a multiple of the tile size; K a multiple of lanes)."""
+    LANES: tl.constexpr = 1 << SH
+    SLOT: tl.constexpr = 32 >> SH
+    R: tl.constexpr = off.shape[0]
+    C: tl.constexpr = off.shape[1]
+    K: tl.constexpr = off.shape[2]
+    Q: tl.constexpr = K // LANES
+    o4 = tl.reshape(off, (R, C, Q, LANES))
+    t4 = tl.reshape(thr, (R, C, Q, LANES))
+    lo, hi = element_index(base_lo, base_hi, tl.min(o4, axis=3))  # first element of a word
+    w = word_of(k0, k1, (lo >> SH) | (hi << (32 - SH)), hi >> SH, SRC)  # [R, C, Q]
+    lane = tl.arange(0, LANES)
+    shift = (lane * SLOT + (SLOT - BITS)).to(tl.uint32)
+    mask = ((tl.zeros([], tl.int32) + 1 << BITS) - 1).to(tl.uint32)
+    u = (w[:, :, :, None] >> shift[None, None, None, :]) & mask
+    return tl.reshape(tl.where(u.to(tl.float32) < t4, 1.0, 0.0), (R, C, K))
 
 
 @triton.jit

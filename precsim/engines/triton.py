@@ -37,6 +37,17 @@ from .base import flush_events, launch_ends, progress_bar, segment_ends, segment
 NAME = "triton"
 log = logging.getLogger("precsim.engines.triton")
 BUF_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2}
+# the default of Options.runtime_codes: the schemes' kinds, formats and roundings as runtime
+# arguments of one kernel compiled per shape (True: what a sweep over schemes wants, one compile
+# for all its jobs; the CLI sets it for such sweeps), or constexprs, a kernel compiled per
+# configuration (False: 2.3x faster kernels, measured on the H200; docs/performance.md).
+# ``PRECSIM_KERNEL_CODES=runtime|constexpr`` overrides both.
+RUNTIME_CODES = [False]
+
+
+def runtime_codes_default() -> bool:
+    env = os.environ.get("PRECSIM_KERNEL_CODES", "").strip().lower()
+    return env == "runtime" if env in ("runtime", "constexpr") else RUNTIME_CODES[0]
 
 
 def supports(cfg: Config, device: str) -> str | None:
@@ -166,6 +177,7 @@ class Options:
     inflight: int = 32
     metrics_lag: int = 2
     metrics_thread: bool = True
+    runtime_codes: bool | None = None
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
@@ -177,11 +189,11 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
      maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag,
-     metrics_thread) = (
+     metrics_thread, runtime_codes) = (
         opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
         opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
         opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag),
-        opt.metrics_thread)  # by name: a field added to Options cannot shift the others
+        opt.metrics_thread, opt.runtime_codes)  # by name: a field added cannot shift the others
     phases = {"start": time.perf_counter()}
     wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
@@ -403,7 +415,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                      sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
                      scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
                      u_master=cfg.replay.gdn_u_source == "master",
-                     kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order)
+                     kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order,
+                     runtime=runtime_codes_default() if runtime_codes is None else runtime_codes)
 
     def prepare(a: int, b: int) -> dict:
         """Inputs of steps [a, b) on the device, with the decays the kernels read:
@@ -595,14 +608,14 @@ def _readout(width: int, vocab: int, scale: float, dev) -> Readout:
 
 def _launch(fam, inp, S64, st, rd, y64, y32, k1, ph, k0, idx, codes, truth, t0, n, steps, H,
             blk, LB, nw, maxnreg, *, lpt, buf, sfloor, scope, u_master, kernels, order, ef=None,
-            efs=0):
+            efs=0, runtime=False):
     """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
     (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
     N = S64.shape[2]
     common = dict(S64=S64, st=st, rd=rd, y64=y64, y32=y32, k1=k1, ph=ph, k0=k0, t0=t0, n=n,
                   total=steps, slots=idx, codes=list(codes), truth=truth, blk=blk or min(16, N),
                   LB=LB, buf=buf, sfloor=sfloor, scope=scope, order=order(truth, list(codes), lpt),
-                  num_warps=nw, maxnreg=maxnreg, ef=ef, efs=efs)
+                  num_warps=nw, maxnreg=maxnreg, ef=ef, efs=efs, runtime=runtime)
     m2, gdn = kernels
     if fam == "mamba2":
         return m2.launch(dt=inp["dt"], a64=inp["_a64"], a32=inp["_a32"], dA32=inp["_dA32"],

@@ -303,3 +303,50 @@ def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
     for job in _jobs(sweep).values():
         log = (job / "precsim.log").read_text()
         assert "B/step/hd" in log and "budget: rel_err <= 0.0625" in log
+
+
+def test_covering_jobs_keep_every_override_and_group_combination():
+    """The sweep's check before launching composes fewer jobs (cli._validate_sweeps_lightly) but
+    still every distinct override and every combination of config-group choices."""
+    import itertools
+
+    from precsim.cli import _covering_jobs
+
+    grid = [list(j) for j in itertools.product(
+        ["schemes.c.fmt=fp32", "schemes.c.fmt=fp16", "schemes.c.fmt=bf16", "schemes.c.fmt=x"],
+        ["schemes.c.rounding=rne", "schemes.c.rounding=sr"],
+        ["model=mamba2", "model=gdn"], ["run.seed=0", "run.seed=1", "run.seed=2"])]
+    picked = _covering_jobs(grid)
+    assert len(picked) < len(grid) / 4
+    assert {o for j in picked for o in j} == {o for j in grid for o in j}
+    assert {j[2] for j in picked} == {"model=mamba2", "model=gdn"}
+    assert all(j in grid for j in picked)
+    assert _covering_jobs([]) == []
+
+
+def test_bad_group_option_in_a_later_job_fails_before_any_job_runs(tmp_path):
+    """The covering check composes the job whose group choice does not exist: one line, exit 2,
+    and no job ran (nothing in the sweep folder)."""
+    sweep = tmp_path / "sweep"
+    r = _cli(["-m", "model=mamba2,nosuchmodel", *FAST, f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "nosuchmodel" in r.stderr and "Traceback" not in r.stderr
+    assert not list(sweep.glob("*/summary.json"))
+
+
+def test_scheme_sweeps_take_runtime_kernel_codes(monkeypatch):
+    """A sweep over schemes runs the Triton kernels with the schemes as runtime arguments (one
+    compile for every job); a sweep over anything else keeps per-configuration kernels."""
+    from types import SimpleNamespace
+
+    from precsim.cli import _sweeps_schemes
+
+    hc = SimpleNamespace(sweeper={"params": {"schemes.candidate.fmt": "fp32,fp16"}})
+    assert _sweeps_schemes(hc)
+    hc = SimpleNamespace(sweeper={"params": {"replay.buffer_len": "4,8"}})
+    monkeypatch.setattr("sys.argv", ["precsim", "-m", "run.seed=0,1", "schemes=single"])
+    assert not _sweeps_schemes(hc)
+    monkeypatch.setattr("sys.argv", ["precsim", "-m", "schemes=single,replay_pair"])
+    assert _sweeps_schemes(hc)
+    monkeypatch.setattr("sys.argv", ["precsim", "-m", "schemes.a.rounding=rne,sr"])
+    assert _sweeps_schemes(SimpleNamespace(sweeper={}))

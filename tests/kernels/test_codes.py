@@ -24,12 +24,14 @@ def test_pack_fields_round_trip():
 
 
 def _decode_lines(path: Path) -> dict[str, ast.expr]:
-    """The ``NAME: tl.constexpr = <expr of CODE>`` lines of a kernel module."""
+    """The ``NAME = <expr of CODE>`` lines of a kernel module."""
     out = {}
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and any(
+        target = (node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+                  if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and any(
                 isinstance(n, ast.Name) and n.id == "CODE" for n in ast.walk(node.value)):
-            out[node.target.id] = node.value
+            out[target.id] = node.value
     return out
 
 

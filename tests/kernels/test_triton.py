@@ -386,3 +386,27 @@ def test_drafts_on_the_gpu_match_torch_engine(family):
     assert tri.info["flushes"] == ref.info["flushes"]
     # SR states part by a rounding flip between the kernels' and cuBLAS's sums over 4,096 steps
     assert_rows_match(cfg, tri, ref, tol=2e-2)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_runtime_codes_equal_per_configuration_kernels(family):
+    """One kernel taking the schemes as runtime arguments (``runtime_codes``: a sweep over
+    schemes compiles it once) gives the same bits as kernels compiled per configuration: every
+    kind, element, block and integer formats, RNE and SR at the three lane widths (<= 8, <= 16
+    and > 16 random bits), error feedback, a split read copy, two launch groups (blocks 16 and
+    32)."""
+    sch = {"conv_nvfp4_sr": {"kind": "conventional", "fmt": "nvfp4", "rounding": "sr"},
+           "conv_fp16_sr": {"kind": "conventional", "fmt": "fp16", "rounding": "sr"},
+           "conv_int8_ef": {"kind": "conventional", "fmt": "int8", "rounding": "rne",
+                            "error_feedback": "bf16"},
+           "shared_bf16_sr": {"kind": "shared", "fmt": "bf16", "rounding": "sr",
+                              "sr_bits": 20},
+           "split_fp8_mxfp4": {"kind": "split", "fmt": "fp8_e4m3", "rounding": "sr",
+                               "read_fmt": "mxfp4"}}
+    cfg = cfg_of(family, sch, steps=16, heads=1)
+    want = run_triton(cfg, DEV, progress=False, runtime_codes=False, record_outputs=True)
+    got = run_triton(cfg, DEV, progress=False, runtime_codes=True, record_outputs=True)
+    assert got.info["launches"] == want.info["launches"] == 2
+    for name in ["truth", *sch]:
+        np.testing.assert_array_equal(got.info["outputs"][name], want.info["outputs"][name],
+                                      err_msg=name)
