@@ -8,8 +8,8 @@ per-configuration ones).
     python experiments/bench/gpu_sweep.py --out OUT_DIR --smoke   # any machine: tiny sizes
 
 Every process gets ``run.out_dir`` / ``hydra.sweep.dir`` under a fresh folder, so no row finds
-an earlier row's results. ``PRECSIM_KERNEL_CODES=constexpr`` selects the per-configuration
-kernels for the comparison rows (``precsim.engines.triton.RUNTIME_CODES``).
+an earlier row's results. ``PRECSIM_KERNEL_CODES=runtime`` selects the runtime-argument
+kernels for the comparison row (``precsim.engines.triton.RUNTIME_CODES``).
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def main(argv=None) -> int:
         add(whole(["experiment=engines", f"run.device={dev}", *small], work, "engines_fresh",
                   work / "cache_engines"))
         add(whole(["experiment=engines", f"run.device={dev}", *small], work,
-                  "engines_fresh_constexpr", work / "cache_engines_c",
-                  {"PRECSIM_KERNEL_CODES": "constexpr"}))
+                  "engines_fresh_runtime_codes", work / "cache_engines_rt",
+                  {"PRECSIM_KERNEL_CODES": "runtime"}))
         bad = whole(["workload=trace", "workload.path=/no/such/dir", f"run.device={dev}"], work,
                     "bad_trace_path", work / "cache_split")
         add({**bad, "ok": bad["rc"] == 2})
