@@ -11,13 +11,13 @@ parallel mode is tested against).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..errors import PrecsimError
-from .load import documents, load_model, ssm_layers
+from .load import devices_of, documents, load_model, ssm_layers
 from .metrics import first_flips, result_rows
 from .scan import REFERENCE, Group
 
@@ -66,6 +66,8 @@ class Loaded:
     phases: dict
     t_start: float
     why: str | None = None  # why a CUDA run's scan is not the Triton one
+    plan: object = None  # model.device_map's placement (placement.Plan), None without
+    copies: list = field(default_factory=list)  # a split plan: the model on each device
 
 
 def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
@@ -79,10 +81,44 @@ def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
     return dataclasses.replace(cfg, schemes={**sch, **(also or {})})
 
 
-def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
+def place(cfg, device: str, split_ok: bool):
+    """``model.device_map``'s plan (:mod:`.placement`) for the run of ``cfg`` on ``device``'s
+    kind (``cpu``, or the visible GPUs), stated on one line in the log; None without a map."""
+    import logging
+
+    from . import placement as pl
+
+    m = cfg.model
+    req = pl.parse(m.device_map)
+    if req is None:
+        return None
+    meta = pl.meta_model(m.path)
+    what = f"{type(meta).__name__} at {m.path}"
+    if isinstance(req, dict):
+        pl.check_map(req, {n for n, _ in meta.named_modules()},
+                     [n for n, _ in meta.named_parameters()], what,
+                     torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    cdt = getattr(meta.config, "dtype", None)
+    dtype = getattr(torch, m.dtype) if m.dtype else cdt if isinstance(cdt, torch.dtype) else \
+        getattr(torch, str(cdt or "float32").replace("torch.", ""), torch.float32)
+    shape = pl.shape_of(meta, dtype)
+    tokens = cfg.run.steps or (np.load(m.ids, mmap_mode="r").shape[-1] if m.ids else None) \
+        or m.chunk or 32768
+    L = cfg.replay.buffer_len
+    chunk = min(tokens, -(-m.chunk // L) * L) if m.chunk else tokens
+    need = pl.estimate(shape, cfg.run.seqs, 1 + len(cfg.schemes), int(tokens), int(chunk))
+    plan = pl.decide(req, need, pl.free_memory(device), list(cfg.schemes),
+                     split_ok and m.mode == "parallel")
+    logging.getLogger("precsim").info(plan.line())
+    return plan
+
+
+def prepare(cfg, device: str = "cpu", also: dict | None = None, split_ok: bool = False
+            ) -> Loaded:
     """Check ``cfg`` against its checkpoint, load it and its documents, pick the scan backend
     for its schemes and ``also`` (one-line PrecsimErrors: a mode, a per-layer map's layer the
-    model lacks, ...)."""
+    model lacks, ...). ``model.device_map``: placed by :func:`place` (``split_ok``: the scheme
+    batch may be split across GPUs, one model copy each)."""
     from ..config import check_blocks, check_layers_exist
 
     t_start = time.perf_counter()
@@ -97,7 +133,19 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     if m.mode == "parallel":
         backend_for(cfg, dev if dev == "cuda" else "cpu", check_only=True)
     phases: dict = {}
-    model, tok = load_model(m.path, dev, m.dtype)
+    plan = place(cfg, dev, split_ok)
+    copies = []
+    if plan is None or plan.kind == "single":
+        dev = dev if plan is None else plan.devices[0]
+        model, tok = load_model(m.path, dev, m.dtype)
+    elif plan.kind == "split":
+        copies = [(load_model(m.path, d, m.dtype)[0], d) for d in plan.devices[1:]]
+        dev = plan.devices[0]
+        model, tok = load_model(m.path, dev, m.dtype)
+        copies.insert(0, (model, dev))
+    else:
+        model, tok = load_model(m.path, dev, m.dtype, plan.device_map, plan.max_memory)
+        dev = ",".join(dict.fromkeys(str(d) for d in devices_of(model)))
     phases["load_s"] = round(time.perf_counter() - t_start, 3)
     layers = [idx for idx, _, _ in ssm_layers(model)]
     n_layers = int(model.config.num_hidden_layers)
@@ -115,21 +163,23 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     check_blocks(cfg, m.state_dim, f"state_dim of {type(model).__name__} at {m.path}")
     every = every_layer_scheme(cfg, layers, also)
     backend, why = "torch", None
+    kind = "cuda" if dev.startswith("cuda") else "cpu"
     if m.mode == "parallel" and compute == torch.float32:
-        backend = backend_for(every, dev)
-    if dev == "cuda" and backend == "torch":  # say why the kernels do not run it
+        backend = backend_for(every, kind)
+    if kind == "cuda" and backend == "torch":  # say why the kernels do not run it
         from ..engines import triton as tri
 
         why = "float64 compute" if compute != torch.float32 else (
-            "model.mode=decode" if m.mode != "parallel" else tri.supports(every, dev))
-    return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start, why)
+            "model.mode=decode" if m.mode != "parallel" else tri.supports(every, kind))
+    return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start, why,
+                  plan, copies)
 
 
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
     rows have the layer-level columns (of the model's own logits). ``ckpt``: parallel mode saves
     between its chunks and resumes (:mod:`precsim.checkpoint`)."""
-    return measure(cfg, prepare(cfg, device), cfg.schemes, progress, ckpt=ckpt)
+    return measure(cfg, prepare(cfg, device, split_ok=True), cfg.schemes, progress, ckpt=ckpt)
 
 
 def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str = "SSM layers",
@@ -151,16 +201,20 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     t_run = time.perf_counter()
     try:
         if m.mode == "parallel":
-            from .parallel import chunk_len, run_parallel
+            from .parallel import chunk_len, run_parallel, run_split
 
             chunk = chunk_len(cfg, N, ld.backend)
             if bar is not None:
-                bar.reset(total=len(ld.layers) * -(-N // chunk))
+                bar.reset(total=len(ld.layers) * -(-N // chunk) * max(1, len(ld.copies)))
                 bar.set_description(f"{bar_desc} x chunks")
-            if ckpt is not None:
-                ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
-            tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
-                                 phases=phases, ckpt=ckpt)
+            if ld.copies:  # the scheme batch split across devices (no checkpoints)
+                tok_m = run_split(ld.copies, ld.plan.shards, ld.ids, groups, cfg, ld.compute,
+                                  ld.backend, bar, phases)
+            else:
+                if ckpt is not None:
+                    ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
+                tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
+                                     phases=phases, ckpt=ckpt)
         else:
             from .decode import run_decode
 
@@ -184,6 +238,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
             "scan_backend": ld.backend, **({"scan_backend_why": ld.why} if ld.why else {}),
             "phases_s": phases, "ssm_layers": ld.layers,
+            **({"placement": ld.plan.info()} if ld.plan is not None else {}),
             **({"chunk": chunk_len(cfg, N, ld.backend)} if m.mode == "parallel" else {}),
             **(ckpt.info() if ckpt is not None else {}),
             "layers": model.config.num_hidden_layers,
