@@ -31,6 +31,7 @@ from ..config import parse_device_map as parse  # noqa: F401 - the option, parse
 from ..errors import PrecsimError
 
 KEY = "model.device_map"
+HELD_GPU = "PRECSIM_JOB_GPU"  # set by the sweep callback while a joblib job holds one GPU
 USABLE = 0.9  # of a device's free bytes: the rest for the CUDA context, fragmentation, misses
 GiB = 2**30
 
@@ -56,7 +57,7 @@ def check_map(dmap: dict, modules: set[str], params: list[str], what: str, gpus:
                                + (f"cuda:0..cuda:{gpus - 1} or cpu" if gpus else "cpu"))
     bad = [k for k in dmap if k != "" and k not in modules]
     if bad:
-        near = sorted(m for m in modules if m.count(".") <= 2)[:8]
+        near = sorted(m for m in modules if m and m.count(".") <= 2)[:8]
         raise PrecsimError(f"{KEY} names {bad[0]!r}, not a module of {what}; allowed: module "
                            f"names such as {', '.join(near)}")
     keys = sorted(dmap, key=len, reverse=True)
@@ -291,7 +292,8 @@ def shape_of(model, dtype) -> Shape:
     def nbytes(t):
         return t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())
 
-    weights = sum(nbytes(t) for t in [*model.parameters(), *model.buffers()])
+    weights = sum(nbytes(t) for t in model.parameters()) \
+        + sum(t.numel() * t.element_size() for t in model.buffers())  # (float32 rotary tables)
     ssm = ssm_layers(model)
     fam, H, dv, dk = layer_shape(model)
     mixer = ssm[0][1]
@@ -315,19 +317,42 @@ def shape_of(model, dtype) -> Shape:
 
 
 def free_memory(device: str) -> dict[str, int]:
-    """Free bytes of every visible GPU (``device`` cuda or auto with one), else of the CPU
+    """Free bytes of every visible GPU (``device`` cuda or auto with one; in a sweep job that
+    holds one GPU of several, that GPU alone: :data:`HELD_GPU`), else of the CPU
     (``MemAvailable``)."""
+    import os
+
     import torch
 
     if device != "cpu" and torch.cuda.is_available():
-        return {f"cuda:{i}": int(torch.cuda.mem_get_info(i)[0])
-                for i in range(torch.cuda.device_count())}
+        held = os.environ.get(HELD_GPU)
+        gpus = [int(held)] if held is not None else range(torch.cuda.device_count())
+        return {f"cuda:{i}": int(torch.cuda.mem_get_info(i)[0]) for i in gpus}
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return {"cpu": int(line.split()[1]) * 1024}
     except OSError:
         pass
-    import os
-
     return {"cpu": os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")}
+
+
+def plan_run(path, dtype: str | None, request, device: str, *, docs: int, schemes: list[str],
+             tokens: int, chunk: int, split_ok: bool) -> Plan:
+    """The plan for a run of the checkpoint at ``path`` (loaded as ``dtype``, None: its own):
+    the reference and ``schemes`` over ``docs`` documents of ``tokens`` tokens in passes of
+    ``chunk``, on ``device``'s kind (``cpu``, or every visible GPU). An explicit map is checked
+    against the checkpoint's modules."""
+    import torch
+
+    req = parse(request)
+    meta = meta_model(path)
+    if isinstance(req, dict):
+        check_map(req, {n for n, _ in meta.named_modules()},
+                  [n for n, _ in meta.named_parameters()], f"{type(meta).__name__} at {path}",
+                  torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    own = getattr(meta.config, "dtype", None)
+    dt = getattr(torch, dtype) if dtype else own if isinstance(own, torch.dtype) else \
+        getattr(torch, str(own or "float32").replace("torch.", ""), torch.float32)
+    need = estimate(shape_of(meta, dt), docs, 1 + len(schemes), tokens, chunk)
+    return decide(req, need, free_memory(device), schemes, split_ok)

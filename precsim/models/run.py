@@ -82,33 +82,21 @@ def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
 
 
 def place(cfg, device: str, split_ok: bool):
-    """``model.device_map``'s plan (:mod:`.placement`) for the run of ``cfg`` on ``device``'s
-    kind (``cpu``, or the visible GPUs), stated on one line in the log; None without a map."""
+    """``model.device_map``'s plan (:func:`.placement.plan_run`) for the run of ``cfg`` on
+    ``device``'s kind (``cpu``, or the visible GPUs), stated on one line of the log; None
+    without a map."""
     import logging
 
-    from . import placement as pl
+    from .placement import plan_run
 
     m = cfg.model
-    req = pl.parse(m.device_map)
-    if req is None:
+    if m.device_map is None:
         return None
-    meta = pl.meta_model(m.path)
-    what = f"{type(meta).__name__} at {m.path}"
-    if isinstance(req, dict):
-        pl.check_map(req, {n for n, _ in meta.named_modules()},
-                     [n for n, _ in meta.named_parameters()], what,
-                     torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    cdt = getattr(meta.config, "dtype", None)
-    dtype = getattr(torch, m.dtype) if m.dtype else cdt if isinstance(cdt, torch.dtype) else \
-        getattr(torch, str(cdt or "float32").replace("torch.", ""), torch.float32)
-    shape = pl.shape_of(meta, dtype)
-    tokens = cfg.run.steps or (np.load(m.ids, mmap_mode="r").shape[-1] if m.ids else None) \
-        or m.chunk or 32768
     L = cfg.replay.buffer_len
-    chunk = min(tokens, -(-m.chunk // L) * L) if m.chunk else tokens
-    need = pl.estimate(shape, cfg.run.seqs, 1 + len(cfg.schemes), int(tokens), int(chunk))
-    plan = pl.decide(req, need, pl.free_memory(device), list(cfg.schemes),
-                     split_ok and m.mode == "parallel")
+    chunk = min(cfg.run.steps, -(-m.chunk // L) * L) if m.chunk else cfg.run.steps
+    plan = plan_run(m.path, m.dtype, m.device_map, device, docs=cfg.run.seqs,
+                    schemes=list(cfg.schemes), tokens=cfg.run.steps, chunk=chunk,
+                    split_ok=split_ok and m.mode == "parallel")
     logging.getLogger("precsim").info(plan.line())
     return plan
 
