@@ -216,6 +216,10 @@ def decide(request, need: Need, free: dict[str, int], schemes: list[str],
             return Plan("split", request, devs, need, free, shards=[shards[d] for d in devs],
                         why=f"{head} exceed one GPU ({gib(use[best])} usable); each GPU holds "
                             f"the weights, the reference and its schemes")
+    if not gpus and request == "balanced" and best is not None and total <= use[best]:
+        return Plan("device_map", request, [best], need, free, device_map=request,
+                    why=f"no GPU; needs {head} ({_rows(need)}), {best} has {gib(use[best])} "
+                        "usable")
     if not gpus:
         raise PrecsimError(f"{KEY}={request}: the run needs {gib(total)} ({head}; "
                            f"{_rows(need)}) and {best or 'the CPU'} has "

@@ -108,6 +108,21 @@ def test_nothing_fits_is_one_line_with_the_bytes_needed_and_available():
                                            r" usable \(90% of 15.6 GiB free\)"):
         pl.decide("auto", need(200, 2), {"cpu": 16 * 2**30 * 0.975}, SCHEMES)
     assert pl.decide("auto", need(1, 0.1), {"cpu": 16 * GB}, SCHEMES).devices == ["cpu"]
+    p = pl.decide("balanced", need(1, 0.1), {"cpu": 16 * GB}, SCHEMES)  # accelerate: the CPU
+    assert (p.kind, p.devices, p.device_map) == ("device_map", ["cpu"], "balanced")
+    with pytest.raises(PrecsimError, match="model.device_map=balanced: the run needs"):
+        pl.decide("balanced", need(20, 0.1), {"cpu": 16 * GB}, SCHEMES)
+
+
+def test_free_memory_counts_every_visible_gpu_or_the_one_a_sweep_job_holds(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: ((10 + i) * GB, 80 * GB))
+    monkeypatch.delenv(pl.HELD_GPU, raising=False)
+    assert pl.free_memory("cuda") == {f"cuda:{i}": (10 + i) * GB for i in range(4)}
+    monkeypatch.setenv(pl.HELD_GPU, "2")  # (the sweep callback's, tests/app/test_sweep.py)
+    assert pl.free_memory("auto") == {"cuda:2": 12 * GB}
+    assert list(pl.free_memory("cpu")) == ["cpu"] and pl.free_memory("cpu")["cpu"] > 0
 
 
 # --- the option --------------------------------------------------------------------------------
