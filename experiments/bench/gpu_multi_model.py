@@ -65,15 +65,12 @@ def qwen3_next_config(layers: int, tiny: bool):
 def write_checkpoint(config, path: Path) -> int:
     """A random-weight checkpoint of ``config`` written one decoder layer at a time (each
     initialised by the model's own ``_init_weights`` on the CPU, cast to the config's dtype,
-    saved as its own safetensors shard, freed); returns its bytes. Skipped when present; an
-    interrupted build goes on from its last whole shard."""
+    saved as its own safetensors shard, freed); returns its bytes. A shard already there is
+    kept (an interrupted build goes on from its last whole shard)."""
     import torch
     import transformers as tf
     from safetensors.torch import save_file
 
-    if (path / "model.safetensors.index.json").is_file():
-        return json.loads((path / "model.safetensors.index.json").read_text())["metadata"][
-            "total_size"]
     path.mkdir(parents=True, exist_ok=True)
     dtype = config.dtype if isinstance(config.dtype, torch.dtype) else getattr(torch, config.dtype)
     torch.manual_seed(0)
@@ -177,9 +174,10 @@ def compare(a: Path, b: Path) -> dict:
     return out
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        return child(sys.argv[2:])
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny, on the CPU")
     ap.add_argument("--stage", choices=("build", "fit", "large", "all"), default="all")
@@ -187,7 +185,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--fit-layers", type=int, default=12)
     ap.add_argument("--large-layers", type=int, default=48)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     import torch
     import transformers
 
