@@ -42,24 +42,24 @@ GB = 1e9
 
 
 def qwen3_next_config(layers: int, tiny: bool):
+    """Qwen3-Next-80B-A3B's shape with ``layers`` layers (3 GDN : 1 attention), bf16; ``tiny``:
+    the same pattern at widths of tens, float32."""
     import transformers as tf
 
-    pattern = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4 + 1)
+    dims = dict(vocab_size=151936, hidden_size=2048, num_attention_heads=16,
+                num_key_value_heads=2, head_dim=256, intermediate_size=5120,
+                moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts=512,
+                num_experts_per_tok=10, linear_num_value_heads=32, linear_num_key_heads=16,
+                linear_key_head_dim=128, linear_value_head_dim=128, dtype="bfloat16")
     if tiny:
-        return tf.Qwen3NextConfig(
-            vocab_size=256, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, intermediate_size=32, moe_intermediate_size=16,
-            shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
-            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-            linear_value_head_dim=8, linear_conv_kernel_dim=4, layer_types=pattern[:layers],
-            dtype="float32")
-    return tf.Qwen3NextConfig(  # Qwen3-Next-80B-A3B's shape
-        vocab_size=151936, hidden_size=2048, num_hidden_layers=layers, num_attention_heads=16,
-        num_key_value_heads=2, head_dim=256, intermediate_size=5120, moe_intermediate_size=512,
-        shared_expert_intermediate_size=512, num_experts=512, num_experts_per_tok=10,
-        linear_num_value_heads=32, linear_num_key_heads=16, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=pattern[:layers],
-        dtype="bfloat16")
+        dims.update(vocab_size=256, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                    head_dim=16, intermediate_size=32, moe_intermediate_size=16,
+                    shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                    linear_value_head_dim=8, dtype="float32")
+    pattern = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4 + 1)
+    return tf.Qwen3NextConfig(num_hidden_layers=layers, linear_conv_kernel_dim=4,
+                              layer_types=pattern[:layers], **dims)
 
 
 def write_checkpoint(config, path: Path) -> int:
