@@ -4,8 +4,9 @@ The document: ``--text-file F`` (a ``.txt`` file, or the first line of a ``.json
 ``text`` field; needs the checkpoint's tokenizer), ``--ids-file F.npy`` (token ids), or greedy
 tokens the model generates after ``--prompt TEXT`` (default prompt without). ``--tokens N``: the
 first N tokens (default: the whole document; required with a prompt). Writes ``DIR/layer_XX/``
-per recorded layer (docs/real-models.md, "Traces") and ``DIR/record.json``. User errors: one line
-on stderr, exit status 2.
+per recorded layer (docs/real-models.md, "Traces") and ``DIR/record.json``. ``--device-map
+auto|balanced|MAP.yaml``: a checkpoint on several GPUs (docs/real-models.md, "Across several
+GPUs"). User errors: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations

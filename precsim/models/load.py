@@ -147,6 +147,14 @@ def ssm_layers(model) -> list[tuple[int, torch.nn.Module, str]]:
     return out
 
 
+def layer_shape(model) -> tuple[str, int, int, int]:
+    """``(family, heads, Dv, Dk)`` of the model's first SSM layer."""
+    _, mixer, fam = ssm_layers(model)[0]
+    if fam == "mamba2":
+        return fam, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
+    return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
+
+
 def input_device(model) -> torch.device:
     """Where the token ids go: the input embedding's device (under a device map the layers
     sit on several devices, and the activations move with them)."""

@@ -290,8 +290,7 @@ def shape_of(model, dtype) -> Shape:
     """The :class:`Shape` of a (meta) model whose weights load as ``dtype`` (a torch dtype)."""
     import torch
 
-    from .load import ssm_layers, vocab_size
-    from .run import layer_shape
+    from .load import layer_shape, ssm_layers, vocab_size
 
     def nbytes(t):
         return t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())

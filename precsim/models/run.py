@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import PrecsimError
-from .load import devices_of, documents, load_model, ssm_layers
+from .load import devices_of, documents, layer_shape, load_model, ssm_layers
 from .metrics import first_flips, result_rows
 from .scan import REFERENCE, Group
 
@@ -42,14 +42,6 @@ def backend_for(cfg, device: str, check_only: bool = False) -> str:
     if eng == "triton":
         raise PrecsimError(f"run.engine='triton' with model.path: {why}; allowed: auto, torch")
     return "torch"
-
-
-def layer_shape(model) -> tuple[str, int, int, int]:
-    """``(family, heads, Dv, Dk)`` of the model's first SSM layer."""
-    _, mixer, fam = ssm_layers(model)[0]
-    if fam == "mamba2":
-        return fam, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
-    return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
 
 
 @dataclass
@@ -128,9 +120,9 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None, split_ok: bool =
         model, tok = load_model(m.path, dev, m.dtype)
     elif plan.kind == "split":
         copies = [(load_model(m.path, d, m.dtype)[0], d) for d in plan.devices[1:]]
-        dev = plan.devices[0]
-        model, tok = load_model(m.path, dev, m.dtype)
-        copies.insert(0, (model, dev))
+        model, tok = load_model(m.path, plan.devices[0], m.dtype)
+        copies.insert(0, (model, plan.devices[0]))
+        dev = ",".join(plan.devices)
     else:
         model, tok = load_model(m.path, dev, m.dtype, plan.device_map, plan.max_memory)
         dev = ",".join(dict.fromkeys(str(d) for d in devices_of(model)))
