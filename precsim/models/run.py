@@ -86,8 +86,12 @@ def place(cfg, device: str, split_ok: bool):
         return None
     L = cfg.replay.buffer_len
     chunk = min(cfg.run.steps, -(-m.chunk // L) * L) if m.chunk else cfg.run.steps
+    schemes, pl = list(cfg.schemes), cfg.per_layer
+    if pl.formats is not None:  # experiment=per_layer: its widest pass (no split)
+        wide = max(pl.groups_per_pass, len(pl.formats) + 1)
+        schemes = [f"group{i}" for i in range(wide)]
     plan = plan_run(m.path, m.dtype, m.device_map, device, docs=cfg.run.seqs,
-                    schemes=list(cfg.schemes), tokens=cfg.run.steps, chunk=chunk,
+                    schemes=schemes, tokens=cfg.run.steps, chunk=chunk,
                     split_ok=split_ok and m.mode == "parallel")
     logging.getLogger("precsim").info(plan.line())
     return plan
