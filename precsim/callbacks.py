@@ -84,15 +84,21 @@ class SweepCallback(Callback):
             if n > 1:
                 import torch
 
+                from .models.placement import HELD_GPU
+
                 gpu, self._gpu_lock = acquire_gpu(n, int(config.hydra.job.num) % n,
                                                   _gpu_lock_dir())
                 torch.cuda.set_device(gpu)
+                os.environ[HELD_GPU] = str(gpu)  # model.device_map=auto sees this GPU alone
                 log.info("job %s runs on cuda:%d of %d", config.hydra.job.num, gpu, n)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self._gpu_lock is not None:
             self._gpu_lock.close()
             self._gpu_lock = None
+            from .models.placement import HELD_GPU
+
+            os.environ.pop(HELD_GPU, None)
         out = Path(config.hydra.runtime.output_dir)
         err_file = out / ERROR_FILE
         if job_return.status != JobStatus.FAILED:

@@ -156,14 +156,16 @@ class Checkpoint:
 
     def resume(self, device=None) -> dict | None:
         """The engine's saved state (its ``acc`` without a readout), or None; says so. Tensors
-        come back on the CPU, or on ``device`` (an engine whose accumulator holds tensors)."""
+        come back on the CPU, or on ``device`` (an engine whose accumulator holds tensors;
+        ``"saved"``: each on the device it was saved from, a model placed on several)."""
         st = self._state if self._state is not None else self.load()
         if st is None:
             return None
         if device is not None and str(device) != "cpu":
             import torch
 
-            st = torch.load(self.path, map_location=device, weights_only=False)
+            st = torch.load(self.path, map_location=None if device == "saved" else device,
+                            weights_only=False)
         self._offset = st["elapsed_s"]
         print(f"precsim: resuming {self.out} from its checkpoint at step {st['engine']['pos']:,}"
               f" of {self.cfg.run.steps:,} ({st['elapsed_s']:.1f} s of work saved; "

@@ -17,6 +17,11 @@ FAMILIES = ("mamba2", "gdn")
 SCHEME_KINDS = ("conventional", "shared", "split")
 ENGINES = ("auto", "numpy", "torch", "triton", "numba")
 DEVICES = ("auto", "cpu", "cuda")
+DEVICE_MAPS = ("auto", "balanced")  # model.device_map, besides none and an explicit map
+DEVICE_MAP_ALLOWED = ("none (one device: run.device)", "auto", "balanced",
+                      "a map {module: device} (device: an integer GPU index, cuda:N or cpu)",
+                      "a .yaml/.json file holding such a map")
+_ALLOWED_MAPS = "; ".join(DEVICE_MAP_ALLOWED)
 WORKLOADS = ("synthetic", "seed_article", "trace")
 BUFFER_DTYPES = ("fp32", "bf16", "fp16", "fp64")
 COMPUTE_DTYPES = ("fp32", "fp64")
@@ -46,6 +51,9 @@ class ModelConfig:
     # whole-model parallel mode: positions per forward pass (rounded up to whole metric windows
     # of whole ReplaySSM segments; 0 = the whole document at once); checkpoints fall between
     chunk: int = 32768
+    # whole-model mode across devices: null (one device, run.device), auto, balanced, or a map
+    # {module: device} / a .yaml/.json file of one (docs/real-models.md, "Across several GPUs")
+    device_map: Any = None
 
 
 @dataclass
@@ -263,6 +271,9 @@ def validate(cfg: Config) -> None:
           "an integer >= 0 (positions per forward pass; 0 = the whole document)")
     check(m.dtype in (None, "float32", "float64", "bfloat16", "float16"), "model.dtype", m.dtype,
           "null (the checkpoint's), float32, float64, bfloat16, float16")
+    m.device_map = parse_device_map(m.device_map)
+    check(m.device_map is None or m.path is not None, "model.device_map", m.device_map,
+          "none without model.path (a layer-level run runs on run.device)")
     r = cfg.replay
     check(isinstance(r.buffer_len, int) and r.buffer_len > 0, "replay.buffer_len", r.buffer_len,
           "an integer >= 1")
@@ -503,3 +514,70 @@ def _check_fmt(key: str, name, also: str = "") -> None:
     if f.name == "e8m0":
         raise PrecsimError(f"{key}={name!r} cannot hold a state (no sign, no zero); allowed: "
                            f"{', '.join(n for n in pf.names() if n != 'e8m0')}")
+
+
+# ---------------------------------------------------------------------------------------------
+# model.device_map (precsim.models.placement decides what it means)
+
+
+def parse_device_map(value, key: str = "model.device_map"):
+    """``model.device_map`` / ``--device-map``: None (one device), ``auto``, ``balanced`` or a
+    dict ``{module name: device}`` (from YAML/JSON when given a file); one-line error else."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    if isinstance(value, str):
+        v = value.strip()
+        if v in DEVICE_MAPS:
+            return v
+        if v.endswith((".yaml", ".yml", ".json")):
+            return parse_device_map(_read_map(v, key), key)
+        if v.startswith("{"):  # --device-map '{"backbone.embeddings": 0, ...}'
+            import yaml
+
+            try:
+                return parse_device_map(yaml.safe_load(v), key)
+            except yaml.YAMLError:
+                pass
+        raise PrecsimError(f"{key}={value!r} is unknown; allowed: {_ALLOWED_MAPS}")
+    if not isinstance(value, dict) or not value:
+        raise PrecsimError(f"{key}={value!r} is invalid; allowed: {_ALLOWED_MAPS}")
+    out = {}
+    for mod, dev in value.items():
+        out[str(mod)] = device_name(dev, f"{key}.{mod}")
+    return out
+
+
+def _read_map(path: str, key: str) -> dict:
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise PrecsimError(f"{key}={path!r} does not exist; allowed: {_ALLOWED_MAPS}")
+    try:
+        d = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+    except (ValueError, yaml.YAMLError) as e:
+        raise PrecsimError(f"{key}={path!r} is not readable {p.suffix[1:].upper()} "
+                           f"({type(e).__name__}); allowed: a map {{module: device}}") from None
+    if not isinstance(d, dict):
+        raise PrecsimError(f"{key}={path!r} holds {type(d).__name__}, not a map; allowed: "
+                           "{module: device}")
+    return d
+
+
+def device_name(dev, key: str) -> str:
+    """``0`` / ``"cuda:0"`` -> ``"cuda:0"``; ``"cpu"``; one-line error else (``disk``
+    included: precsim does not offload to disk)."""
+    if isinstance(dev, bool):
+        dev = str(dev)
+    if isinstance(dev, int) and dev >= 0:
+        return f"cuda:{dev}"
+    s = str(dev).strip()
+    if s == "cpu" or (s.startswith("cuda:") and s[5:].isdigit()):
+        return s
+    if s.isdigit():
+        return f"cuda:{s}"
+    raise PrecsimError(f"{key}={dev!r} is not a device; allowed: an integer GPU index, cuda:N "
+                       "or cpu")

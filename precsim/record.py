@@ -4,8 +4,9 @@ The document: ``--text-file F`` (a ``.txt`` file, or the first line of a ``.json
 ``text`` field; needs the checkpoint's tokenizer), ``--ids-file F.npy`` (token ids), or greedy
 tokens the model generates after ``--prompt TEXT`` (default prompt without). ``--tokens N``: the
 first N tokens (default: the whole document; required with a prompt). Writes ``DIR/layer_XX/``
-per recorded layer (docs/real-models.md, "Traces") and ``DIR/record.json``. User errors: one line
-on stderr, exit status 2.
+per recorded layer (docs/real-models.md, "Traces") and ``DIR/record.json``. ``--device-map
+auto|balanced|MAP.yaml``: a checkpoint on several GPUs (docs/real-models.md, "Across several
+GPUs"). User errors: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from .errors import PrecsimError
 
 def record_model(model_path, out, *, tokens: int | None = None, text_file=None, ids_file=None,
                  prompt: str | None = None, layers: str | None = None, dtype: str = "fp32",
-                 device: str = "cpu", chunk: int = 8192, progress: bool = False) -> dict:
-    """Record the checkpoint at ``model_path`` into ``out``; returns the ``record.json`` dict."""
+                 device: str | None = None, chunk: int = 8192, progress: bool = False,
+                 device_map=None) -> dict:
+    """Record the checkpoint at ``model_path`` into ``out``; returns the ``record.json`` dict.
+    ``device`` None: the CPU, or with ``device_map`` (``--device-map``, as ``model.device_map``)
+    the visible GPUs (auto: one device when the model fits one, else the layers across them)."""
     import torch
 
     from .models import load, recording
@@ -36,10 +40,27 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
                            f"{', '.join(recording.DTYPES)}")
     if not isinstance(chunk, int) or chunk < 1:
         raise PrecsimError(f"--chunk={chunk!r} is invalid; allowed: an integer >= 1")
+    from .config import parse_device_map
+
+    device_map = parse_device_map(device_map, "--device-map")
+    device = device or ("auto" if device_map is not None else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise PrecsimError(f"--device={device!r} but no CUDA device is visible; allowed: cpu")
     t0 = time.perf_counter()
-    model, tok = load.load_model(model_path, device)  # one-line error without transformers
+    plan = None
+    if device_map is not None:
+        from .models.placement import plan_run
+
+        plan = plan_run(model_path, None, device_map, device, docs=1, schemes=[],
+                        tokens=tokens or chunk, chunk=min(chunk, tokens or chunk),
+                        split_ok=False)
+        print(plan.line(), file=sys.stderr)
+    if plan is None or plan.kind == "single":
+        device = device if plan is None else plan.devices[0]
+        model, tok = load.load_model(model_path, device)  # one-line error w/o transformers
+    else:
+        model, tok = load.load_model(model_path, device, None, plan.device_map, plan.max_memory)
+        device = ",".join(dict.fromkeys(str(d) for d in load.devices_of(model)))
     want = recording.parse_layers(layers, model)
     ids, source = load.documents(model, tok, n_docs=1, n_tokens=tokens, text=text_file,
                                  ids=ids_file, prompt=prompt,
@@ -57,7 +78,7 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
                  f"{chunk} tokens, the model's cache carried between them",
         "wall_s": round(rec["wall_s"], 3), "process_s": round(time.perf_counter() - t0, 3),
         "bytes": size, "bytes_per_token_layer": size / max(1, n * len(want)),
-        "device": device,
+        "device": device, **({"placement": plan.info()} if plan is not None else {}),
     }
     recording.write_meta(out, meta)
     return meta
@@ -76,7 +97,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="tokens to record (>= 1)")
     ap.add_argument("--layers", default=None, help="SSM layers, e.g. 0,5 (default: all)")
     ap.add_argument("--dtype", default="fp32", help="trace storage: fp32 (default) or bf16")
-    ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    ap.add_argument("--device", default=None, help="torch device (default cpu; with "
+                    "--device-map the visible GPUs)")
+    ap.add_argument("--device-map", default=None,
+                    help="auto, balanced, or a .yaml/.json {module: device} map: the layers "
+                         "across the GPUs (default: all on --device)")
     ap.add_argument("--chunk", type=int, default=8192, help="tokens per forward pass")
     a = ap.parse_args(argv)
     try:
@@ -89,7 +114,8 @@ def main(argv=None) -> int:
             prompt = pf.read_text()
         meta = record_model(a.model, a.out, tokens=a.tokens, text_file=a.text_file,
                             ids_file=a.ids_file, prompt=prompt, layers=a.layers, dtype=a.dtype,
-                            device=a.device, chunk=a.chunk, progress=sys.stderr.isatty())
+                            device=a.device, chunk=a.chunk, progress=sys.stderr.isatty(),
+                            device_map=a.device_map)
     except PrecsimError as e:
         print(f"precsim.record: error: {e}", file=sys.stderr)
         return 2

@@ -583,6 +583,9 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
         ax.annotate("Pareto front:\n" + "\n".join(lines), xy=(0, 0), xycoords="axes fraction",
                     xytext=(0, -40), textcoords="offset points", va="top", fontsize=6.5,
                     family="monospace")
+        if not cs:  # nothing above zero to draw (every scheme exact): an empty linear panel
+            ax.set_title(f"{m}: every value 0", fontsize=9)
+            continue
         ax.set_xscale("log")
         ax.set_yscale("log")
         plain_ticks(ax, x_tokens=False)

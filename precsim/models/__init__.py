@@ -5,7 +5,9 @@ checkpoints, recording (``python -m precsim.record``) and whole-model mode
 One home per concern: :mod:`.load` (checkpoints, SSM layers, documents, the output head),
 :mod:`.hook` (the scan hook), :mod:`.scan` (a layer's recurrence under every scheme),
 :mod:`.parallel` and :mod:`.decode` (the two whole-model modes), :mod:`.metrics` (per-token
-metrics and rows), :mod:`.run` (the study), :mod:`.recording` (traces of a document).
+metrics and rows), :mod:`.run` (the study), :mod:`.recording` (traces of a document),
+:mod:`.placement` (``model.device_map``: one GPU, the scheme batch split, or the layers across
+GPUs).
 ``transformers`` is an optional dependency (``pip install precsim[models]``).
 """
 

@@ -27,10 +27,9 @@ def forward_token(model, token, cache, pos: int):
     whose first layer is an SSM layer reports no length: attention would see position 0)."""
     import inspect
 
-    from .load import cache_io
+    from .load import cache_io, input_device
 
-    dev = next(model.parameters()).device
-    ids = torch.as_tensor(token, device=dev).reshape(-1, 1)
+    ids = torch.as_tensor(token, device=input_device(model)).reshape(-1, 1)
     kw, attr = cache_io(model)
     extra = {kw: cache} if cache is not None else {}
     if "position_ids" in inspect.signature(model.forward).parameters:

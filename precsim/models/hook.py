@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,73 +55,97 @@ class Hook:
     """Context manager: while active, every SSM scan of ``model`` goes to ``handler`` (settable
     between forward calls), as ``handler(step, run_own) -> (y (T,b,H,Dv), state (b,H,Dv,Dk) or
     None)`` where ``run_own()`` runs the model's own function and returns its ``(y, state)``.
-    ``y`` includes Mamba-2's ``D x`` skip (the function's output before the gate and norm)."""
+    ``y`` includes Mamba-2's ``D x`` skip (the function's output before the gate and norm).
+
+    Several hooks may be active at once, on several models in several threads (a whole-model run
+    split across GPUs, one model copy per GPU and thread): the modeling module's functions are
+    replaced once while any hook needs them, and a call goes to the hook of the mixer that the
+    calling thread is running. A mixer's ``forward`` that something else wrapped already (an
+    ``accelerate`` device hook) is wrapped in turn and put back on exit."""
 
     def __init__(self, model, handler: Handler | None = None):
         self.layers = ssm_layers(model)
         self.handler = handler
-        self.current: tuple[int, str] | None = None
-        self._saved: list[tuple] = []
+        self._mixers: list[tuple] = []
+        self._funcs: list[tuple[str, str]] = []
 
     def __enter__(self):
-        mods = {}
-        for idx, mixer, fam in self.layers:
-            mods[type(mixer).__module__] = fam
-            own = mixer.forward
+        with _LOCK:
+            mods = {}
+            for idx, mixer, fam in self.layers:
+                mods[type(mixer).__module__] = fam
+                own = mixer.forward
 
-            def fwd(*a, _own=own, _idx=idx, _fam=fam, **k):
-                self.current = (_idx, _fam)
-                try:
-                    return _own(*a, **k)
-                finally:
-                    self.current = None
+                def fwd(*a, _own=own, _idx=idx, _fam=fam, **k):
+                    prev = getattr(_LOCAL, "current", None)
+                    _LOCAL.current = (self, _idx, _fam)
+                    try:
+                        return _own(*a, **k)
+                    finally:
+                        _LOCAL.current = prev
 
-            self._saved.append((mixer, "forward", None))
-            mixer.forward = fwd
-        for modname, fam in mods.items():
-            mod = sys.modules[modname]
-            for name, recurrent in zip(HOOKED[fam], (True, False), strict=True):
-                orig = getattr(mod, name)
-                self._saved.append((mod, name, orig))
-                setattr(mod, name, self._dispatcher(orig, fam, recurrent, mod))
+                self._mixers.append((mixer, mixer.__dict__.get("forward")))
+                mixer.forward = fwd
+            for modname, fam in mods.items():
+                mod = sys.modules[modname]
+                for name, recurrent in zip(HOOKED[fam], (True, False), strict=True):
+                    key = (modname, name)
+                    if key not in _INSTALLED:
+                        orig = getattr(mod, name)
+                        _INSTALLED[key] = [orig, 0]
+                        setattr(mod, name, _dispatcher(orig, fam, recurrent, mod))
+                    _INSTALLED[key][1] += 1
+                    self._funcs.append(key)
         return self
 
     def __exit__(self, *exc):
-        for obj, name, orig in reversed(self._saved):
-            if orig is None:
-                del obj.__dict__[name]  # the instance attribute: forward reverts to the class's
-            else:
-                setattr(obj, name, orig)
-        self._saved.clear()
+        with _LOCK:
+            for mixer, prior in reversed(self._mixers):
+                if prior is None:
+                    del mixer.__dict__["forward"]  # forward reverts to the class's
+                else:
+                    mixer.forward = prior
+            for key in self._funcs:
+                _INSTALLED[key][1] -= 1
+                if _INSTALLED[key][1] == 0:
+                    setattr(sys.modules[key[0]], key[1], _INSTALLED.pop(key)[0])
+            self._mixers.clear()
+            self._funcs.clear()
         return False
 
-    def _dispatcher(self, orig, fam: str, recurrent: bool, mod):
-        sig = inspect.signature(orig)
-        l2norm = getattr(mod, "l2norm", None)
 
-        def dispatch(*args, **kwargs):
-            if self.current is None or self.handler is None:
-                return orig(*args, **kwargs)
-            b = sig.bind(*args, **kwargs)
-            b.apply_defaults()
-            a = dict(b.arguments)
-            a.update(a.pop("kwargs", {}) or {})
-            layer = self.current[0]
-            step = (mamba2_step if fam == "mamba2" else gdn_step)(a, recurrent, layer, l2norm)
-            own: list = []  # [raw result, parsed y] once the model's own function ran
+_LOCAL = threading.local()  # .current: (hook, layer index, family) of the mixer a thread runs
+_LOCK = threading.Lock()
+_INSTALLED: dict[tuple[str, str], list] = {}  # (module, function) -> [original, active hooks]
 
-            def run_own():
-                raw = orig(*args, **kwargs)
-                y, state = _parse(fam, recurrent, a, raw)
-                own[:] = [raw, y]
-                return y, state
 
-            y, state = self.handler(step, run_own)
-            if own and y is own[1]:  # passed through untouched: the model's own return value
-                return own[0]
-            return _build(fam, recurrent, a, y, state)
+def _dispatcher(orig, fam: str, recurrent: bool, mod):
+    sig = inspect.signature(orig)
+    l2norm = getattr(mod, "l2norm", None)
 
-        return dispatch
+    def dispatch(*args, **kwargs):
+        cur = getattr(_LOCAL, "current", None)
+        if cur is None or cur[0].handler is None:
+            return orig(*args, **kwargs)
+        b = sig.bind(*args, **kwargs)
+        b.apply_defaults()
+        a = dict(b.arguments)
+        a.update(a.pop("kwargs", {}) or {})
+        step = (mamba2_step if fam == "mamba2" else gdn_step)(a, recurrent, cur[1], l2norm)
+        own: list = []  # [raw result, parsed y] once the model's own function ran
+
+        def run_own():
+            raw = orig(*args, **kwargs)
+            y, state = _parse(fam, recurrent, a, raw)
+            own[:] = [raw, y]
+            return y, state
+
+        y, state = cur[0].handler(step, run_own)
+        if own and y is own[1]:  # passed through untouched: the model's own return value
+            return own[0]
+        return _build(fam, recurrent, a, y, state)
+
+    return dispatch
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

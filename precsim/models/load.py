@@ -61,10 +61,9 @@ def require_transformers():
     return transformers
 
 
-def load_model(path, device: str = "cpu", dtype: str | None = None):
-    """Load a local causal-LM checkpoint; one-line PrecsimError for a missing path, an
-    unsupported class, a checkpoint without SSM layers or one that does not fit the device.
-    Returns ``(model, tokenizer|None)``."""
+def read_config(path):
+    """``(transformers, config, model class name)`` of the checkpoint directory ``path``;
+    one-line PrecsimError for a missing path or an unsupported class."""
     tf = require_transformers()
     tf.utils.logging.disable_progress_bar()  # stderr stays for one-line errors
     tf.utils.logging.set_verbosity_error()  # (the "falling back to PyTorch" notices included)
@@ -81,13 +80,49 @@ def load_model(path, device: str = "cpu", dtype: str | None = None):
     if arch not in ARCHITECTURES or not hasattr(tf, arch):
         raise PrecsimError(f"model class {arch!r} (from {str(p)!r}) is unsupported; allowed: "
                            f"{', '.join(a for a in ARCHITECTURES if hasattr(tf, a))}")
+    return tf, config, arch
+
+
+def require_accelerate(key: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise PrecsimError(f"{key} needs the package accelerate (transformers places the layers "
+                           "with it); allowed: pip install 'precsim[models]' (or pip install "
+                           "accelerate), or no device map")
+
+
+def load_model(path, device: str = "cpu", dtype: str | None = None, device_map=None,
+               max_memory: dict | None = None):
+    """Load a local causal-LM checkpoint; one-line PrecsimError for a missing path, an
+    unsupported class, a checkpoint without SSM layers or one that does not fit the device.
+    ``device_map`` (``auto``, ``balanced`` or ``{module: device}``, with ``max_memory``):
+    ``transformers``/``accelerate`` place the layers instead of ``device``.
+    Returns ``(model, tokenizer|None)``."""
+    tf, config, arch = read_config(path)
+    p = Path(path)
     kw = {"dtype": getattr(torch, dtype)} if dtype else {}
+    if device_map is not None:
+        require_accelerate("model.device_map")
+        kw.update(device_map=device_map, **({"max_memory": max_memory} if max_memory else {}))
     try:
-        model = getattr(tf, arch).from_pretrained(p, **kw).to(device).eval()
+        model = getattr(tf, arch).from_pretrained(p, **kw)
+        model = (model if device_map is not None else model.to(device)).eval()
     except torch.OutOfMemoryError:
         need = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+        where = device if device_map is None else f"the devices of device_map={device_map!r}"
         raise PrecsimError(f"model {str(p)!r} ({need / 2**30:.1f} GiB of weights) does not fit "
-                           f"on {device}; allowed: a device with room for it") from None
+                           f"on {where}; allowed: a device with room for it") from None
+    except ValueError as e:  # accelerate's placement: nothing fits, or it would offload to disk
+        if device_map is None:
+            raise
+        raise PrecsimError(f"model.device_map={device_map!r}: transformers cannot place "
+                           f"{str(p)!r} ({str(e).splitlines()[0][:160]}); allowed: devices "
+                           "with room for its weights (precsim does not offload to disk)"
+                           ) from None
+    if device_map is not None and "disk" in set(getattr(model, "hf_device_map", {}).values()):
+        raise PrecsimError(f"model.device_map={device_map!r} put part of {str(p)!r} on disk; "
+                           "allowed: devices with room for its weights")
     if not ssm_layers(model):
         raise PrecsimError(f"model class {arch!r} at {str(p)!r} has no SSM layers (layer types "
                            f"{getattr(config, 'layer_types', '?')}); allowed: a checkpoint with "
@@ -110,6 +145,25 @@ def ssm_layers(model) -> list[tuple[int, torch.nn.Module, str]]:
         if fam is not None:
             out.append((int(getattr(mod, "layer_idx", len(out))), mod, fam))
     return out
+
+
+def layer_shape(model) -> tuple[str, int, int, int]:
+    """``(family, heads, Dv, Dk)`` of the model's first SSM layer."""
+    _, mixer, fam = ssm_layers(model)[0]
+    if fam == "mamba2":
+        return fam, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
+    return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
+
+
+def input_device(model) -> torch.device:
+    """Where the token ids go: the input embedding's device (under a device map the layers
+    sit on several devices, and the activations move with them)."""
+    return model.get_input_embeddings().weight.device
+
+
+def devices_of(model) -> list[torch.device]:
+    """The devices holding the model's parameters, in model order."""
+    return list(dict.fromkeys(p.device for p in model.parameters()))
 
 
 def vocab_size(model) -> int:
@@ -223,8 +277,7 @@ def generate(model, prompt: list[int], n: int) -> np.ndarray:
     """``n`` tokens: the prompt (cut to ``n``) then the model's own greedy continuation."""
     from ..engines.base import slow_notice
 
-    dev = next(model.parameters()).device
-    ids = torch.tensor([prompt[:n]], device=dev)
+    ids = torch.tensor([prompt[:n]], device=input_device(model))
     if ids.shape[1] < n:
         with torch.no_grad(), slow_notice(f"generating {n - ids.shape[1]} greedy tokens (give "
                                           "model.text or model.ids to skip this)"):
@@ -246,8 +299,7 @@ def base_and_head(model):
     logits by a constant)."""
     base = model.base_model
     lm = model.get_output_embeddings()
-    dev = next(model.parameters()).device
-    ids = torch.arange(1, 5, device=dev)[None] % vocab_size(model)
+    ids = torch.arange(1, 5, device=input_device(model))[None] % vocab_size(model)
     with torch.no_grad():
         ref = model(input_ids=ids, use_cache=False).logits.double()
         ours = lm(base(input_ids=ids, use_cache=False).last_hidden_state.to(

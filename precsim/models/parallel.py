@@ -64,11 +64,12 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     import inspect
 
     from ..checkpoint import Checkpoint
-    from .load import cache_io
+    from .load import cache_io, devices_of, input_device
 
     phases = {} if phases is None else phases
     ck = ckpt or Checkpoint(cfg, None)
-    dev = next(model.parameters()).device
+    dev = input_device(model)
+    devs = devices_of(model)
     K, N = ids.shape
     C = chunk_len(cfg, N, backend)
     base, head = base_and_head(model)
@@ -80,7 +81,7 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
            for g in groups[1:]}
     cache, pos = None, 0
     phases["forward_s"] = phases["head_s"] = 0.0
-    saved = ck.resume(device=dev)
+    saved = ck.resume(device=dev if len(devs) == 1 else "saved")  # (each layer's own device)
     if saved is not None:
         pos, cache, out = saved["pos"], saved["cache"], saved["out"]
         chunks.layers = saved["layers"]
@@ -95,7 +96,11 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
                 "dead_at": {g.name: g.dead_at for g in groups[1:]},
                 **result_rows(out, groups, cfg.metrics.window, pos)}
 
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    def sync():
+        for d in devs:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+
     with torch.no_grad(), Hook(model, handler):
         while pos < N:
             c1 = min(N, pos + C)
@@ -127,3 +132,48 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             ck.window(pos, state)
     phases["forward_s"], phases["head_s"] = (round(phases[k], 3) for k in ("forward_s", "head_s"))
     return out
+
+
+def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, compute,
+              backend: str, bar=None, phases: dict | None = None) -> dict:
+    """:func:`run_parallel` with the scheme groups split across model copies (``copies``:
+    ``(model, device)``; ``shards``: the scheme names each copy runs, contiguous in scheme
+    order), one thread per copy; each copy runs the reference beside its schemes. The metrics
+    of every scheme, in scheme order (the scheme groups collect their drift as in one run);
+    ``phases`` gets the slowest copy's seconds. No checkpoints between chunks: an interrupt
+    stops every copy at its next chunk and keeps nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..checkpoint import _STOP, Checkpoint, Interrupted
+    from .scan import Group
+
+    by_name = {g.name: g for g in groups[1:]}
+    ref = groups[0]
+    stopped: list[int] = []
+
+    def one(i: int):
+        (model, dev), names = copies[i], shards[i]
+        gs = [Group(ref.name, ref.cfg, reference=True), *(by_name[n] for n in names)]
+        ph: dict = {}
+        ck = Checkpoint(cfg, None)
+        ck.start(f"model/{backend}", dev, time.perf_counter())
+        try:
+            return run_parallel(model, ids, gs, cfg, compute, backend, bar, phases=ph,
+                                ckpt=ck), ph
+        except Interrupted as e:
+            stopped.append(e.signum)
+            _STOP["signum"] = e.signum  # the other copies stop at their next chunk too
+            return {}, {}
+
+    with ThreadPoolExecutor(len(copies)) as ex:
+        done = list(ex.map(one, range(len(copies))))
+    if stopped:
+        _STOP["signum"] = None
+        raise Interrupted(stopped[0])
+    out = {}
+    for res, _ in done:
+        out.update(res)
+    if phases is not None:
+        for k in ("forward_s", "head_s"):
+            phases[k] = max(ph[k] for _, ph in done)
+    return {g.name: out[g.name] for g in groups[1:]}

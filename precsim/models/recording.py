@@ -22,7 +22,7 @@ import torch
 
 from ..errors import PrecsimError
 from .hook import Hook
-from .load import cache_io, ssm_layers
+from .load import cache_io, devices_of, input_device, ssm_layers
 
 DTYPES = ("fp32", "bf16")
 
@@ -131,7 +131,7 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
         shutil.rmtree(part, ignore_errors=True)
         part.mkdir()
         writers[layer] = _Writer(part, n, dtype)
-    dev = next(model.parameters()).device
+    dev = input_device(model)
     base = model.base_model
     kw, attr = cache_io(base)
     cache = None
@@ -151,8 +151,9 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
             cache = getattr(o, attr)
             if bar is not None:
                 bar.update(x.shape[1])
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    for d in devices_of(model):
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
     if bar is not None:
         bar.close()
     layers_meta = []

@@ -11,13 +11,13 @@ parallel mode is tested against).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..errors import PrecsimError
-from .load import documents, load_model, ssm_layers
+from .load import devices_of, documents, layer_shape, load_model, ssm_layers
 from .metrics import first_flips, result_rows
 from .scan import REFERENCE, Group
 
@@ -44,14 +44,6 @@ def backend_for(cfg, device: str, check_only: bool = False) -> str:
     return "torch"
 
 
-def layer_shape(model) -> tuple[str, int, int, int]:
-    """``(family, heads, Dv, Dk)`` of the model's first SSM layer."""
-    _, mixer, fam = ssm_layers(model)[0]
-    if fam == "mamba2":
-        return fam, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
-    return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
-
-
 @dataclass
 class Loaded:
     """A checkpoint loaded with its documents, ready for :func:`measure` (any number of times)."""
@@ -66,6 +58,8 @@ class Loaded:
     phases: dict
     t_start: float
     why: str | None = None  # why a CUDA run's scan is not the Triton one
+    plan: object = None  # model.device_map's placement (placement.Plan), None without
+    copies: list = field(default_factory=list)  # a split plan: the model on each device
 
 
 def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
@@ -79,10 +73,36 @@ def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
     return dataclasses.replace(cfg, schemes={**sch, **(also or {})})
 
 
-def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
+def place(cfg, device: str, split_ok: bool):
+    """``model.device_map``'s plan (:func:`.placement.plan_run`) for the run of ``cfg`` on
+    ``device``'s kind (``cpu``, or the visible GPUs), stated on one line of the log; None
+    without a map."""
+    import logging
+
+    from .placement import plan_run
+
+    m = cfg.model
+    if m.device_map is None:
+        return None
+    L = cfg.replay.buffer_len
+    chunk = min(cfg.run.steps, -(-m.chunk // L) * L) if m.chunk else cfg.run.steps
+    schemes, pl = list(cfg.schemes), cfg.per_layer
+    if pl.formats is not None:  # experiment=per_layer: its widest pass (no split)
+        wide = max(pl.groups_per_pass, len(pl.formats) + 1)
+        schemes = [f"group{i}" for i in range(wide)]
+    plan = plan_run(m.path, m.dtype, m.device_map, device, docs=cfg.run.seqs,
+                    schemes=schemes, tokens=cfg.run.steps, chunk=chunk,
+                    split_ok=split_ok and m.mode == "parallel")
+    logging.getLogger("precsim").info(plan.line())
+    return plan
+
+
+def prepare(cfg, device: str = "cpu", also: dict | None = None, split_ok: bool = False
+            ) -> Loaded:
     """Check ``cfg`` against its checkpoint, load it and its documents, pick the scan backend
     for its schemes and ``also`` (one-line PrecsimErrors: a mode, a per-layer map's layer the
-    model lacks, ...)."""
+    model lacks, ...). ``model.device_map``: placed by :func:`place` (``split_ok``: the scheme
+    batch may be split across GPUs, one model copy each)."""
     from ..config import check_blocks, check_layers_exist
 
     t_start = time.perf_counter()
@@ -97,7 +117,19 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     if m.mode == "parallel":
         backend_for(cfg, dev if dev == "cuda" else "cpu", check_only=True)
     phases: dict = {}
-    model, tok = load_model(m.path, dev, m.dtype)
+    plan = place(cfg, dev, split_ok)
+    copies = []
+    if plan is None or plan.kind == "single":
+        dev = dev if plan is None else plan.devices[0]
+        model, tok = load_model(m.path, dev, m.dtype)
+    elif plan.kind == "split":
+        copies = [(load_model(m.path, d, m.dtype)[0], d) for d in plan.devices[1:]]
+        model, tok = load_model(m.path, plan.devices[0], m.dtype)
+        copies.insert(0, (model, plan.devices[0]))
+        dev = ",".join(plan.devices)
+    else:
+        model, tok = load_model(m.path, dev, m.dtype, plan.device_map, plan.max_memory)
+        dev = ",".join(dict.fromkeys(str(d) for d in devices_of(model)))
     phases["load_s"] = round(time.perf_counter() - t_start, 3)
     layers = [idx for idx, _, _ in ssm_layers(model)]
     n_layers = int(model.config.num_hidden_layers)
@@ -115,21 +147,23 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None) -> Loaded:
     check_blocks(cfg, m.state_dim, f"state_dim of {type(model).__name__} at {m.path}")
     every = every_layer_scheme(cfg, layers, also)
     backend, why = "torch", None
+    kind = "cuda" if dev.startswith("cuda") else "cpu"
     if m.mode == "parallel" and compute == torch.float32:
-        backend = backend_for(every, dev)
-    if dev == "cuda" and backend == "torch":  # say why the kernels do not run it
+        backend = backend_for(every, kind)
+    if kind == "cuda" and backend == "torch":  # say why the kernels do not run it
         from ..engines import triton as tri
 
         why = "float64 compute" if compute != torch.float32 else (
-            "model.mode=decode" if m.mode != "parallel" else tri.supports(every, dev))
-    return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start, why)
+            "model.mode=decode" if m.mode != "parallel" else tri.supports(every, kind))
+    return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start, why,
+                  plan, copies)
 
 
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
     rows have the layer-level columns (of the model's own logits). ``ckpt``: parallel mode saves
     between its chunks and resumes (:mod:`precsim.checkpoint`)."""
-    return measure(cfg, prepare(cfg, device), cfg.schemes, progress, ckpt=ckpt)
+    return measure(cfg, prepare(cfg, device, split_ok=True), cfg.schemes, progress, ckpt=ckpt)
 
 
 def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str = "SSM layers",
@@ -151,16 +185,20 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     t_run = time.perf_counter()
     try:
         if m.mode == "parallel":
-            from .parallel import chunk_len, run_parallel
+            from .parallel import chunk_len, run_parallel, run_split
 
             chunk = chunk_len(cfg, N, ld.backend)
             if bar is not None:
-                bar.reset(total=len(ld.layers) * -(-N // chunk))
+                bar.reset(total=len(ld.layers) * -(-N // chunk) * max(1, len(ld.copies)))
                 bar.set_description(f"{bar_desc} x chunks")
-            if ckpt is not None:
-                ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
-            tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
-                                 phases=phases, ckpt=ckpt)
+            if ld.copies:  # the scheme batch split across devices (no checkpoints)
+                tok_m = run_split(ld.copies, ld.plan.shards, ld.ids, groups, cfg, ld.compute,
+                                  ld.backend, bar, phases)
+            else:
+                if ckpt is not None:
+                    ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
+                tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
+                                     phases=phases, ckpt=ckpt)
         else:
             from .decode import run_decode
 
@@ -184,6 +222,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
             "scan_backend": ld.backend, **({"scan_backend_why": ld.why} if ld.why else {}),
             "phases_s": phases, "ssm_layers": ld.layers,
+            **({"placement": ld.plan.info()} if ld.plan is not None else {}),
             **({"chunk": chunk_len(cfg, N, ld.backend)} if m.mode == "parallel" else {}),
             **(ckpt.info() if ckpt is not None else {}),
             "layers": model.config.num_hidden_layers,

@@ -73,15 +73,19 @@ def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
          backend: str = "torch", carry: bool = False, chunks: Chunks | None = None):
     """Outputs ``(T, len(groups)*K, H, Dv)`` of one layer's scan ``step`` (``hook.Step``) under
     every group; records the state drift against the reference group into ``group.drift``.
+    It runs on the device of the call's tensors (under ``model.device_map``, the device holding
+    the layer; a layer the map leaves on the CPU runs the torch backend).
 
     ``carry`` (the reference group alone, recording a document in chunks): start from the
     call's state (``step.state``; None: zero), flush at the end, and return ``(outputs, final
     state (K, H, Dv, Dk) float64)``. ``chunks``: the call is the chunk of positions starting at
     ``chunks.offset``; every group's state continues from the previous chunk's."""
-    if backend == "triton":
+    dev = step.inp["x" if step.family == "mamba2" else "v"].device  # the layer's device
+    if backend == "triton" and dev.type == "cuda":
         from .scan_triton import scan_triton
 
-        return scan_triton(step, groups, K, cfg, carry, chunks)
+        with torch.cuda.device(dev):  # (the kernels launch on the current device)
+            return scan_triton(step, groups, K, cfg, carry, chunks)
     return _scan_torch(step, groups, K, cfg, compute, carry, chunks)
 
 

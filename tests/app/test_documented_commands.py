@@ -135,7 +135,8 @@ def model_fixtures(tmp_path_factory):
     char_tokenizer().save_pretrained(root / "ckpt")  # so that documented text files tokenize
     assert record.main(["--model", str(root / "ckpt"), "--tokens", "8", "--out",
                         str(root / "rec")]) == 0
-    return {"ckpt": root / "ckpt", "rec": root / "rec"}
+    (root / "placement.yaml").write_text("backbone: cpu\nlm_head: cpu\n")  # an explicit map
+    return {"ckpt": root / "ckpt", "rec": root / "rec", "map": root / "placement.yaml"}
 
 
 def char_tokenizer():
@@ -165,7 +166,8 @@ class Fixtures(dict):
 # its positional argument): every value there is an example the user replaces
 ROLES = {"--model": "ckpt", "model.path": "ckpt", "workload.path": "trace", "--text-file": "text",
          "--prompt-file": "text", "--ids-file": "ids", "model.text": "text", "model.ids": "ids",
-         "--out": "out"}
+         "--out": "out", "model.device_map": "map", "--device-map": "map"}
+NAMED_MAPS = ("auto", "balanced")  # device_map values that are not a map file
 
 
 def _substitute(argv: list[str], fx: dict, out: Path, kind: str) -> list[str]:
@@ -178,6 +180,10 @@ def _substitute(argv: list[str], fx: dict, out: Path, kind: str) -> list[str]:
         role = ROLES.get(key) if eq else ROLES.get(argv[k - 1]) if k else None
         if kind == "report" and k == 0:
             role = "run" if "RUN_DIR" in word else "sweep"
+        if role == "map" and (val if eq else word) in NAMED_MAPS:
+            role = None
+        elif role == "map":
+            pytest.importorskip("accelerate")  # (a map goes to transformers through it)
         if role:
             target = val if eq else word
             path = out / "rec" if role == "out" else fx["rec"] if role == "trace" and not \

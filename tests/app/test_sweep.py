@@ -261,6 +261,9 @@ def test_callback_spreads_joblib_jobs_over_gpus(tmp_path, monkeypatch):
     monkeypatch.setattr(callbacks, "_gpu_count", lambda: 3)
     monkeypatch.setattr(callbacks, "_gpu_lock_dir", lambda: tmp_path / "locks")
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    from precsim.models.placement import HELD_GPU
+
+    monkeypatch.delenv(HELD_GPU, raising=False)  # (restored after the test)
 
     def cfg(num, launcher="hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
             device="auto"):
@@ -277,12 +280,16 @@ def test_callback_spreads_joblib_jobs_over_gpus(tmp_path, monkeypatch):
     cbs[0] = callbacks.SweepCallback()
     cbs[0].on_job_start(cfg(7))  # 7 % 3 = 1 is free again
     assert chosen[-1] == 1
+    import os
+
+    assert os.environ[HELD_GPU] == "1"  # model.device_map=auto in this job sees cuda:1 alone
     callbacks.SweepCallback().on_job_start(cfg(8, device="cpu"))
     callbacks.SweepCallback().on_job_start(cfg(9, launcher="...BasicLauncher"))
     assert len(chosen) == 4
     for cb in cbs:  # on_job_end releases the GPU
         cb.on_job_end(cfg(0), JobReturn(status=JobStatus.COMPLETED))
         assert cb._gpu_lock is None
+    assert HELD_GPU not in os.environ
 
 
 def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
