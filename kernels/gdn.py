@@ -20,6 +20,8 @@ computed on the host as the torch engine does), ``g32`` (float32 log-decay), ``b
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -234,7 +236,8 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
 def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
            n: int, total: int, slots: list[int], codes: list[int], truth: bool, blk: int, LB: int,
            buf: int, sfloor: int, scope: int, order: int, u_master: bool, num_warps: int,
-           maxnreg: int | None = None, ef=None, efs: int = 0, runtime: bool = False):
+           maxnreg: int | None = None, ef=None, efs: int = 0, runtime: bool = False,
+           warmup: bool = False):
     """One launch over steps ``[t0, t0+n)`` (see ``mamba2.launch``). Tensors: ``a64, a32, g32,
     beta (n, S*H)``, ``q, k (n, S, H, K)``, ``v (n, S, H, V)``, states ``(S*H, V, K)``."""
     SH, P, K = S64.shape
@@ -246,7 +249,9 @@ def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: i
     consts = (dict(NSCH=0, ORDER=0, CODES=0, EFS=int(efs != 0), RUNTIME=1) if runtime else
               dict(NSCH=len(slots), ORDER=order, CODES=packed, EFS=efs))
     grid = (SH, int(truth) + len(slots))
-    return gdn_window[grid](
+    # warmup: compile (or load) without launching (engines.triton._compile_together)
+    kern = functools.partial(gdn_window.warmup, grid=grid) if warmup else gdn_window[grid]
+    return kern(
         a64, a32, g32, beta.reshape(n, SH), q, k, v, S64, st[i0:], rd[i0:],
         (st if ef is None else ef)[i0:], y64, y32[i0:],
         k1[i0:, t0:], ph, k0, t0, n, SH, y32.stride(0), SH * P * K, total, P=P,

@@ -27,6 +27,8 @@ Inputs (one window, time-major, float64): ``dt, a64 (n, S*H)``, float32 ``a32 = 
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -235,7 +237,8 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
 def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
            n: int, total: int, heads: int, slots: list[int], codes: list[int], truth: bool,
            blk: int, LB: int, buf: int, sfloor: int, scope: int, order: int, num_warps: int,
-           maxnreg: int | None = None, ef=None, efs: int = 0, runtime: bool = False):
+           maxnreg: int | None = None, ef=None, efs: int = 0, runtime: bool = False,
+           warmup: bool = False):
     """One launch over steps ``[t0, t0+n)``: the truth (if ``truth``) and the schemes in storage
     slots ``slots`` (contiguous, codes ``codes``; error feedback: residuals ``ef`` shaped as
     ``st``, ``efs`` packed as ``mamba2_window``'s ``EFS``). Tensors:
@@ -254,7 +257,9 @@ def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: in
     consts = (dict(NSCH=0, ORDER=0, CODES=0, EFS=int(efs != 0), RUNTIME=1) if runtime else
               dict(NSCH=len(slots), ORDER=order, CODES=packed, EFS=efs))
     grid = (SH, int(truth) + len(slots))
-    return mamba2_window[grid](
+    # warmup: compile (or load) without launching (engines.triton._compile_together)
+    kern = functools.partial(mamba2_window.warmup, grid=grid) if warmup else mamba2_window[grid]
+    return kern(
         dt.reshape(n, -1), a64, a32, dA32, x, B, C, S64, st[i0:], rd[i0:],
         (st if ef is None else ef)[i0:], y64, y32[i0:],
         k1[i0:, t0:], ph, k0, t0, n, heads, heads // G, G, SH, (SH // heads) * G,
