@@ -356,3 +356,24 @@ def test_record_with_a_device_map_writes_the_same_traces(kl_path, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("precsim.record: error: --device-map='all' is "
                                                "unknown; allowed: none")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["m", "q"])
+def test_device_map_auto_on_one_gpu_equals_the_default_run(kl_path, arch):
+    """On a GPU (the Triton scan): ``model.device_map=auto`` (accelerate's placement, here all
+    on cuda:0 through accelerate's loading path) gives the default run's bits."""
+    pytest.importorskip("accelerate")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from test_models import SCHEMES as KL_SCHEMES
+    from test_models import _kl_cfg
+
+    from precsim.models.run import run_model_kl
+
+    path = kl_path / arch
+    ref = run_model_kl(_kl_cfg(path, KL_SCHEMES, 64, model__chunk=32), "cuda", progress=False)
+    got = run_model_kl(_kl_cfg(path, KL_SCHEMES, 64, model__chunk=32, model__device_map="auto"),
+                       "cuda", progress=False)
+    assert got.engine == ref.engine
+    _equal(ref, got)
