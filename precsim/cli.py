@@ -612,6 +612,31 @@ def _validate_sweeps_lightly() -> None:
     Sweeper.validate_batch_is_legal = validate
 
 
+def _sweep_blocks(hc, c) -> set[int]:
+    """Block sizes (kernels' tile blocks) of the formats this sweep's jobs use: the job's own
+    schemes' and every format named among the swept values (sweeper params, comma lists)."""
+    from precsim import formats as pf
+    from precsim.engines.triton import scheme_block
+    from precsim.errors import PrecsimError
+
+    vals = [str(v) for v in (hc.sweeper.get("params") or {}).values()]
+    vals += [a.partition("=")[2] for a in sys.argv[1:] if "=" in a]
+    blocks = set()
+    for w in {w.strip() for v in vals for w in v.split(",")}:
+        try:  # a format name (row-scaled ones, <elem>_b<B>, are made on demand)
+            f = pf.get(w)
+        except Exception:  # noqa: BLE001 - not a format: another swept value
+            continue
+        if f.kind == "block":
+            blocks.add(f.block)
+    for s in c.schemes.values():
+        try:
+            blocks.add(scheme_block(s))
+        except PrecsimError:
+            pass
+    return blocks - {0}
+
+
 def _sweeps_schemes(hc) -> bool:
     """Whether this sweep varies its schemes (a ``schemes`` key among the sweeper's parameters
     or the command line's swept overrides): then the Triton engine compiles one kernel taking
@@ -646,6 +671,7 @@ def _run_app(cfg) -> None:
         from precsim.engines import triton as triton_engine
 
         triton_engine.RUNTIME_CODES[0] = True  # one compiled kernel serves every job's schemes
+        triton_engine.SWEEP_BLOCKS.update(_sweep_blocks(hc, c))
     say = _job_log if multirun else _say
     out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
     stored = reusable(c, out)

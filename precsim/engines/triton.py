@@ -45,6 +45,11 @@ BUF_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2}
 RUNTIME_CODES = [False]
 
 
+# block sizes a sweep over schemes will need (the CLI's ``_sweep_blocks``): with runtime codes
+# the first job compiles their kernels beside its own (one kernel per block size serves the sweep)
+SWEEP_BLOCKS: set = set()
+
+
 def runtime_codes_default() -> bool:
     env = os.environ.get("PRECSIM_KERNEL_CODES", "").strip().lower()
     return env == "runtime" if env in ("runtime", "constexpr") else RUNTIME_CODES[0]
@@ -509,8 +514,13 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                         _i32(k0), [slot[i] for i in idx], [codes[i] for i in idx], gi == 0, t0,
                         n, steps, H, blk, LB, nw, maxnreg, ef=ef, efs=efs[gi], **launch_kw)
                         for gi, (blk, idx) in enumerate(groups)]
-                    if c0 is not None and cuda and len(calls) > 1:
-                        _compile_together(calls)
+                    # a sweep over schemes (runtime codes): the kernels of the block sizes
+                    # its other jobs need compile beside this job's (never launched here)
+                    ahead = [functools.partial(calls[0], blk=b) for b in sorted(SWEEP_BLOCKS)
+                             if b not in {g[0] for g in groups} and N % b == 0
+                             ] if launch_kw["runtime"] else []
+                    if c0 is not None and cuda and len(calls) + len(ahead) > 1:
+                        _compile_together(calls, ahead)
                     for gi, call in enumerate(calls):
                         kern[gi] = call()
                 if c0 is not None:
@@ -609,16 +619,17 @@ def _readout(width: int, vocab: int, scale: float, dev) -> Readout:
     return _READOUTS[key]
 
 
-def _compile_together(calls: list) -> None:
+def _compile_together(calls: list, ahead: list = ()) -> None:
     """Compile (or load) the kernels of a run's launch groups (``calls``: each group's first
     launch) in threads before the first launch: Triton's compiler and ``ptxas`` overlap (two
     kernels took 14.2 s together against 11.7 s for one on a 2-core machine), where the first
-    launches compiled one after the other.
+    launches compiled one after the other. ``ahead``: kernels a later job of the sweep will need
+    (:data:`SWEEP_BLOCKS`), compiled at the same time and kept in Triton's caches.
     A failure here is left to the launch itself to report."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        for f in [pool.submit(call, warmup=True) for call in calls]:
+    with ThreadPoolExecutor(max_workers=len(calls) + len(ahead)) as pool:
+        for f in [pool.submit(call, warmup=True) for call in [*calls, *ahead]]:
             try:
                 f.result()
             except Exception:  # noqa: BLE001 - the real launch raises it again, with context

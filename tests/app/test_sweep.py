@@ -357,3 +357,20 @@ def test_scheme_sweeps_take_runtime_kernel_codes(monkeypatch):
     assert _sweeps_schemes(hc)
     monkeypatch.setattr("sys.argv", ["precsim", "-m", "schemes.a.rounding=rne,sr"])
     assert _sweeps_schemes(SimpleNamespace(sweeper={}))
+
+
+def test_sweep_blocks_name_every_block_size_the_jobs_need(monkeypatch):
+    """A sweep over schemes with runtime codes compiles, in its first job, the kernels of every
+    block size its jobs will use: the formats among the swept values and the job's own."""
+    from types import SimpleNamespace
+
+    from precsim.cli import _sweep_blocks
+    from precsim.config import to_config
+
+    c = to_config({"schemes": {"a": {"kind": "split", "fmt": "fp16", "read_fmt": "nvfp4"}}})
+    hc = SimpleNamespace(sweeper={"params": {"schemes.a.read_fmt": "nvfp4,mxfp4,fp8_e4m3"}})
+    monkeypatch.setattr("sys.argv", ["precsim", "-m", "schemes.a.fmt=fp16,int8_b128"])
+    assert _sweep_blocks(hc, c) == {16, 32, 128}
+    monkeypatch.setattr("sys.argv", ["precsim", "-m"])
+    c = to_config({"schemes": {"a": {"kind": "conventional", "fmt": "bf16"}}})
+    assert _sweep_blocks(SimpleNamespace(sweeper={}), c) == set()
