@@ -509,16 +509,21 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 c0 = time.perf_counter() if t0 == 0 else None  # first launches: compile/load
                 with slow_notice("compiling the Triton kernels for this configuration (once: "
                                  "Triton caches them on disk)", c0 is not None and bar is not None):
+                    call = functools.partial(_launch, family.name, win, S64, st, rd, y64[a:b],
+                                             y32[:, a:b], k1, ph, _i32(k0))
                     calls = [functools.partial(
-                        _launch, family.name, win, S64, st, rd, y64[a:b], y32[:, a:b], k1, ph,
-                        _i32(k0), [slot[i] for i in idx], [codes[i] for i in idx], gi == 0, t0,
-                        n, steps, H, blk, LB, nw, maxnreg, ef=ef, efs=efs[gi], **launch_kw)
+                        call, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0, t0, n,
+                        steps, H, blk, LB, nw, maxnreg, ef=ef, efs=efs[gi], **launch_kw)
                         for gi, (blk, idx) in enumerate(groups)]
                     # a sweep over schemes (runtime codes): the kernels of the block sizes
                     # its other jobs need compile beside this job's (never launched here)
-                    ahead = [functools.partial(calls[0], blk=b) for b in sorted(SWEEP_BLOCKS)
-                             if b not in {g[0] for g in groups} and N % b == 0
-                             ] if launch_kw["runtime"] else []
+                    idx = groups[0][1]
+                    ahead = [functools.partial(
+                        call, [slot[i] for i in idx], [codes[i] for i in idx], True, t0, n,
+                        steps, H, bk, LB, nw, maxnreg, ef=ef, efs=efs[0], **launch_kw)
+                        for bk in sorted(SWEEP_BLOCKS)
+                        if bk not in {g[0] for g in groups} and N % bk == 0
+                    ] if launch_kw["runtime"] else []
                     if c0 is not None and cuda and len(calls) + len(ahead) > 1:
                         _compile_together(calls, ahead)
                     for gi, call in enumerate(calls):
@@ -632,8 +637,8 @@ def _compile_together(calls: list, ahead: list = ()) -> None:
         for f in [pool.submit(call, warmup=True) for call in [*calls, *ahead]]:
             try:
                 f.result()
-            except Exception:  # noqa: BLE001 - the real launch raises it again, with context
-                pass
+            except Exception as e:  # noqa: BLE001 - a launch raises it again, with context
+                log.debug("precsim: compiling ahead failed: %r", e)
 
 
 def _launch(fam, inp, S64, st, rd, y64, y32, k1, ph, k0, idx, codes, truth, t0, n, steps, H,
