@@ -667,11 +667,14 @@ def _run_app(cfg) -> None:
     multirun = hc.mode == RunMode.MULTIRUN
     if c.metrics.plot is None:  # a sweep job draws no PNG of its own unless asked
         c.metrics.plot = not multirun
-    if multirun and c.run.device != "cpu" and _sweeps_schemes(hc):
-        from precsim.engines import triton as triton_engine
+    runtime_codes = multirun and c.run.device != "cpu" and _sweeps_schemes(hc)
+    if runtime_codes or "precsim.engines.triton" in sys.modules:  # (an in-process caller's
+        from precsim.engines import triton as triton_engine  # next command starts afresh)
 
-        triton_engine.RUNTIME_CODES[0] = True  # one compiled kernel serves every job's schemes
-        triton_engine.SWEEP_BLOCKS.update(_sweep_blocks(hc, c))
+        triton_engine.RUNTIME_CODES[0] = runtime_codes  # one kernel serves every job's schemes
+        triton_engine.SWEEP_BLOCKS.clear()
+        if runtime_codes:
+            triton_engine.SWEEP_BLOCKS.update(_sweep_blocks(hc, c))
     say = _job_log if multirun else _say
     out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
     stored = reusable(c, out)

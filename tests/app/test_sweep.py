@@ -374,3 +374,20 @@ def test_sweep_blocks_name_every_block_size_the_jobs_need(monkeypatch):
     monkeypatch.setattr("sys.argv", ["precsim", "-m"])
     c = to_config({"schemes": {"a": {"kind": "conventional", "fmt": "bf16"}}})
     assert _sweep_blocks(SimpleNamespace(sweeper={}), c) == set()
+
+
+def test_runtime_codes_last_one_sweep_and_end_with_it(tmp_path, capsys):
+    """In one process (a notebook, tests): a sweep over schemes turns runtime kernel codes on
+    for its jobs; the next command, a single run, is back to per-configuration kernels."""
+    from conftest import run_main
+
+    from precsim.engines import triton as te
+
+    rc, _, err = run_main(["-m", "experiment=split_nvfp4", "schemes.split_fp32_nvfp4.rounding="
+                           "rne,sr", *FAST, f"hydra.sweep.dir={tmp_path / 's'}"], capsys)
+    assert rc == 0, err
+    assert te.RUNTIME_CODES[0] is True and te.SWEEP_BLOCKS == {16}
+    rc, _, err = run_main(["experiment=split_nvfp4", *FAST, f"run.out_dir={tmp_path / 'r'}"],
+                          capsys)
+    assert rc == 0, err
+    assert te.RUNTIME_CODES[0] is False and not te.SWEEP_BLOCKS
