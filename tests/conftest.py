@@ -79,6 +79,18 @@ SEED_TABLE = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "sch
                              "seed_table.yaml").read_text())
 
 
+# error feedback on every kind of scheme (tests/engines/test_error_feedback.py; the resume test
+# runs two of them, so the numba engine compiles them once for both)
+EF_SCHEMES = {
+    "c_int8_ef": {"kind": "conventional", "fmt": "int8_b16", "error_feedback": "fp16"},
+    "c_fp8sr_ef": {"kind": "conventional", "fmt": "fp8_e4m3", "rounding": "sr",
+                   "error_feedback": "fp8_e4m3"},
+    "c_fp16": {"kind": "conventional", "fmt": "fp16"},
+    "s_fp8_ef": {"kind": "shared", "fmt": "fp8_e4m3", "error_feedback": "fp32"},
+    "sp_ef": {"kind": "split", "fmt": "bf16", "read_fmt": "nvfp4", "error_feedback": "int8_b16"},
+}
+
+
 def torchao_nvfp4(x: torch.Tensor, scope: str) -> torch.Tensor:
     """torchao's NVFP4 fake quantisation of a float32 ``(m, k)`` tensor (``scope``: "tensor" with
     a per-tensor FP32 scale, "none" without), dequantised. torchao is in the ``test`` extra (the
