@@ -36,13 +36,18 @@ def tiny_cfg(family="mamba2", steps=96, heads=2, schemes=None, **over):
 
 def run_main(args, capsys):
     """(exit status, stdout, non-empty stderr lines) of the app run in process,
-    ``precsim.cli.main(argv)``."""
+    ``precsim.cli.main(argv)``. An interrupted command marks its line said for the process's
+    watchdog (checkpoint._STOP): the mark is put back, as a new process would start."""
+    from precsim.checkpoint import _STOP
     from precsim.cli import main
 
+    said = _STOP["said"]
     try:
         rc = main(list(args))
     except SystemExit as e:
         rc = e.code
+    finally:
+        _STOP["said"] = said
     cap = capsys.readouterr()
     return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
 
@@ -77,6 +82,18 @@ def trace_file(tmp_path):
 # the article's five configurations, as the preset the CLI uses
 SEED_TABLE = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "schemes" /
                              "seed_table.yaml").read_text())
+
+
+# error feedback on every kind of scheme (tests/engines/test_error_feedback.py; the resume test
+# runs two of them, so the numba engine compiles them once for both)
+EF_SCHEMES = {
+    "c_int8_ef": {"kind": "conventional", "fmt": "int8_b16", "error_feedback": "fp16"},
+    "c_fp8sr_ef": {"kind": "conventional", "fmt": "fp8_e4m3", "rounding": "sr",
+                   "error_feedback": "fp8_e4m3"},
+    "c_fp16": {"kind": "conventional", "fmt": "fp16"},
+    "s_fp8_ef": {"kind": "shared", "fmt": "fp8_e4m3", "error_feedback": "fp32"},
+    "sp_ef": {"kind": "split", "fmt": "bf16", "read_fmt": "nvfp4", "error_feedback": "int8_b16"},
+}
 
 
 def torchao_nvfp4(x: torch.Tensor, scope: str) -> torch.Tensor:

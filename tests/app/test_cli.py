@@ -74,6 +74,45 @@ def test_engines_preset(model, family):
     assert unsupported_reason(cfg) is None  # the kernels hold row-scaled formats too
 
 
+def test_no_packaged_config_sets_hydra_mode():
+    """The command line skips Hydra's probe composition for ``hydra.mode`` (cli._one_composition)
+    on the ground that no packaged config sets it: a preset that did would be run in the other
+    mode. Every YAML under conf/ (a ``hydra:`` block: the primary config, _global_ presets)."""
+    from pathlib import Path
+
+    import precsim.conf
+    import yaml
+
+    files = list(Path(precsim.conf.__file__).parent.rglob("*.yaml"))
+    assert len(files) > 10
+    for f in files:
+        d = yaml.safe_load(f.read_text()) or {}
+        assert "mode" not in (d.get("hydra") or {}), f
+
+
+def test_one_composition_per_command(tmp_path, capsys, monkeypatch):
+    """A run and a one-line error each compose the config once (Hydra's main alone composed it
+    twice), with the same outcome; an override of hydra.mode still gets Hydra's probe."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    calls = []
+    orig = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
+    out = tmp_path / "run"
+    rc, _, err = _main(["experiment=split_nvfp4", *FAST, "run.engine=torch", "metrics.plot=false",
+                        f"hydra.run.dir={out}"], capsys)
+    assert rc == 0 and (out / "summary.json").is_file() and len(calls) == 1, (err, calls)
+    calls.clear()
+    rc, _, err = _main(["experiment=split_nvfp4", "replay.buffer_len=0",
+                        f"hydra.run.dir={tmp_path / 'bad'}"], capsys)
+    assert rc == 2 and "replay.buffer_len" in err[0] and len(calls) == 1
+    calls.clear()
+    rc, _, err = _main(["experiment=split_nvfp4", *FAST, "run.engine=torch", "hydra.mode=RUN",
+                        "metrics.plot=false", f"hydra.run.dir={tmp_path / 'm'}"], capsys)
+    assert rc == 0 and len(calls) == 2, (err, calls)
+
+
 def test_real_layer_presets():
     cfg = to_config(_compose(["model=nemotron3_super"]))
     assert (cfg.model.heads, cfg.model.head_dim, cfg.model.state_dim) == (128, 64, 128)
@@ -110,10 +149,12 @@ def test_run_writes_files_and_reuses_when_complete(tmp_path, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name in before} == before
 
 
-def test_run_into_hydras_directory_flushes_everything_and_times_its_phases(tmp_path):
+def test_run_into_hydras_directory_flushes_everything_and_times_its_phases(tmp_path, capsys,
+                                                                           monkeypatch):
     """No output directory given: the app validates the config itself (no second composition),
     the process ends with os._exit after flushing, so the last line of the verdict must be on
-    stdout; summary.json says where the time went. A bad value there leaves no directory."""
+    stdout; summary.json says where the time went. A bad value there leaves no directory (in
+    process: the directory is Hydra's, not the process's)."""
     r = _cli(["experiment=split_nvfp4", *FAST], tmp_path)
     assert r.returncode == 0, r.stderr
     runs = list((tmp_path / "outputs" / "split_nvfp4").iterdir())
@@ -123,9 +164,10 @@ def test_run_into_hydras_directory_flushes_everything_and_times_its_phases(tmp_p
     assert 0 <= ph["files"] < 600 and (0 < ph["startup"] < 600 or sys.platform != "linux"), ph
     bad = tmp_path / "bad"
     bad.mkdir()
-    r = _cli(["experiment=split_nvfp4", *FAST, "replay.buffer_len=0"], bad)
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
-    assert "replay.buffer_len" in r.stderr and "Traceback" not in r.stderr
+    monkeypatch.chdir(bad)
+    rc, out, err = _main(["experiment=split_nvfp4", *FAST, "replay.buffer_len=0"], capsys)
+    assert rc == 2 and len(err) == 1 and "replay.buffer_len" in err[0], err
+    assert "Traceback" not in out
     assert list(bad.iterdir()) == []  # the stub and its empty parents are gone
 
 

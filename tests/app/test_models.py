@@ -516,29 +516,29 @@ def test_whole_model_run_resumes_bit_identically(kl_ckpt, arch, tmp_path, monkey
     assert res.rows == ref.rows
 
 
-def test_whole_model_interrupt_and_resume_through_the_command_line(kl_ckpt, tmp_path):
-    import os
-    import subprocess
-    import sys
+def test_whole_model_interrupt_and_resume_through_the_command_line(kl_ckpt, tmp_path, capsys,
+                                                                   monkeypatch):
+    """The command line in process (``main(argv)``; a signal to a whole process, its exit status
+    and its one line are tests/app/test_resume.py's, the same handlers): the interrupted model
+    run says where it stopped and how to resume, the rerun resumes from the checkpoint."""
+    from conftest import run_main
 
     out = tmp_path / "run"
     np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 96, 48))
-    args = [sys.executable, "-m", "precsim", "experiment=model_kl",
-            f"model.path={kl_ckpt['Mamba2ForCausalLM']}", f"model.ids={tmp_path / 'ids.npy'}",
-            "run.steps=48", "model.chunk=16",
+    args = ["experiment=model_kl", f"model.path={kl_ckpt['Mamba2ForCausalLM']}",
+            f"model.ids={tmp_path / 'ids.npy'}", "run.steps=48", "model.chunk=16",
             "replay.buffer_len=8", "metrics.window=8", "run.progress=false",
             f"hydra.run.dir={out}"]
-    env = {**os.environ, "MPLBACKEND": "Agg", "PRECSIM_SIGNAL_AT": "SIGINT@10"}
-    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 130, r.stderr[-3000:]
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@10")
+    rc, _, lines = run_main(args, capsys)
+    assert rc == 130, lines
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
     assert "interrupted (SIGINT) at step 16" in lines[0] and "resume: python -m precsim" in lines[0]
     assert json.loads((out / "summary.json").read_text())["complete"] is False
-    env.pop("PRECSIM_SIGNAL_AT")
-    r2 = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    assert "from its checkpoint at step 16 of 48" in r2.stderr
+    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
+    rc, _, lines = run_main(args, capsys)
+    assert rc == 0, lines
+    assert any("from its checkpoint at step 16 of 48" in ln for ln in lines), lines
     s = json.loads((out / "summary.json").read_text())
     assert s["complete"] is True and s["info"]["resumed_s"] > 0 and s["steps"] == 48
     assert not (out / "checkpoint.pt").exists()

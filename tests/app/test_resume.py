@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_cfg
+from conftest import EF_SCHEMES, SEED_TABLE, run_main, tiny_cfg
 
 from precsim import report
 from precsim.checkpoint import (
@@ -35,12 +35,11 @@ SMALL = ["experiment=split_nvfp4", "run.steps=1024", "model.heads=2", "run.seqs=
          "metrics.vocab=64", "metrics.window=128", "run.progress=false"]
 
 
-def _cli(args, cwd, env=None, umask=None, timeout=300):
+def _cli(args, cwd, env=None, timeout=300):
     env = {**{k: v for k, v in os.environ.items() if k != "PRECSIM_SIGNAL_AT"},
            "MPLBACKEND": "Agg", **(env or {})}
     return subprocess.run([sys.executable, "-m", "precsim", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def _bytes(d: Path) -> dict[str, bytes]:
@@ -68,11 +67,11 @@ def test_engine_resumes_bit_identically(engine, family, tmp_path, monkeypatch):
     if engine == "numba" and not mod.available():
         pytest.skip("numba is not installed")
     dev = "cuda" if engine == "triton" and torch.cuda.is_available() else "cpu"
-    schemes = {"c32": {"kind": "conventional", "fmt": "fp32"},
-               "sh": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr",
-                      "error_feedback": "bf16"},  # the residual is saved and restored too
-               "sp": {"kind": "split", "fmt": "fp16", "rounding": "sr", "read_fmt": "fp8_e4m3"},
-               "ef": {"kind": "conventional", "fmt": "int8_b16", "error_feedback": "fp8_e4m3"}}
+    # SR streams (shared and conventional), a split read copy and error-feedback residuals are
+    # saved and restored; schemes other tests run too (tests/engines/test_error_feedback.py's
+    # EF schemes, the seed table's), so the numba engine compiles none of them only for this
+    schemes = {"c32": SEED_TABLE["conventional_fp32"], "sh": SEED_TABLE["shared_nvfp4_sr"],
+               "sp": EF_SCHEMES["sp_ef"], "ef": EF_SCHEMES["c_fp8sr_ef"]}
     cfg = to_config(tiny_cfg(family, steps=256, schemes=schemes, run__seqs=2, metrics__window=8,
                              run__engine=engine, replay__buffer_len=8, model__head_dim=16))
     ref = mod.run(cfg, dev, progress=False)
@@ -116,11 +115,15 @@ def test_checkpoint_interval(tmp_path, monkeypatch):
 # -- the command line ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """The uninterrupted run of SMALL (torch engine)."""
-    cwd = tmp_path_factory.mktemp("ref")
-    r = _cli([*SMALL, "run.engine=torch", f"hydra.run.dir={cwd / 'run'}"], cwd)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return cwd / "run"
+    """The uninterrupted run of SMALL (torch engine), through the Python API (the same files:
+    test_submitit_local_job_preempted_resumes compares a command's result with one too)."""
+    from precsim import simulate
+    from precsim.cli import _compose_config, register_configs
+
+    out = tmp_path_factory.mktemp("ref") / "run"
+    register_configs()
+    simulate(_compose_config([*SMALL, "run.engine=torch"]), out, progress=False)
+    return out
 
 
 def _interrupted(tmp_path, sig="SIGINT", extra=()):
@@ -131,7 +134,7 @@ def _interrupted(tmp_path, sig="SIGINT", extra=()):
 
 
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_interrupt_one_line_partial_then_resume(sig, code, tmp_path, reference):
+def test_interrupt_one_line_partial_then_resume(sig, code, tmp_path, reference, capsys):
     r, out, args = _interrupted(tmp_path, sig)
     assert r.returncode == code, r.stderr[-3000:]
     lines = r.stderr.strip().splitlines()
@@ -149,9 +152,9 @@ def test_interrupt_one_line_partial_then_resume(sig, code, tmp_path, reference):
     job = report.collect(out)[0]
     assert job.status == "incomplete" and "interrupted at step" in job.error
     assert not (out / "summary.json.broken").exists()
-    r2 = _cli(args, tmp_path)
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    said = [x for x in r2.stderr.splitlines() if "resuming" in x]
+    rc, _, err = run_main(args, capsys)  # the rerun in process (the signal was the process's)
+    assert rc == 0, err
+    said = [x for x in err if "resuming" in x]
     assert len(said) == 1 and "from its checkpoint at step" in said[0] and "saved" in said[0]
     assert _bytes(out) == _bytes(reference)
     assert not (out / CHECKPOINT_FILE).exists()
@@ -159,25 +162,34 @@ def test_interrupt_one_line_partial_then_resume(sig, code, tmp_path, reference):
     assert report.check_run_dir(out) is None
 
 
-def test_resume_false_starts_over_and_other_config_is_an_error(tmp_path, reference):
-    r, out, args = _interrupted(tmp_path)
-    assert r.returncode == 130
-    other = _cli([*args, "run.seed=1"], tmp_path)
-    assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1
-    assert "checkpoint of another config (run.seed=0 there, 1 now)" in other.stderr
-    assert "run.resume=false" in other.stderr and (out / CHECKPOINT_FILE).is_file()
-    r2 = _cli([*args, "run.resume=false"], tmp_path)
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    assert "resuming" not in r2.stderr
+def test_resume_false_starts_over_and_other_config_is_an_error(tmp_path, reference, capsys,
+                                                               monkeypatch):
+    """In process (``main(argv)``; the interrupted process is the test above's)."""
+    out = tmp_path / "run"
+    args = [*SMALL, "run.engine=torch", f"hydra.run.dir={out}"]
+    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@500")
+    assert run_main(args, capsys)[0] == 130
+    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
+    rc, _, err = run_main([*args, "run.seed=1"], capsys)
+    assert rc == 2 and len(err) == 1, err
+    assert "checkpoint of another config (run.seed=0 there, 1 now)" in err[0]
+    assert "run.resume=false" in err[0] and (out / CHECKPOINT_FILE).is_file()
+    rc, _, err = run_main([*args, "run.resume=false"], capsys)
+    assert rc == 0, err
+    assert not any("resuming" in x for x in err)
     assert "resumed_s" not in json.loads((out / "summary.json").read_text())["info"]
     assert _bytes(out) == _bytes(reference)
 
 
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600)])
-def test_result_modes_follow_the_umask(umask, mode, tmp_path):
+def test_result_modes_follow_the_umask(umask, mode, tmp_path, capsys):
     out = tmp_path / "run"
-    r = _cli([*SMALL, "run.steps=256", f"hydra.run.dir={out}"], tmp_path, umask=umask)
-    assert r.returncode == 0, r.stderr[-3000:]
+    old = os.umask(umask)  # the command in process, under this umask
+    try:
+        rc, _, err = run_main([*SMALL, "run.steps=256", f"hydra.run.dir={out}"], capsys)
+    finally:
+        os.umask(old)
+    assert rc == 0, err
     for name in ("metrics.csv", "summary.json", "per_step.npz", "error_vs_length.png"):
         assert stat.S_IMODE((out / name).stat().st_mode) == mode, name
     log = (out / "precsim.log").read_text()  # the table and the verdict, as on the terminal

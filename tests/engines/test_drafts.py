@@ -15,7 +15,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import SEED_TABLE, tiny_cfg
+from conftest import EF_SCHEMES, SEED_TABLE, tiny_cfg
 
 from precsim.checkpoint import Checkpoint
 from precsim.config import ef_fmt, to_config
@@ -133,7 +133,7 @@ def _grow(monkeypatch, key, t_from, factor):
 def _cfg(family, **over):
     sch = {k: SEED_TABLE[k] for k in ("conventional_fp32", "shared_nvfp4_sr",
                                       "split_fp16sr_nvfp4", "split_fp32_nvfp4")}
-    sch["shared_fp8_ef"] = {"kind": "shared", "fmt": "fp8_e4m3", "error_feedback": "bf16"}
+    sch["shared_fp8_ef"] = EF_SCHEMES["s_fp8_ef"]  # (compiled once for both tests)
     d = tiny_cfg(family, steps=384, schemes={**sch, **DYING}, run__threads=1,
                  workload__kind="seed_article" if family == "mamba2" else "synthetic", **over)
     d["model"].update(head_dim=16, state_dim=32)
