@@ -93,9 +93,35 @@ def _on_signal(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+def _unraisable(info) -> None:
+    """``sys.unraisablehook`` while the handlers are in: an interrupt raised where Python cannot
+    propagate it (a signal landing in an import lock's or a finaliser's callback: "Exception
+    ignored in ...", then the main thread may wait on that lock) is delivered again 50 ms later,
+    from outside that callback, instead of being printed and lost; anything else goes to the
+    hook that was there before."""
+    exc = info.exc_value
+    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        import threading
+
+        signum = getattr(exc, "signum", signal.SIGINT)
+        t = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        t.daemon = True
+        t.start()
+        return
+    _PREV_UNRAISABLE[-1](info)
+
+
+_PREV_UNRAISABLE: list = []
+
+
 def install_handlers(names=SIGNALS[:2]) -> dict:
-    """Route ``names`` to :func:`_on_signal`; returns the previous handlers (main thread only)."""
+    """Route ``names`` to :func:`_on_signal` (and lost interrupts to :func:`_unraisable`);
+    returns the previous handlers (main thread only)."""
     old = {}
+    if sys.unraisablehook is not _unraisable:
+        _PREV_UNRAISABLE.append(sys.unraisablehook)
+        sys.unraisablehook = _unraisable
+        old["unraisable"] = _PREV_UNRAISABLE[-1]
     for n in names:
         s = getattr(signal, n, None)
         try:
@@ -107,7 +133,10 @@ def install_handlers(names=SIGNALS[:2]) -> dict:
 
 def restore_handlers(old: dict) -> None:
     for s, h in old.items():
-        signal.signal(s, h)
+        if s == "unraisable":
+            sys.unraisablehook = _PREV_UNRAISABLE.pop()
+        else:
+            signal.signal(s, h)
 
 
 class Checkpoint:

@@ -296,3 +296,26 @@ def test_watchdog_ends_a_process_whose_interrupt_was_lost(capsys):
     finally:
         ck._STOP["said"] = False
     assert got == [130, 143] and capsys.readouterr().err == ""
+
+
+def test_an_interrupt_lost_in_a_finaliser_is_delivered_again(capfd):
+    """An interrupt raised where Python cannot propagate it (here a finaliser; under load, an
+    import lock's callback) was printed as "Exception ignored" and lost; the handlers now send
+    the signal again from outside that callback, and it stops the command as any other."""
+    from precsim.checkpoint import Interrupted, install_handlers, restore_handlers
+
+    class Finaliser:
+        def __del__(self):
+            raise Interrupted(signal.SIGINT)
+
+    old = install_handlers()
+    try:
+        with pytest.raises(Interrupted) as e:
+            Finaliser()  # collected at once: its interrupt is unraisable
+            time.sleep(5)
+        assert e.value.signum == signal.SIGINT
+    finally:
+        restore_handlers(old)
+    assert "Exception ignored" not in capfd.readouterr().err
+    assert sys.unraisablehook is sys.__unraisablehook__ or "_unraisable" not in repr(
+        sys.unraisablehook)
