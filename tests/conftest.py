@@ -116,3 +116,14 @@ def torchao_nvfp4(x: torch.Tensor, scope: str) -> torch.Tensor:
     if pts is not None:
         total = pts * total
     return (q * total).view(m, k)
+
+
+def load_script(path, name: str | None = None):
+    """A script of ``experiments/`` imported as a module (it is not a package)."""
+    import importlib.util
+
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -4,11 +4,11 @@ and writes its three files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 pytest.importorskip("triton")
 pytest.importorskip("numba")
@@ -17,11 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_check_drafts", ROOT / "experiments" / "bench" / "gpu_check_drafts.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "experiments" / "bench" / "gpu_check_drafts.py")
 
 
 @pytest.mark.slow

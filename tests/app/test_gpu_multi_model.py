@@ -4,11 +4,11 @@ missing or unexpected key, sized as precsim's placement sizes it; ``--smoke`` ru
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 pytest.importorskip("transformers")
 
@@ -16,11 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_multi_model", ROOT / "experiments" / "bench" / "gpu_multi_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "experiments" / "bench" / "gpu_multi_model.py")
 
 
 def test_the_checkpoint_writer_loads_and_is_sized_as_placement_sizes_it(tmp_path):
