@@ -641,15 +641,13 @@ def _validate_sweeps_lightly() -> None:
 
 def _sweep_blocks(hc, c) -> set[int]:
     """Block sizes (kernels' tile blocks) of the formats this sweep's jobs use: the job's own
-    schemes' and every format named among the swept values (sweeper params, comma lists)."""
+    schemes' and every format named among the swept values (:func:`_swept`)."""
     from precsim import formats as pf
     from precsim.engines.triton import scheme_block
     from precsim.errors import PrecsimError
 
-    vals = [str(v) for v in (hc.sweeper.get("params") or {}).values()]
-    vals += [a.partition("=")[2] for a in sys.argv[1:] if "=" in a]
     blocks = set()
-    for w in {w.strip() for v in vals for w in v.split(",")}:
+    for w in {w.strip() for _, v in _swept(hc) for w in v.split(",")}:
         try:  # a format name (row-scaled ones, <elem>_b<B>, are made on demand)
             f = pf.get(w)
         except Exception:  # noqa: BLE001 - not a format: another swept value
@@ -664,16 +662,22 @@ def _sweep_blocks(hc, c) -> set[int]:
     return blocks - {0}
 
 
-def _sweeps_schemes(hc) -> bool:
-    """Whether this sweep varies its schemes (a ``schemes`` key among the sweeper's parameters
-    or the command line's swept overrides): then the Triton engine compiles one kernel taking
-    the schemes as runtime arguments, not one per job (``engines.triton.RUNTIME_CODES``)."""
-    keys = [str(k) for k in (hc.sweeper.get("params") or {})]
+def _swept(hc) -> list[tuple[str, str]]:
+    """This sweep's swept parameters as (key, values): the sweeper's ``params`` and the command
+    line's comma lists and range/choice/glob/interval sweeps."""
+    out = [(str(k), str(v)) for k, v in (hc.sweeper.get("params") or {}).items()]
     for a in sys.argv[1:]:
         key, eq, val = a.lstrip("+~").partition("=")
         if eq and ("," in val or val.startswith(("range(", "choice(", "glob(", "interval("))):
-            keys.append(key)
-    return any(k == "schemes" or k.startswith("schemes.") for k in keys)
+            out.append((key, val))
+    return out
+
+
+def _sweeps_schemes(hc) -> bool:
+    """Whether this sweep varies its schemes (a ``schemes`` key among :func:`_swept`): then the
+    Triton engine compiles one kernel taking the schemes as runtime arguments, not one per job
+    (``engines.triton.RUNTIME_CODES``)."""
+    return any(k == "schemes" or k.startswith("schemes.") for k, _ in _swept(hc))
 
 
 def _run_app(cfg) -> None:
