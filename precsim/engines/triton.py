@@ -515,17 +515,18 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                         call, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0, t0, n,
                         steps, H, blk, LB, nw, maxnreg, ef=ef, efs=efs[gi], **launch_kw)
                         for gi, (blk, idx) in enumerate(groups)]
-                    # a sweep over schemes (runtime codes): the kernels of the block sizes
-                    # its other jobs need compile beside this job's (never launched here)
-                    idx = groups[0][1]
-                    ahead = [functools.partial(
-                        call, [slot[i] for i in idx], [codes[i] for i in idx], True, t0, n,
-                        steps, H, bk, LB, nw, maxnreg, ef=ef, efs=efs[0], **launch_kw)
-                        for bk in sorted(SWEEP_BLOCKS)
-                        if bk not in {g[0] for g in groups} and N % bk == 0
-                    ] if launch_kw["runtime"] else []
-                    if c0 is not None and cuda and len(calls) + len(ahead) > 1:
-                        _compile_together(calls, ahead)
+                    if c0 is not None and cuda:  # the first launches: compile together
+                        # a sweep over schemes (runtime codes): the kernels of the block sizes
+                        # its other jobs need compile beside this job's (never launched here)
+                        i0 = groups[0][1]
+                        ahead = [functools.partial(
+                            call, [slot[i] for i in i0], [codes[i] for i in i0], True, t0, n,
+                            steps, H, bk, LB, nw, maxnreg, ef=ef, efs=efs[0], **launch_kw)
+                            for bk in sorted(SWEEP_BLOCKS)
+                            if bk not in {g[0] for g in groups} and N % bk == 0
+                        ] if launch_kw["runtime"] else []
+                        if len(calls) + len(ahead) > 1:
+                            _compile_together(calls, ahead)
                     for gi, call in enumerate(calls):
                         kern[gi] = call()
                 if c0 is not None:
