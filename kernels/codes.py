@@ -1,7 +1,9 @@
 """Slot codes: one packed integer per kernel slot (a scheme), its fields, and the dispatch order.
 
-Triton needs a scheme as compile-time constants; one packed ``tl.constexpr`` per slot keeps the
-kernels' signatures short. The layout is defined here once: :func:`pack` builds a code from plain
+A kernel takes each slot's code either as compile-time constants (one packed ``tl.constexpr``
+per launch: a kernel compiled per configuration, the fastest) or, compiled with ``RUNTIME``, from
+an int32 vector (:func:`runtime_meta`: one kernel serves every scheme, as a sweep over schemes
+wants). The layout is defined here once: :func:`pack` builds a code from plain
 ints, :func:`fields` reads one back on the host, and the kernels decode it with the same shifts
 written as literal constexpr arithmetic (``CODE % 4``, ``(CODE // 4) % 32``, ...; a launch's codes
 packed as ``CODES = sum_k code_k 2^(CODE_BITS k)``); ``tests/kernels`` evaluates the kernels'

@@ -205,7 +205,8 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
                CODES: tl.constexpr, EFS: tl.constexpr = 0, meta_ptr=None,
                RUNTIME: tl.constexpr = 0):
     """One launch window: grid (S*H, TRUTH + NSCH); grid column k runs slot
-    ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``; ``EFS`` as there)."""
+    ``(ORDER >> 4k) & 15`` (costliest first, see ``mamba2_window``; ``EFS`` and ``RUNTIME`` as
+    there)."""
     sh = tl.program_id(0)
     # int64: 9 slots take 36 bits
     if RUNTIME:  # meta: the slot of each grid column, then each slot's code and EF code

@@ -205,7 +205,11 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
 
     Grid column k runs slot ``(ORDER >> 4k) & 15``: the host puts the costliest slots first, so
     their programs are dispatched first and the cheap ones fill the SMs behind them (a shorter
-    tail per launch)."""
+    tail per launch).
+
+    ``RUNTIME``: the slots' codes are read from ``meta_ptr`` (``codes.runtime_meta``), one body
+    for every scheme; ``NSCH``, ``ORDER``, ``CODES`` are then unused and ``EFS`` only says
+    whether any slot has error feedback."""
     sh = tl.program_id(0)
     # int64: 9 slots take 36 bits
     if RUNTIME:  # meta: the slot of each grid column, then each slot's code and EF code
