@@ -27,6 +27,7 @@ import triton.language as tl
 
 from .codes import CODE_BITS as _CB
 from .codes import runtime_meta
+from .mamba2 import truth_split
 from .quant import quantize, round_elem, write_state
 
 
@@ -43,10 +44,11 @@ def _load_step(a_ptr, b_ptr, q_ptr, k_ptr, v_ptr, i, sh, SHT, P: tl.constexpr, K
 
 @triton.jit
 def _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT,
-           P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr):
-    """Float64 recurrence in corrected-value form (the oracle's order of operations)."""
+           P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, PB: tl.constexpr, p0):
+    """Float64 recurrence in corrected-value form (the oracle's order of operations) on value
+    rows ``[p0, p0 + PB)`` of the state (rows are independent: ``u`` is per row)."""
     K: tl.constexpr = NB * BLK
-    op = tl.arange(0, P)
+    op = p0 + tl.arange(0, PB)
     ok3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
     off3 = op[:, None, None] * K + ok3[None, :, :]
     z64 = sh.to(tl.int64) * 0
@@ -216,7 +218,7 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
     if TRUTH:
         if slot == 0:
             _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, sh, SHT, P,
-                   NB, BLK)
+                   NB, BLK, P, 0)
     if RUNTIME:  # one body for every scheme: its fields are runtime scalars
         if slot >= TRUTH:
             k = slot - TRUTH
@@ -234,6 +236,15 @@ def gdn_window(a64_ptr, a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, s
                         P, NB, BLK, LB, BUF, SFLOOR, SCOPE, U_MASTER)
 
 
+@triton.jit(do_not_specialize=["n_steps", "SHT"])
+def gdn_truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, SHT,
+              P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, PB: tl.constexpr):
+    """The float64 truth alone: grid ``(S*H, V // PB)``, a program per head and block of ``PB``
+    value rows (see ``mamba2.mamba2_truth``)."""
+    _truth(a64_ptr, b_ptr, q_ptr, k_ptr, v_ptr, S64_ptr, y64_ptr, n_steps, tl.program_id(0), SHT,
+           P, NB, BLK, PB, tl.program_id(1) * PB)
+
+
 def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
            n: int, total: int, slots: list[int], codes: list[int], truth: bool, blk: int, LB: int,
            buf: int, sfloor: int, scope: int, order: int, u_master: bool, num_warps: int,
@@ -243,6 +254,12 @@ def launch(*, a64, a32, g32, beta, q, k, v, S64, st, rd, y64, y32, k1, ph, k0: i
     beta (n, S*H)``, ``q, k (n, S, H, K)``, ``v (n, S, H, V)``, states ``(S*H, V, K)``."""
     SH, P, K = S64.shape
     assert v.shape[-1] == P and k.shape[-1] == K and K % blk == 0
+    pb, tw = truth_split(SH, P, num_warps)
+    if truth and not slots and pb < P:  # the truth alone: its rows split over programs
+        grid = (SH, P // pb)
+        kern = functools.partial(gdn_truth.warmup, grid=grid) if warmup else gdn_truth[grid]
+        return kern(a64, beta.reshape(n, SH), q, k, v, S64, y64, n, SH, P=P, NB=K // blk,
+                    BLK=blk, PB=pb, num_warps=tw, enable_fp_fusion=False)
     i0 = slots[0] if slots else 0
     packed = sum(c << (_CB * j) for j, c in enumerate(codes))
     # runtime codes: one compiled kernel for every scheme (its constexprs: shapes and options)

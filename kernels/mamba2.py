@@ -36,6 +36,25 @@ from .codes import CODE_BITS as _CB
 from .codes import runtime_meta
 from .quant import quantize, round_elem, write_state
 
+TRUTH_PROGRAMS = 256  # a truth-only launch splits heads' rows until it has this many programs
+TRUTH_MIN_ROWS = 16  # ... but keeps at least this many rows per program
+TRUTH_ROWS = 0  # rows per program of a truth-only launch (0: by the two rules above)
+TRUTH_WARPS = 0  # warps of a truth-only launch (0: the caller's)
+
+
+def truth_split(SH: int, P: int, num_warps: int) -> tuple[int, int]:
+    """Rows per program and warps of a truth-only launch over ``SH`` heads of ``P`` rows.
+
+    Measured on one H200 (``experiments/bench/diagnose/gpu_scan_split.py``, 8,192 tokens, us per
+    token): a recording's 64 Mamba-2 heads (64 x 128) take 1.43 with a program per head (which
+    spills registers) and 0.91 with 16 rows per program; 32 GDN heads (128 x 128) 3.02-6.08
+    against 0.91-1.20. With 4 sequences (256 Mamba-2 programs already) a program per head is
+    best: 1.84 against 2.41-3.16 split."""
+    rows = min(P, TRUTH_ROWS) if TRUTH_ROWS else P
+    while not TRUTH_ROWS and rows > TRUTH_MIN_ROWS and SH * (P // rows) < TRUTH_PROGRAMS:
+        rows //= 2
+    return rows, TRUTH_WARPS or num_warps
+
 
 @triton.jit
 def _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, i, sh, sg, SHT, SGT, P: tl.constexpr,
@@ -50,10 +69,11 @@ def _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, i, sh, sg, SHT, SGT, P: tl.co
 
 @triton.jit
 def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT, SGT,
-           P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr):
-    """Float64 recurrence ``S = a S + dt x B^T``, ``y = S C`` (the oracle's order of operations)."""
+           P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, PB: tl.constexpr, p0):
+    """Float64 recurrence ``S = a S + dt x B^T``, ``y = S C`` (the oracle's order of operations)
+    on rows ``[p0, p0 + PB)`` of the state (rows are independent)."""
     N: tl.constexpr = NB * BLK
-    op = tl.arange(0, P)
+    op = p0 + tl.arange(0, PB)
     on3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
     off3 = op[:, None, None] * N + on3[None, :, :]
     z64 = sh.to(tl.int64) * 0
@@ -220,7 +240,7 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
     if TRUTH:
         if slot == 0:
             _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT,
-                   SGT, P, NB, BLK)
+                   SGT, P, NB, BLK, P, 0)
     if RUNTIME:  # one body for every scheme: its fields are runtime scalars
         if slot >= TRUTH:
             k = slot - TRUTH
@@ -236,6 +256,19 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                         y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE,
                         SSTRIDE, KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64,
                         P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+
+
+@triton.jit(do_not_specialize=["n_steps", "H", "REP", "G", "SHT", "SGT"])
+def mamba2_truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, H, REP, G, SHT,
+                 SGT, P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr, PB: tl.constexpr):
+    """The float64 truth alone (no scheme in the launch): grid ``(S*H, P // PB)``, a program per
+    head and block of ``PB`` state rows. Rows are independent in the recurrence, so a head's
+    rows split over programs: shorter steps (fewer elements and registers per program) and more
+    programs for a launch of few heads (a recording: one sequence)."""
+    sh = tl.program_id(0)
+    sg = (sh // H) * G + (sh % H) // REP
+    _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, sg, SHT, SGT, P,
+           NB, BLK, PB, tl.program_id(1) * PB)
 
 
 def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: int, t0: int,
@@ -254,6 +287,14 @@ def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: in
     SH, P, N = S64.shape
     G = B.shape[2]
     assert heads % G == 0 and x.shape[-1] == P and B.shape[-1] == N and N % blk == 0
+    pb, tw = truth_split(SH, P, num_warps)
+    if truth and not slots and pb < P:  # the truth alone: its rows split over programs
+        grid = (SH, P // pb)
+        kern = (functools.partial(mamba2_truth.warmup, grid=grid) if warmup else
+                mamba2_truth[grid])
+        return kern(dt.reshape(n, -1), a64, x, B, C, S64, y64, n, heads, heads // G, G, SH,
+                    (SH // heads) * G, P=P, NB=N // blk, BLK=blk, PB=pb,
+                    num_warps=tw, enable_fp_fusion=False)
     i0 = slots[0] if slots else 0
     packed = sum(c << (_CB * k) for k, c in enumerate(codes))
     # runtime codes: one compiled kernel for every scheme (its constexprs: shapes and options)

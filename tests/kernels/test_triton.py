@@ -410,3 +410,59 @@ def test_runtime_codes_equal_per_configuration_kernels(family):
     for name in ["truth", *sch]:
         np.testing.assert_array_equal(got.info["outputs"][name], want.info["outputs"][name],
                                       err_msg=name)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("rows", [4, 8], ids=["rows-split", "whole-head"])
+def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
+    """A launch of the float64 truth alone (the reference of a whole-model run, a recording)
+    splits each head's state rows over programs (``mamba2_truth``/``gdn_truth``, ``rows`` per
+    program; ``rows = P`` is the fused kernel's truth slot): both give the float64 recurrence of
+    a plain NumPy loop (2 sequences x 2 heads, 1 group, 7 steps), outputs and final states."""
+    import precsim.kernels.mamba2 as m2_k
+    from precsim.kernels import gdn as gdn_k
+
+    from precsim.engines.triton import _launch
+
+    monkeypatch.setattr(m2_k, "TRUTH_ROWS", rows)
+    rng = np.random.default_rng(5)
+    S, H, P, N, n = 2, 2, 8, 16, 7
+    a = rng.uniform(0.8, 1.0, (n, S * H))
+    st = rng.standard_normal((S * H, P, N))
+    if family == "mamba2":
+        dt = rng.uniform(0.01, 0.2, (n, S * H))
+        x = rng.standard_normal((n, S, H, P))
+        B, C = rng.standard_normal((n, S, 1, N)), rng.standard_normal((n, S, 1, N))
+        inp = {"dt": dt, "x": x, "B": B, "C": C}
+    else:
+        beta = rng.uniform(0.1, 0.9, (n, S * H))
+        q, k = rng.standard_normal((n, S, H, N)), rng.standard_normal((n, S, H, N)) / 4
+        v = rng.standard_normal((n, S, H, P))
+        inp = {"beta": beta, "q": q, "k": k, "v": v}
+    want_y = np.zeros((n, S * H, P))
+    want = st.copy()
+    for t in range(n):
+        for h in range(S * H):
+            s, hh = divmod(h, H)
+            if family == "mamba2":
+                want[h] = a[t, h] * want[h] + dt[t, h] * np.outer(x[t, s, hh], B[t, s, 0])
+                want_y[t, h] = want[h] @ C[t, s, 0]
+            else:
+                u = beta[t, h] * (v[t, s, hh] - a[t, h] * (want[h] @ k[t, s, hh]))
+                want[h] = a[t, h] * want[h] + np.outer(u, k[t, s, hh])
+                want_y[t, h] = want[h] @ q[t, s, hh]
+    dev = torch.device(DEV)
+    tin = {k_: torch.tensor(v_, device=dev) for k_, v_ in inp.items()}
+    tin.update({"_a64": torch.tensor(a, device=dev),
+                "_a32": torch.tensor(a, device=dev, dtype=torch.float32),
+                "_dA32": torch.tensor(np.log(a), device=dev, dtype=torch.float32)})
+    S64 = torch.tensor(st, device=dev)
+    z = torch.zeros((1, S * H, P, N), dtype=torch.float32, device=dev)
+    y64 = torch.full((n, S * H, P), np.nan, dtype=torch.float64, device=dev)
+    ph = torch.zeros(n, dtype=torch.int32, device=dev)
+    k1 = torch.zeros((1, n), dtype=torch.int32, device=dev)
+    _launch(family, tin, S64, z, z.clone(), y64, z.new_empty((1, n, S * H, P)), k1, ph, 0, [],
+            [], True, 0, n, n, H, 16, 16, 4, None, lpt=True, buf=0, sfloor=0, scope=0,
+            u_master=False, kernels=(m2_k, gdn_k), order=lambda *a_: 0)
+    np.testing.assert_allclose(y64.cpu().numpy(), want_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(S64.cpu().numpy(), want, rtol=1e-12, atol=1e-12)
