@@ -91,6 +91,11 @@ def main() -> int:
     ap.add_argument("--skip-decode", action="store_true", help="GPU: no decode-mode run")
     ap.add_argument("--skip-replay", action="store_true", help="GPU: no layer replay")
     ap.add_argument("--skip-record", action="store_true", help="GPU: no recording, no replay")
+    ap.add_argument("--skip-all-layers", action="store_true",
+                    help="GPU: no 48-layer recording")
+    ap.add_argument("--seqs", default="4",
+                    help="GPU: documents of the whole-model runs, comma-separated (1 is the "
+                         "experiment's default)")
     ap.add_argument("--one-pass", action="store_true",
                     help="GPU: the Mamba-2 whole-model run also with model.chunk=0")
     a = ap.parse_args()
@@ -138,10 +143,11 @@ def main() -> int:
                  "cuda", "--out", str(rec8)],
                 f"record {a.record_tokens:,} tokens, 8 layers, bf16", rows)
             rec48 = work / "rec48"
-            run([PY, "-m", "precsim.record", "--model", str(ck), "--ids-file",
-                 str(work / "ids4.npy"), "--tokens", str(a.tokens), "--dtype", "bf16", "--device",
-                 "cuda", "--out", str(rec48)], f"record {a.tokens:,} tokens, all 48 layers, bf16",
-                rows)
+            if not a.skip_all_layers:
+                run([PY, "-m", "precsim.record", "--model", str(ck), "--ids-file",
+                     str(work / "ids4.npy"), "--tokens", str(a.tokens), "--dtype", "bf16",
+                     "--device", "cuda", "--out", str(rec48)],
+                    f"record {a.tokens:,} tokens, all 48 layers, bf16", rows)
             for r in (rec8, rec48):
                 f = r / "record.json"
                 meta = json.loads(f.read_text()) if f.is_file() else {}
@@ -153,11 +159,13 @@ def main() -> int:
                      "workload.layer=0", f"run.steps={a.record_tokens}", "run.device=cuda", *hyd,
                      f"hydra.run.dir={work}/replay0_{time.time_ns()}"],
                     f"replay layer 0 of the recording, {a.record_tokens:,} steps", rows)
-        kl = [PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
-              f"model.ids={work / 'ids4.npy'}", f"run.steps={a.tokens}", "run.seqs=4",
-              "run.device=cuda", "metrics.window=1024", *hyd]
-        run([*kl, f"hydra.run.dir={work}/kl_m2_{time.time_ns()}"],
-            f"model_kl split_nvfp4, Mamba-2 1.3B, {a.tokens:,} tok x 4 docs", rows)
+        seqs = [int(x) for x in a.seqs.split(",")]
+        for S in seqs:
+            kl = [PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
+                  f"model.ids={work / 'ids4.npy'}", f"run.steps={a.tokens}", f"run.seqs={S}",
+                  "run.device=cuda", "metrics.window=1024", *hyd]
+            run([*kl, f"hydra.run.dir={work}/kl_m2_s{S}_{time.time_ns()}"],
+                f"model_kl split_nvfp4, Mamba-2 1.3B, {a.tokens:,} tok x {S} docs", rows)
         if a.one_pass:
             run([*kl, "model.chunk=0", f"hydra.run.dir={work}/kl_m2_onepass_{time.time_ns()}"],
                 "the same, model.chunk=0 (one pass per document)", rows)
@@ -174,11 +182,12 @@ def main() -> int:
             build("qwen3next", ckg, "cuda")
             info["build_gdn_s"] = round(time.perf_counter() - t0, 1)
             np.save(work / "ids4g.npy", rng.integers(0, 151936, (4, a.tokens)))
-            run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ckg}",
-                 f"model.ids={work / 'ids4g.npy'}", f"run.steps={a.tokens}", "run.seqs=4",
-                 "run.device=cuda", "metrics.window=1024", *hyd,
-                 f"hydra.run.dir={work}/kl_gdn_{time.time_ns()}"],
-                f"model_kl split_nvfp4, Qwen3-Next-shape 8 layers, {a.tokens:,} x 4", rows)
+            for S in seqs:
+                run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ckg}",
+                     f"model.ids={work / 'ids4g.npy'}", f"run.steps={a.tokens}",
+                     f"run.seqs={S}", "run.device=cuda", "metrics.window=1024", *hyd,
+                     f"hydra.run.dir={work}/kl_gdn_s{S}_{time.time_ns()}"],
+                    f"model_kl split_nvfp4, Qwen3-Next-shape 8 layers, {a.tokens:,} x {S}", rows)
         for d in sorted(work.glob("kl_*")):
             s = d / "summary.json"
             if s.is_file():
