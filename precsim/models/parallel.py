@@ -117,6 +117,7 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             cache = getattr(o, attr, None) if C < N else None
             h = o.last_hidden_state
             sync()
+            chunks.settle()  # the layers' drift samples and non-finite checks
             t1 = time.perf_counter()
             for a0 in range(0, c1 - pos, head_chunk):
                 a1 = min(c1 - pos, a0 + head_chunk)

@@ -61,6 +61,17 @@ class Chunks:
     horizon: int
     offset: int = 0
     layers: dict = field(default_factory=dict)
+    # the Triton backend's drift samples and non-finite checks, still on the device: read back
+    # once per forward pass (:meth:`settle`), not once per layer (a read-back waits for the
+    # device, and the host could not queue the next layer's launches meanwhile)
+    pending: list = field(default_factory=list)
+
+    def settle(self) -> None:
+        """Read back what the layers of the last forward pass left on the device (into each
+        group's ``drift`` and ``dead_at``), in the layers' order."""
+        todo, self.pending = self.pending, []
+        for fn in todo:
+            fn()
 
 
 def drift_due(pos: int, m: int, L: int, window: int) -> bool:

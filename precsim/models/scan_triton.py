@@ -70,9 +70,9 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
             if sc.rounding == "sr":
                 k0, keys[i] = event_keys(cfg.run.seed, f"{g.name}@layer{step.layer}",
                                          ev if sc.kind == "conventional" else ev // L, 0)
-        k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+        k1 = _upload(keys.view(np.int32), dev)
         ends = np.unique(np.minimum(np.arange(L, total + L, L), total))  # a flush every L
-        ph = torch.from_numpy(segment_phase(ends, total, True)).to(dev)
+        ph = _upload(segment_phase(ends, total, True), dev)
         if chunks is not None:
             chunks.layers[step.layer] = {"S64": S64, "st": st, "rd": rd, "ef": ef, "k1": k1,
                                          "k0": k0, "ph": ph}
@@ -135,19 +135,36 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                 (row_dist(st[i].view(K, -1), ref),
                  row_dist(rd[i].view(K, -1), ref) if sc.kind == "split" else None)
                 for i, sc in enumerate(at)], torch.linalg.vector_norm(ref, dim=1)))
-    for tok, per, rn in samples:  # one device-to-host copy per sample, after the launches
-        rn = rn.cpu().numpy()
-        for (d_st, d_rd), g in zip(per, schemes, strict=True):
-            g.drift.setdefault(step.layer, []).append(
-                (tok, rel_ratio(d_st.cpu().numpy(), rn),
-                 None if d_rd is None else rel_ratio(d_rd.cpu().numpy(), rn)))
+    layer = step.layer
+
+    def settle():  # one device-to-host copy per sample; then the first non-finite token
+        for tok, per, rn in samples:
+            rn = rn.cpu().numpy()
+            for (d_st, d_rd), g in zip(per, schemes, strict=True):
+                g.drift.setdefault(layer, []).append(
+                    (tok, rel_ratio(d_st.cpu().numpy(), rn),
+                     None if d_rd is None else rel_ratio(d_rd.cpu().numpy(), rn)))
+        if bad is not None and bool(bad.any()):
+            for gi, g in enumerate(groups):
+                hit = torch.nonzero(bad[:, gi])
+                if hit.numel():
+                    first = off + int(hit[0, 0]) + 1
+                    g.dead_at = min(g.dead_at or first, first)
+
+    bad = None if carry else ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, g)
+    if chunks is not None and not carry:
+        chunks.pending.append(settle)  # read back after the forward pass (Chunks.settle)
+    else:
+        settle()
     if carry:
         return out, S64.view(K, H, P, N)
-    bad = ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, groups)
-    if bool(bad.any()):
-        for gi, g in enumerate(groups):
-            hit = torch.nonzero(bad[:, gi])
-            if hit.numel():
-                first = off + int(hit[0, 0]) + 1
-                g.dead_at = min(g.dead_at or first, first)
     return out
+
+
+def _upload(a: np.ndarray, dev) -> torch.Tensor:
+    """A host array on ``dev`` without waiting for the device: a copy from pageable memory
+    waits for the stream's queued work first, one from page-locked memory does not."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
