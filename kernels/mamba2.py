@@ -53,6 +53,7 @@ def truth_split(SH: int, P: int, num_warps: int) -> tuple[int, int]:
     rows = min(P, TRUTH_ROWS) if TRUTH_ROWS else P
     while not TRUTH_ROWS and rows > TRUTH_MIN_ROWS and SH * (P // rows) < TRUTH_PROGRAMS:
         rows //= 2
+    assert P % rows == 0, (P, rows)  # (tile dims are powers of 2)
     return rows, TRUTH_WARPS or num_warps
 
 

@@ -87,6 +87,9 @@ def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
     It runs on the device of the call's tensors (under ``model.device_map``, the device holding
     the layer; a layer the map leaves on the CPU runs the torch backend).
 
+    On the Triton backend with ``chunks``, the drift samples and non-finite checks wait on the
+    device until the caller's :meth:`Chunks.settle` (once per forward pass).
+
     ``carry`` (the reference group alone, recording a document in chunks): start from the
     call's state (``step.state``; None: zero), flush at the end, and return ``(outputs, final
     state (K, H, Dv, Dk) float64)``. ``chunks``: the call is the chunk of positions starting at

@@ -418,7 +418,8 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
     """A launch of the float64 truth alone (the reference of a whole-model run, a recording)
     splits each head's state rows over programs (``mamba2_truth``/``gdn_truth``, ``rows`` per
     program; ``rows = P`` is the fused kernel's truth slot): both give the float64 recurrence of
-    a plain NumPy loop (2 sequences x 2 heads, 1 group, 7 steps), outputs and final states."""
+    a plain NumPy loop (2 sequences x 4 heads, 2 groups of B/C, 7 steps), outputs and final
+    states."""
     import precsim.kernels.mamba2 as m2_k
     from precsim.kernels import gdn as gdn_k
 
@@ -426,13 +427,13 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
 
     monkeypatch.setattr(m2_k, "TRUTH_ROWS", rows)
     rng = np.random.default_rng(5)
-    S, H, P, N, n = 2, 2, 8, 16, 7
+    S, H, G, P, N, n = 2, 4, 2, 8, 16, 7
     a = rng.uniform(0.8, 1.0, (n, S * H))
     st = rng.standard_normal((S * H, P, N))
     if family == "mamba2":
         dt = rng.uniform(0.01, 0.2, (n, S * H))
         x = rng.standard_normal((n, S, H, P))
-        B, C = rng.standard_normal((n, S, 1, N)), rng.standard_normal((n, S, 1, N))
+        B, C = rng.standard_normal((n, S, G, N)), rng.standard_normal((n, S, G, N))
         inp = {"dt": dt, "x": x, "B": B, "C": C}
     else:
         beta = rng.uniform(0.1, 0.9, (n, S * H))
@@ -445,8 +446,9 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
         for h in range(S * H):
             s, hh = divmod(h, H)
             if family == "mamba2":
-                want[h] = a[t, h] * want[h] + dt[t, h] * np.outer(x[t, s, hh], B[t, s, 0])
-                want_y[t, h] = want[h] @ C[t, s, 0]
+                g = hh // (H // G)  # head hh reads group g
+                want[h] = a[t, h] * want[h] + dt[t, h] * np.outer(x[t, s, hh], B[t, s, g])
+                want_y[t, h] = want[h] @ C[t, s, g]
             else:
                 u = beta[t, h] * (v[t, s, hh] - a[t, h] * (want[h] @ k[t, s, hh]))
                 want[h] = a[t, h] * want[h] + np.outer(u, k[t, s, hh])
