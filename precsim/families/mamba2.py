@@ -6,6 +6,8 @@ State ``(P, N)`` per head. :func:`step` is the one naive step (NumPy or torch, a
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .base import decay_matrices
@@ -41,8 +43,13 @@ def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
     x, B = buffer_round(inp["x"]), buffer_round(inp["B"])
     Lc, D = decay_matrices(inp["la"])
     W = torch.exp(D) * dt.permute(1, 2, 0)[..., None, :]
-    G = torch.einsum("tshn,jshn->shtj", C, B)
-    Y = torch.einsum("shtj,jshp->tshp", W * G, x)
+    # a step with a non-finite input (a dead scheme's layer below, in a whole model) must not
+    # reach the outputs before it through the masked products (0 * NaN is NaN): its inputs enter
+    # the sums as 0 and the outputs from it on are NaN. Finite segments: the same bits.
+    ok = torch.isfinite(x).all(-1) & torch.isfinite(B).all(-1)  # (m, S, H)
+    G = torch.einsum("tshn,jshn->shtj", C, torch.where(ok[..., None], B, 0.0))
+    Y = torch.einsum("shtj,jshp->tshp", W * G, torch.where(ok[..., None], x, 0.0))
+    Y = torch.where((torch.cumsum(~ok, 0) > 0)[..., None], math.nan, Y)
     Y = Y + torch.exp(Lc)[..., None] * torch.einsum("shpn,tshn->tshp", read, C)
     w_last = W[..., -1, :].permute(2, 0, 1)  # (m, S, H)
     fold = torch.exp(Lc[-1])[..., None, None] * master + torch.einsum(

@@ -623,3 +623,46 @@ def test_triton_scan_in_the_interpreter_matches_the_torch_scan(arch, tmp_path, m
         w = rows[(r["scheme"], r["step"])]
         # (float32 schemes: drift ~1e-7, summation-order noise between the backends)
         assert r["state_drift"] == pytest.approx(w["state_drift"], rel=1e-3, abs=1e-6)
+
+
+
+def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(monkeypatch):
+    """A scheme group whose inputs turn NaN at token 6 of a document (in a whole model: a layer
+    below died there): the torch scan and the Triton scan (in the interpreter; its check read
+    back at ``Chunks.settle``) both report ``dead_at`` 6 for that group only, and the same drift
+    samples. Before the torch scan kept its ReplaySSM segment causal for non-finite inputs, the
+    NaN reached token 5 through the segment's masked products (0 * NaN) and it said 5."""
+    from precsim.config import SchemeConfig, to_config
+    from precsim.models.hook import Step
+    from precsim.models.scan import Chunks, Group, _scan_torch
+    from precsim.models.scan_triton import scan_triton
+
+    monkeypatch.setattr("precsim.models.scan_triton.DRIFT_EVERY", 8)  # a sample every window
+    T, K, H, P, G, N = 16, 2, 2, 16, 1, 16
+    cfg = to_config({"schemes": SCHEMES, "replay": {"buffer_len": 4},
+                     "metrics": {"window": 8}, "run": {"progress": False}})
+    rng = np.random.default_rng(0)
+    b = 4 * K  # the reference and three scheme groups, K documents each
+    inp = {"dt": torch.tensor(rng.uniform(0.01, 0.1, (T, b, H))),
+           "x": torch.tensor(rng.standard_normal((T, b, H, P)), dtype=torch.float32),
+           "B": torch.tensor(rng.standard_normal((T, b, G, N)), dtype=torch.float32),
+           "C": torch.tensor(rng.standard_normal((T, b, G, N)), dtype=torch.float32)}
+    inp["x"][5:, 2 * K + 1] = float("nan")  # group 2 ("shared"), its second document
+    step = Step(layer=0, family="mamba2", inp=inp, const={"A": -torch.ones(H)}, state=None,
+                recurrent=False)
+    got = {}
+    for name in ("torch", "triton"):
+        groups = [Group("reference", SchemeConfig(kind="shared", fmt="fp64"), reference=True),
+                  *(Group(n, sc) for n, sc in cfg.schemes.items())]
+        chunks = Chunks(horizon=T)
+        if name == "torch":
+            _scan_torch(step, groups, K, cfg, torch.float32, chunks=chunks)
+        else:
+            scan_triton(step, groups, K, cfg, chunks=chunks)
+            assert all(g.dead_at is None and not g.drift for g in groups)  # not yet read back
+            chunks.settle()
+        got[name] = {g.name: (g.dead_at, [t for t, *_ in g.drift.get(0, [])])
+                     for g in groups[1:]}
+    assert got["torch"] == {"fp32": (None, [8, 16]), "shared": (6, [8, 16]),
+                            "split": (None, [8, 16])}
+    assert got["triton"] == got["torch"]
