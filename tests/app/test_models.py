@@ -3,6 +3,7 @@ supported class, built offline from transformers configs."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -626,12 +627,15 @@ def test_triton_scan_in_the_interpreter_matches_the_torch_scan(arch, tmp_path, m
 
 
 
-def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(monkeypatch):
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(family,
+                                                                              monkeypatch):
     """A scheme group whose inputs turn NaN at token 6 of a document (in a whole model: a layer
     below died there): the torch scan and the Triton scan (in the interpreter; its check read
     back at ``Chunks.settle``) both report ``dead_at`` 6 for that group only, and the same drift
     samples. Before the torch scan kept its ReplaySSM segment causal for non-finite inputs, the
-    NaN reached token 5 through the segment's masked products (0 * NaN) and it said 5."""
+    NaN reached token 5 through the Mamba-2 segment's masked products (0 * NaN) and it said 5
+    (GDN's segment, a sequential loop over the steps, was causal already)."""
     from precsim.config import SchemeConfig, to_config
     from precsim.models.hook import Step
     from precsim.models.scan import Chunks, Group, _scan_torch
@@ -643,13 +647,23 @@ def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(m
                      "metrics": {"window": 8}, "run": {"progress": False}})
     rng = np.random.default_rng(0)
     b = 4 * K  # the reference and three scheme groups, K documents each
-    inp = {"dt": torch.tensor(rng.uniform(0.01, 0.1, (T, b, H))),
-           "x": torch.tensor(rng.standard_normal((T, b, H, P)), dtype=torch.float32),
-           "B": torch.tensor(rng.standard_normal((T, b, G, N)), dtype=torch.float32),
-           "C": torch.tensor(rng.standard_normal((T, b, G, N)), dtype=torch.float32)}
-    inp["x"][5:, 2 * K + 1] = float("nan")  # group 2 ("shared"), its second document
-    step = Step(layer=0, family="mamba2", inp=inp, const={"A": -torch.ones(H)}, state=None,
-                recurrent=False)
+    f32 = functools.partial(torch.tensor, dtype=torch.float32)
+    if family == "mamba2":
+        inp = {"dt": torch.tensor(rng.uniform(0.01, 0.1, (T, b, H))),
+               "x": f32(rng.standard_normal((T, b, H, P))),
+               "B": f32(rng.standard_normal((T, b, G, N))),
+               "C": f32(rng.standard_normal((T, b, G, N)))}
+        val, const = "x", {"A": -torch.ones(H)}
+    else:
+        kk = rng.standard_normal((T, b, G, N))
+        inp = {"g": f32(-rng.uniform(0.01, 0.1, (T, b, H))),
+               "beta": f32(rng.uniform(0.1, 0.9, (T, b, H))),
+               "q": f32(rng.standard_normal((T, b, G, N)) / 4),
+               "k": f32(kk / np.linalg.norm(kk, axis=-1, keepdims=True)),
+               "v": f32(rng.standard_normal((T, b, H, P)))}
+        val, const = "v", {}
+    inp[val][5:, 2 * K + 1] = float("nan")  # group 2 ("shared"), its second document
+    step = Step(layer=0, family=family, inp=inp, const=const, state=None, recurrent=False)
     got = {}
     for name in ("torch", "triton"):
         groups = [Group("reference", SchemeConfig(kind="shared", fmt="fp64"), reference=True),
