@@ -136,6 +136,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                  row_dist(rd[i].view(K, -1), ref) if sc.kind == "split" else None)
                 for i, sc in enumerate(at)], torch.linalg.vector_norm(ref, dim=1)))
     layer = step.layer
+    bad = None if carry else ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, g)
 
     def settle():  # one device-to-host copy per sample; then the first non-finite token
         for tok, per, rn in samples:
@@ -151,7 +152,6 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                     first = off + int(hit[0, 0]) + 1
                     g.dead_at = min(g.dead_at or first, first)
 
-    bad = None if carry else ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, g)
     if chunks is not None and not carry:
         chunks.pending.append(settle)  # read back after the forward pass (Chunks.settle)
     else:
