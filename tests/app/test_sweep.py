@@ -331,6 +331,60 @@ def test_covering_jobs_keep_every_override_and_group_combination():
     assert _covering_jobs([]) == []
 
 
+def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
+    """cli._reuse_compositions makes a job that differs from an earlier one only in scalar
+    values from a copy of that job's config: every job of a grid (values of several types, a
+    group switch, an added key) equals Hydra's full composition of it, Hydra's fields included
+    (the task overrides, the run directory's name), and a bad value still fails."""
+    import itertools
+
+    import pytest
+    from hydra import initialize_config_module
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from precsim import cli
+
+    cli.register_configs()
+    GlobalHydra.instance().clear()
+    full = ConfigLoaderImpl.load_sweep_config
+    full = getattr(full, "__wrapped__", full)
+    grid = [list(j) for j in itertools.product(
+        ["experiment=precision_sweep"],
+        ["schemes.candidate.fmt=fp32", "schemes.candidate.fmt=fp8_e4m3"],
+        ["replay.buffer_len=4", "replay.buffer_len=32"],
+        ["model=mamba2", "model=gdn"], ["run.seed=0"], ["metrics.budget=0.05"],
+        ["run.out_dir=null"], ["metrics.plot=true"])]
+    for i, other in ((4, "run.seed=7"), (5, "metrics.budget=1e-3"), (6, "run.out_dir=x y"),
+                     (7, "metrics.plot=false")):  # one value of each type changed
+        grid.append([*grid[1][:i], other, *grid[1][i + 1:]])
+    grid += [[*grid[0], "+extra.key=1"], [*grid[1], "+extra.key=2"]]
+    with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("config", ["experiment=precision_sweep"],
+                                           RunMode.MULTIRUN)
+        saved = ConfigLoaderImpl.load_sweep_config
+        try:
+            cli._reuse_compositions()
+            made = [loader.load_sweep_config(master, job) for job in grid]
+            with pytest.raises((ConfigCompositionException, OmegaConfBaseException)):
+                loader.load_sweep_config(master, [*grid[0][:-1], "metrics.plot=maybe"])
+        finally:
+            ConfigLoaderImpl.load_sweep_config = saved
+        for job, cfg in zip(grid, made, strict=True):
+            ref = full(loader, master, job)
+            assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(ref), job
+            assert OmegaConf.is_struct(cfg) and not OmegaConf.is_readonly(cfg.hydra)
+    GlobalHydra.instance().clear()
+    assert cli._override_shape(["replay.buffer_len=4", "model=gdn", "+a.b=1", "hydra.x=1",
+                                "m.l=[1,2]"]) == [None, "model=gdn", "+a.b=1", "hydra.x=1",
+                                                  "m.l=[1,2]"]
+
+
 def test_bad_group_option_in_a_later_job_fails_before_any_job_runs(tmp_path):
     """The covering check composes the job whose group choice does not exist: one line, exit 2,
     and no job ran (nothing in the sweep folder)."""
