@@ -183,8 +183,10 @@ class TraceWorkload(Workload):
         for k in self.keys:
             rows = self.data[k][t0:t1, None]
             if self.device.type == "cuda":
-                stage = torch.empty(rows.shape, dtype=torch.from_numpy(rows[:0]).dtype,
-                                    pin_memory=True)
+                # (the dtype from an empty writable array: a read-only memory map's own slice
+                # made torch warn that it does not support non-writable tensors)
+                stage = torch.empty(rows.shape, pin_memory=True,
+                                    dtype=torch.from_numpy(np.empty(0, rows.dtype)).dtype)
                 stage.numpy()[...] = rows
                 out[k] = stage.to(self.device, non_blocking=True).to(torch.float64)
             else:

@@ -52,23 +52,28 @@ def whole(args: list[str], out: Path, tag: str, cache: Path, env: dict | None = 
     return row
 
 
-def kernels(steps: int, smoke: bool, runtime: bool, repeat: int = 2) -> dict:
-    """Engine seconds of the seed-table study (diagnosis: in-process, after a warm-up run)."""
+def kernels(steps: int, smoke: bool, runtime: bool, repeat: int = 2,
+            lanes: bool | None = None) -> dict:
+    """Engine seconds of the seed-table study (diagnosis: in-process, after a warm-up run).
+    ``lanes``: each scheme in a launch of its own (``engines.triton.LANES``; None: the
+    engine's default)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_gpu import study
 
     dev = "cuda" if not smoke else "cpu"
-    study(256, dev, smoke, runtime_codes=runtime)  # compile
-    study(steps, dev, smoke, runtime_codes=runtime)  # warm at size
-    best = min(study(steps, dev, smoke, runtime_codes=runtime)[0] for _ in range(repeat))
-    return {"steps": steps, "runtime_codes": runtime, "engine_s": round(best, 3)}
+    kw = dict(runtime_codes=runtime, lanes=lanes)
+    study(256, dev, smoke, **kw)  # compile
+    study(steps, dev, smoke, **kw)  # warm at size
+    best = min(study(steps, dev, smoke, **kw)[0] for _ in range(repeat))
+    return {"steps": steps, "runtime_codes": runtime, "lanes": lanes, "engine_s": round(best, 3)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on any device")
-    ap.add_argument("--only", default="", help="comma list of row groups: sweep,single,kernels")
+    ap.add_argument("--only", default="", help="comma list of row groups: sweep,single,kernels "
+                    "(buffer_len: that sweep alone; runtime: a runtime-codes single row too)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,8 +91,8 @@ def main(argv=None) -> int:
 
     if "kernels" in groups:
         for steps in ((256, 512) if a.smoke else (32768, 131072)):
-            for rt in (True, False):
-                add({"tag": "kernels", **kernels(steps, a.smoke, rt)})
+            for rt, lanes in ((True, None), (False, False), (False, True)):
+                add({"tag": "kernels", **kernels(steps, a.smoke, rt, lanes=lanes)})
     if "sweep" in groups:
         c = work / "cache_sweep"
         ps = ["-m", "experiment=precision_sweep", f"run.device={dev}", *small]
@@ -101,11 +106,15 @@ def main(argv=None) -> int:
     if "single" in groups:
         add(whole(["experiment=split_nvfp4", f"run.device={dev}", *small], work,
                   "split_nvfp4_fresh", work / "cache_split"))
+        add(whole(["experiment=split_nvfp4", f"run.device={dev}", *small], work,
+                  "split_nvfp4_fresh_one_launch", work / "cache_split_one",
+                  {"PRECSIM_KERNEL_LANES": "0"}))
         add(whole(["experiment=engines", f"run.device={dev}", *small], work, "engines_fresh",
                   work / "cache_engines"))
-        add(whole(["experiment=engines", f"run.device={dev}", *small], work,
-                  "engines_fresh_runtime_codes", work / "cache_engines_rt",
-                  {"PRECSIM_KERNEL_CODES": "runtime"}))
+        if "runtime" in groups:  # diagnosis: the runtime-code kernels on a single run
+            add(whole(["experiment=engines", f"run.device={dev}", *small], work,
+                      "engines_fresh_runtime_codes", work / "cache_engines_rt",
+                      {"PRECSIM_KERNEL_CODES": "runtime"}))
         bad = whole(["workload=trace", "workload.path=/no/such/dir", f"run.device={dev}"], work,
                     "bad_trace_path", work / "cache_split")
         add({**bad, "ok": bad["rc"] == 2})

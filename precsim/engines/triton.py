@@ -43,6 +43,15 @@ BUF_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2}
 # configuration (False: 2.3x faster kernels, measured on the H200; docs/performance.md).
 # ``PRECSIM_KERNEL_CODES=runtime|constexpr`` overrides both.
 RUNTIME_CODES = [False]
+# Per-configuration kernels (not runtime codes): the truth and each scheme in a launch of its
+# own, the launches of a window on streams of their own (on CUDA) so that they run side by side
+# as the slots of one launch did. Triton compiles a kernel's code as a whole, and a launch of k
+# schemes is one kernel of k schemes' code: split, the kernels compile at the same time
+# (engines.triton._compile_together) and a run's first compile takes about its costliest
+# scheme's time instead of their sum (experiments/bench/gpu_sweep.md). Options.lanes=False:
+# one launch per block size, as before (``PRECSIM_KERNEL_LANES=0`` too: diagnosis).
+LANES = os.environ.get("PRECSIM_KERNEL_LANES", "1").strip() != "0"
+LANE_TRUTH_ALONE = os.environ.get("PRECSIM_LANE_TRUTH", "alone") == "alone"  # else with the first
 
 
 # block sizes a sweep over schemes will need (the CLI's ``_sweep_blocks``): with runtime codes
@@ -122,9 +131,17 @@ def unsupported_reason(cfg: Config) -> str | None:
     return None
 
 
-def _groups(codes: list[int], blocks: list[int]) -> list[tuple[int, list[int]]]:
-    """Schemes per launch: (block, indices), at most MAX_SLOTS each, one block size each."""
+def _groups(codes: list[int], blocks: list[int], lanes: bool = False
+            ) -> list[tuple[int, list[int]]]:
+    """Schemes per launch: (block, indices), at most MAX_SLOTS each, one block size each.
+    ``lanes``: the truth alone first, then one scheme per launch (:data:`LANES`); the schemes'
+    storage order is the same either way."""
     from precsim.kernels.codes import MAX_SLOTS
+
+    if lanes and codes:
+        fused = _groups(codes, blocks)
+        per = [(b, [i]) for b, idx in fused for i in idx]
+        return [(fused[0][0], []), *per] if LANE_TRUTH_ALONE else per
 
     by_blk: dict[int, list[int]] = {}
     for i, b in enumerate(blocks):
@@ -183,6 +200,7 @@ class Options:
     metrics_lag: int = 2
     metrics_thread: bool = True
     runtime_codes: bool | None = None
+    lanes: bool | None = None
 
 
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
@@ -194,11 +212,16 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     opt = options or Options(**kw)
     (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
      maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag,
-     metrics_thread, runtime_codes) = (
+     metrics_thread, runtime_codes, lanes) = (
         opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
         opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
         opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag),
-        opt.metrics_thread, opt.runtime_codes)  # by name: a field added cannot shift the others
+        opt.metrics_thread, opt.runtime_codes, opt.lanes)  # by name: a field added cannot
+    # shift the others
+    if runtime_codes is None:
+        runtime_codes = runtime_codes_default()
+    if lanes is None:  # runtime codes: one kernel's code serves every scheme anyway
+        lanes = LANES and not runtime_codes
     phases = {"start": time.perf_counter()}
     wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
     reason = unsupported_reason(cfg)
@@ -215,7 +238,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     ck.start(NAME, device, t_start)
     from precsim.kernels import gdn as gdn_kernels
     from precsim.kernels import mamba2 as mamba2_kernels
-    from precsim.kernels.codes import dispatch_order
+    from precsim.kernels.codes import dispatch_order, slot_cost
     from precsim.kernels.inputs import exp_f32
     from precsim.kernels.metrics import NO_STEP, drift_from_partials, drift_partials, row_stats
     from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
@@ -230,7 +253,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     ns = len(schemes)
     L, steps = cfg.replay.buffer_len, cfg.run.steps
     codes = [scheme_code(s.cfg) for s in schemes]
-    groups = _groups(codes, [scheme_block(s.cfg) for s in schemes])
+    groups = _groups(codes, [scheme_block(s.cfg) for s in schemes], lanes)
     order = [i for _, idx in groups for i in idx]  # storage slot of each scheme: groups contiguous
     slot = {i: order.index(i) for i in range(ns)}
     SH = Sq * H
@@ -421,7 +444,12 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                      scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
                      u_master=cfg.replay.gdn_u_source == "master",
                      kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order,
-                     runtime=runtime_codes_default() if runtime_codes is None else runtime_codes)
+                     runtime=runtime_codes)
+    # lanes: each launch group on a stream of its own, the costliest first (slot_cost)
+    lane_streams = [torch.cuda.Stream(device=dev, priority=-5 if priority else 0)
+                    for _ in groups] if cuda and lanes and len(groups) > 1 else None
+    lane_seq = sorted(range(len(groups)), key=lambda gi: -max(
+        ([slot_cost(None)] if gi == 0 else []) + [slot_cost(codes[i]) for i in groups[gi][1]]))
 
     def prepare(a: int, b: int) -> dict:
         """Inputs of steps [a, b) on the device, with the decays the kernels read:
@@ -527,8 +555,20 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                         ] if launch_kw["runtime"] else []
                         if len(calls) + len(ahead) > 1:
                             _compile_together(calls, ahead)
-                    for gi, call in enumerate(calls):
-                        kern[gi] = call()
+                    if lane_streams is None:
+                        for gi, call in enumerate(calls):
+                            kern[gi] = call()
+                    else:  # side by side; this stream's next work waits for every lane
+                        go = main.record_event()
+                        ends_ev = []
+                        for gi in lane_seq:
+                            lane = lane_streams[gi]
+                            lane.wait_event(go)
+                            with torch.cuda.stream(lane):
+                                kern[gi] = calls[gi]()
+                            ends_ev.append(lane.record_event())
+                        for ev in ends_ev:
+                            main.wait_event(ev)
                 if c0 is not None:
                     compile_s = time.perf_counter() - c0
                 if pre is not None and t0 == T0 and bi + 1 < len(batches):

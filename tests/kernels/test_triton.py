@@ -137,10 +137,13 @@ def test_mx_formats_bf16_buffer_partial_segment():
     # 28 steps with L = 8: windows end at flushes 16, 32->28 (a partial last segment)
     cfg = cfg_of("mamba2", sch, steps=28, heads=1, N=64, replay__buffer_dtype="bf16",
                  replay__buffer_len=8)
-    tri = run_triton(cfg, DEV, progress=False)
+    tri = run_triton(cfg, DEV, progress=False, lanes=False)
     ref = run_torch(cfg, DEV, progress=False)
     assert tri.info["launches"] == 2 * 2  # two windows x two launches (blocks 16 and 32)
     assert_rows_match(cfg, tri, ref)
+    lanes = run_triton(cfg, DEV, progress=False)  # the truth, then each scheme on its own
+    assert lanes.info["launches"] == 2 * 5
+    assert_rows_match(cfg, lanes, ref)
 
 
 def test_grouped_inputs_truth_matches_oracle():
@@ -391,7 +394,8 @@ def test_drafts_on_the_gpu_match_torch_engine(family):
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_runtime_codes_equal_per_configuration_kernels(family):
     """One kernel taking the schemes as runtime arguments (``runtime_codes``: a sweep over
-    schemes compiles it once) gives the same bits as kernels compiled per configuration: every
+    schemes compiles it once) gives the same bits as kernels compiled per configuration (in
+    the interpreter; compiled, to float32 reduction order, see below): every
     kind, element, block and integer formats, RNE and SR at the three lane widths (<= 8, <= 16
     and > 16 random bits), error feedback, a split read copy, two launch groups (blocks 16 and
     32)."""
@@ -404,12 +408,33 @@ def test_runtime_codes_equal_per_configuration_kernels(family):
            "split_fp8_mxfp4": {"kind": "split", "fmt": "fp8_e4m3", "rounding": "sr",
                                "read_fmt": "mxfp4"}}
     cfg = cfg_of(family, sch, steps=16, heads=1)
-    want = run_triton(cfg, DEV, progress=False, runtime_codes=False, record_outputs=True)
+    want = run_triton(cfg, DEV, progress=False, runtime_codes=False, record_outputs=True,
+                      lanes=False)
     got = run_triton(cfg, DEV, progress=False, runtime_codes=True, record_outputs=True)
     assert got.info["launches"] == want.info["launches"] == 2
     for name in ["truth", *sch]:
-        np.testing.assert_array_equal(got.info["outputs"][name], want.info["outputs"][name],
+        a, b = got.info["outputs"][name], want.info["outputs"][name]
+        if DEV == "cpu":  # the interpreter: NumPy sums, the same order in both kernels
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        else:  # compiled, the two kernels may sum a head's outputs in another order: float32
+            # reduction noise (measured on an H200: <= 2e-7 of the largest output, the states
+            # bit-identical at this size; docs/performance.md)
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * np.abs(b).max(), err_msg=name)
+    # each scheme in a launch of its own (engines.triton.LANES, the default here): the same
+    # kernel code per scheme, the same bits on every device (measured on an H200 too, states
+    # included); the truth alone in its launch may take its rows split over programs
+    # (kernels.mamba2.truth_split: another reduction order) and agrees to float64 noise
+    lanes = run_triton(cfg, DEV, progress=False, runtime_codes=False, record_outputs=True)
+    assert lanes.info["launches"] == 1 + len(sch)
+    for name in sch:
+        np.testing.assert_array_equal(lanes.info["outputs"][name], want.info["outputs"][name],
                                       err_msg=name)
+    t = want.info["outputs"]["truth"]
+    np.testing.assert_allclose(lanes.info["outputs"]["truth"], t, rtol=0,
+                               atol=1e-14 * np.abs(t).max())
+    for k in want.per_step_rel_err:
+        np.testing.assert_allclose(lanes.per_step_rel_err[k], want.per_step_rel_err[k],
+                                   rtol=1e-12)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
