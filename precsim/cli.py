@@ -229,12 +229,14 @@ def entry() -> None:
     then, once every file is written and the streams and logs are flushed, ``os._exit``: the
     interpreter's teardown (CUDA's context, torch's and Triton's modules) took 0.5-0.7 s of each
     GPU process and has nothing left to write. Errors still exit through ``SystemExit``; so does
-    a sweep (``-m``), whose launcher's exit handlers stop its worker processes (joblib's loky)."""
+    a sweep (``-m``) whose jobs ran elsewhere, whose launcher's exit handlers stop its worker
+    processes (joblib's loky, submitit); a sweep whose jobs all ran in this process (Hydra's
+    basic launcher: :data:`_IN_PROCESS_SWEEP`) exits as a single run does."""
     from precsim.checkpoint import _STOP
 
     _STOP["process"] = True  # a lost interrupt may end this process hard (checkpoint.watchdog)
     code = main()
-    if any(a in _MULTIRUN_FLAGS for a in sys.argv[1:]):
+    if any(a in _MULTIRUN_FLAGS for a in sys.argv[1:]) and not _IN_PROCESS_SWEEP:
         return sys.exit(code)  # a sweep: its launchers' exit handlers stop their workers
     import logging
 
@@ -405,6 +407,7 @@ def _warm_kernels() -> None:
 
 
 _WARM_UP: list = []  # the warm-up thread of this process, joined before the engine starts
+_IN_PROCESS_SWEEP = False  # a sweep's jobs ran in this process (Hydra's basic launcher)
 
 
 def _join_warm_up(timeout: float = 30.0) -> None:
@@ -775,9 +778,12 @@ def _run_app(cfg) -> None:
     from precsim.result import format_table, reusable, write_outputs
 
     t0 = time.perf_counter()
-    c = _to_config(cfg, to_config)
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun and str(hc.launcher.get("_target_", "")).endswith(".BasicLauncher"):
+        global _IN_PROCESS_SWEEP
+        _IN_PROCESS_SWEEP = True  # no worker processes for the exit handlers to stop (entry)
+    c = _to_config(cfg, to_config)
     if c.metrics.plot is None:  # a sweep job draws no PNG of its own unless asked
         c.metrics.plot = not multirun
     runtime_codes = multirun and c.run.device != "cpu" and _sweeps_schemes(hc)

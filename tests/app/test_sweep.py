@@ -116,10 +116,13 @@ def test_broken_job_is_set_aside_for_redo(joblib_sweep, tmp_path):
     assert not (job / "summary.json").exists() and (job / "summary.json.broken").is_file()
 
 
-def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path):
+@pytest.mark.parametrize("launcher", ["joblib", "basic"])
+def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path, launcher):
+    """Both launchers: the basic one runs the jobs in this process, which then ends as a single
+    run does (cli.entry, os._exit once everything is written); joblib's through SystemExit."""
     sweep = tmp_path / "sweep"
     r = _cli(["-m", "experiment=split_nvfp4", "schemes.split_fp32_nvfp4.read_fmt=nvfp4,bogus",
-              *FAST, "hydra/launcher=joblib", f"hydra.sweep.dir={sweep}"], tmp_path)
+              *FAST, f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"], tmp_path)
     assert r.returncode == 1
     assert "1 of 2 jobs did not finish" in r.stderr
     jobs = _jobs(sweep)
