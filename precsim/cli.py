@@ -677,20 +677,34 @@ def _reuse_compositions() -> None:
         return cfg
 
     load._precsim = True
+    load.__wrapped__ = full  # Hydra's own (tests compare with it)
     ConfigLoaderImpl.load_sweep_config = load
 
 
 def _override_shape(job: list[str]) -> list | None:
-    """A job's overrides with the values of derivable ones (:func:`_reuse_compositions`: a
-    plain ``a.b=scalar`` on a non-Hydra key) replaced by None: jobs of one shape differ only
-    there. None when the overrides do not parse."""
+    """A job's overrides with each derivable one (:func:`_reuse_compositions`: a plain
+    ``a.b=scalar`` on a non-Hydra key) replaced by ``("=", key)``: jobs of one shape differ only
+    in those values. None (composed in full, never derived from) when the overrides do not
+    parse or a derivable key is also written by another override of the job (the same key, a
+    parent or a child of it: Hydra applies them in order, which a copy would not replay)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         parsed = OverridesParser.create().parse_overrides(job)
     except Exception:  # noqa: BLE001 - Hydra's own composition reports it
         return None
-    return [None if _derivable(o) else o.input_line for o in parsed]
+    keys = [o.key_or_group for o in parsed]
+    shape = []
+    for i, o in enumerate(parsed):
+        if not _derivable(o):
+            shape.append(o.input_line)
+            continue
+        k = keys[i]
+        if any(j != i and (q == k or q.startswith(k + ".") or k.startswith(q + "."))
+               for j, q in enumerate(keys)):
+            return None
+        shape.append(("=", k))
+    return shape
 
 
 def _derivable(o) -> bool:
@@ -713,7 +727,7 @@ def _derive(base, base_job: list[str], job: list[str], shape: list):
     parser = OverridesParser.create()
     cfg = copy.deepcopy(base)
     changed = [parser.parse_override(o) for o, b, s in zip(job, base_job, shape, strict=True)
-               if s is None and o != b]
+               if isinstance(s, tuple) and o != b]
     ConfigLoaderImpl._apply_overrides_to_config(changed, cfg)
     app = [o for o in parser.parse_overrides(job) if not o.is_hydra_override()]
     with open_dict(cfg.hydra):

@@ -118,8 +118,10 @@ def test_broken_job_is_set_aside_for_redo(joblib_sweep, tmp_path):
 
 @pytest.mark.parametrize("launcher", ["joblib", "basic"])
 def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path, launcher):
-    """Both launchers: the basic one runs the jobs in this process, which then ends as a single
-    run does (cli.entry, os._exit once everything is written); joblib's through SystemExit."""
+    """Both launchers (the basic one runs the jobs in the sweep's own process): a failed job
+    ends the sweep through SystemExit(1) either way. (A basic-launcher sweep that succeeds ends
+    through os._exit once everything is written, cli.entry: the sweeps run as processes in the
+    other tests here check its exit status and files.)"""
     sweep = tmp_path / "sweep"
     r = _cli(["-m", "experiment=split_nvfp4", "schemes.split_fp32_nvfp4.read_fmt=nvfp4,bogus",
               *FAST, f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"], tmp_path)
@@ -354,8 +356,8 @@ def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
 
     cli.register_configs()
     GlobalHydra.instance().clear()
-    full = ConfigLoaderImpl.load_sweep_config
-    full = getattr(full, "__wrapped__", full)
+    current = ConfigLoaderImpl.load_sweep_config  # patched already by an in-process sweep?
+    full = getattr(current, "__wrapped__", current)  # Hydra's own
     grid = [list(j) for j in itertools.product(
         ["experiment=precision_sweep"],
         ["schemes.candidate.fmt=fp32", "schemes.candidate.fmt=fp8_e4m3"],
@@ -366,26 +368,35 @@ def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
                      (7, "metrics.plot=false")):  # one value of each type changed
         grid.append([*grid[1][:i], other, *grid[1][i + 1:]])
     grid += [[*grid[0], "+extra.key=1"], [*grid[1], "+extra.key=2"]]
+    # another override writing the same key or a parent of it, after the swept one: Hydra's
+    # order decides (composed in full); jobs whose keys differ are not one shape
+    grid += [[*grid[0], "++run.seed=5"], [*grid[1], "++run.seed=5"],
+             [*grid[0], "schemes.candidate={fmt:bf16}"], [*grid[1], "schemes.candidate={fmt:bf16}"],
+             ["experiment=precision_sweep", "run.seed=3"],
+             ["experiment=precision_sweep", "metrics.budget=0.5"]]
     with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         master = loader.load_configuration("config", ["experiment=precision_sweep"],
                                            RunMode.MULTIRUN)
-        saved = ConfigLoaderImpl.load_sweep_config
+        ConfigLoaderImpl.load_sweep_config = full  # a fresh patch: nothing made before
         try:
             cli._reuse_compositions()
+            assert ConfigLoaderImpl.load_sweep_config is not full
             made = [loader.load_sweep_config(master, job) for job in grid]
             with pytest.raises((ConfigCompositionException, OmegaConfBaseException)):
                 loader.load_sweep_config(master, [*grid[0][:-1], "metrics.plot=maybe"])
         finally:
-            ConfigLoaderImpl.load_sweep_config = saved
+            ConfigLoaderImpl.load_sweep_config = current
         for job, cfg in zip(grid, made, strict=True):
             ref = full(loader, master, job)
             assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(ref), job
             assert OmegaConf.is_struct(cfg) and not OmegaConf.is_readonly(cfg.hydra)
     GlobalHydra.instance().clear()
     assert cli._override_shape(["replay.buffer_len=4", "model=gdn", "+a.b=1", "hydra.x=1",
-                                "m.l=[1,2]"]) == [None, "model=gdn", "+a.b=1", "hydra.x=1",
-                                                  "m.l=[1,2]"]
+                                "m.l=[1,2]"]) == [("=", "replay.buffer_len"), "model=gdn",
+                                                  "+a.b=1", "hydra.x=1", "m.l=[1,2]"]
+    assert cli._override_shape(["run.seed=1", "++run.seed=5"]) is None
+    assert cli._override_shape(["a.b.c=1", "a.b={c:2}"]) is None
 
 
 def test_bad_group_option_in_a_later_job_fails_before_any_job_runs(tmp_path):
