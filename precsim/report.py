@@ -481,7 +481,7 @@ def _short_tags(jobs: list[Job]) -> dict[str, str]:
 def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
     """rel_err and KL vs length of every (job, scheme); a scheme with the same curve in every
     job (the baseline) is drawn once. Line style by scheme kind."""
-    from .plots import plain_ticks, plt, save_png
+    from .plots import fixed_margins, plain_ticks, plt, save_png
 
     done = [j for j in jobs if j.summary is not None]
     tags = _short_tags(done)
@@ -534,7 +534,7 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
         ax.set_ylabel({"rel_err": "‖y − y_ref‖ / ‖y_ref‖", "kl": "KL per token (nats)"}[m])
         ax.set_title({"rel_err": "relative output error", "kl": "KL(p_ref || p_sim)"}[m])
         ax.grid(True, alpha=0.3)
-    _fixed_margins(fig, bottom=0.5 + extra)
+    fixed_margins(fig, left=0.75, right=0.2, top=0.35, bottom=0.5 + extra, gap=0.9)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if len(hi) < len(series):
         from matplotlib.lines import Line2D
@@ -552,7 +552,7 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
     label; x ticks cover the whole range."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    from .plots import plain_ticks, plt, save_png
+    from .plots import fixed_margins, plain_ticks, plt, save_png
 
     drawn = {m: _drawable(candidates(jobs, m)) for m in ("rel_err", "kl")}
     fronts = {m: pareto_front(cs) for m, cs in drawn.items()}
@@ -606,19 +606,9 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=2,
                   frameon=False)
-    _fixed_margins(fig, bottom=0.5 + extra)
+    # (bbox_inches="tight" crops what the fixed margins leave over)
+    fixed_margins(fig, left=0.75, right=0.2, top=0.35, bottom=0.5 + extra, gap=0.9)
     return save_png(fig, path, dpi=120, bbox_inches="tight")
-
-
-def _fixed_margins(fig, bottom: float) -> None:
-    """Margins and the gap between panels in inches (``bottom`` under the axes: their labels
-    and what is listed below them). ``tight_layout`` drew the whole figure once more to measure
-    it, and ``bbox_inches="tight"`` crops what is left over: ~0.2-0.3 s of each sweep plot on
-    the 2-core machine."""
-    w, h = fig.get_size_inches()
-    n = len(fig.axes)
-    fig.subplots_adjust(left=0.75 / w, right=1 - 0.2 / w, top=1 - 0.35 / h, bottom=bottom / h,
-                        wspace=0.9 / (w / n - 0.9))
 
 
 def _clip_low(ax, values, named, decades: float = 3.0) -> None:

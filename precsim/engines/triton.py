@@ -51,7 +51,6 @@ RUNTIME_CODES = [False]
 # scheme's time instead of their sum (experiments/bench/gpu_sweep.md). Options.lanes=False:
 # one launch per block size, as before (``PRECSIM_KERNEL_LANES=0`` too: diagnosis).
 LANES = os.environ.get("PRECSIM_KERNEL_LANES", "1").strip() != "0"
-LANE_TRUTH_ALONE = os.environ.get("PRECSIM_LANE_TRUTH", "alone") == "alone"  # else with the first
 
 
 # block sizes a sweep over schemes will need (the CLI's ``_sweep_blocks``): with runtime codes
@@ -140,8 +139,7 @@ def _groups(codes: list[int], blocks: list[int], lanes: bool = False
 
     if lanes and codes:
         fused = _groups(codes, blocks)
-        per = [(b, [i]) for b, idx in fused for i in idx]
-        return [(fused[0][0], []), *per] if LANE_TRUTH_ALONE else per
+        return [(fused[0][0], []), *((b, [i]) for b, idx in fused for i in idx)]
 
     by_blk: dict[int, list[int]] = {}
     for i, b in enumerate(blocks):
