@@ -82,7 +82,8 @@ def main(argv=None) -> int:
         groups.add("sweep")
     work = Path(tempfile.mkdtemp(prefix="precsim-sweep-bench-"))
     dev = "cpu" if a.smoke else "cuda"
-    small = ["run.steps=64", "model.heads=8"] if a.smoke else []
+    # (smoke: a metrics window that fits the 64 steps, else every process stops at validation)
+    small = ["run.steps=64", "model.heads=8", "metrics.window=32"] if a.smoke else []
     rows: list[dict] = []
 
     def add(row):
@@ -128,7 +129,11 @@ def main(argv=None) -> int:
     for r in rows:
         sec = r.get("engine_s", r.get("process_s"))
         print(f"{r['tag']:<28} {sec:>10} {r.get('engine_wall_s', ''):>10}  {r.get('cmd', '')}")
-    return 0
+    failed = [r["tag"] for r in rows if r.get("rc", 0) != (2 if r["tag"] == "bad_trace_path"
+                                                              else 0)]
+    if failed:
+        print(f"FAILED (exit status): {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

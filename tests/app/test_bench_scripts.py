@@ -1,0 +1,53 @@
+"""Diagnosis scripts under experiments/bench run through on the CPU, as the docs show them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_phase_timeline_times_a_run_and_a_sweep(tmp_path):
+    """``experiments/bench/diagnose/phase_timeline.py`` (docs/performance.md's time line of a
+    process): a single run and a two-job sweep through the command line, exit 0, the stages
+    in the JSON, each job's ``_run_app`` once, and the run's own files written."""
+    script = ROOT / "experiments" / "bench" / "diagnose" / "phase_timeline.py"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    tiny = ["experiment=split_nvfp4", "run.steps=64", "model.heads=1", "model.groups=1",
+            "metrics.window=32", "run.progress=false"]
+    for name, args in (("run", [*tiny, f"run.out_dir={tmp_path / 'run'}"]),
+                       ("sweep", ["-m", *tiny, "replay.buffer_len=8,16", "metrics.plot=false",
+                                  f"hydra.sweep.dir={tmp_path / 'sweep'}"])):
+        out = tmp_path / f"{name}.json"
+        r = subprocess.run([sys.executable, str(script), "--json", str(out), "--", *args],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        data = json.loads(out.read_text())
+        stages = [row["stage"] for row in data["rows"]]
+        assert data["exit"] == 0 and data["total_s"] > 0
+        assert stages.count("cli._run_app") == (1 if name == "run" else 2), stages
+        assert "api.run" in stages and "[timeline] total" in r.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert "report.aggregate" in stages and (tmp_path / "sweep" / "sweep_summary.csv").is_file()
+
+
+@pytest.mark.slow
+def test_gpu_sweep_single_rows_smoke(tmp_path):
+    """``experiments/bench/gpu_sweep.py --smoke --only single`` on the CPU: every process row
+    runs through (its smoke sizes had a metrics window longer than the run: each process
+    stopped at validation and the script still exited 0), the bad path exits 2."""
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "gpu_sweep.py"),
+                        "--smoke", "--only", "single", "--out", str(tmp_path)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads((tmp_path / "gpu_sweep.json").read_text())
+    rows = {row["tag"]: row for row in data["rows"]}
+    assert rows["bad_trace_path"]["rc"] == 2
+    for tag in ("split_nvfp4_fresh", "split_nvfp4_fresh_one_launch", "engines_fresh"):
+        assert rows[tag]["rc"] == 0 and rows[tag]["engine_wall_s"] > 0, rows[tag]
