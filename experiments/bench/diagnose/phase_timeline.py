@@ -17,6 +17,7 @@ import functools
 import importlib
 import json
 import sys
+import threading
 import time
 
 T0 = time.perf_counter()
@@ -35,7 +36,10 @@ STAGES = [
     ("precsim.plots", "plot_error_vs_length"),
 ]
 OPTIONAL = [("precsim.engines.triton", "_compile_together"), ("precsim.engines.triton", "run"),
-            ("precsim.engines.numba_host", "run")]
+            ("precsim.engines.numba_host", "run"), ("precsim.cli", "_warm_kernels"),
+            ("triton.compiler", "compile"),  # each kernel's compile (JITFunction looks it up here)
+            ("triton.runtime.build", "compile_module_from_src"),  # Triton's C stubs (a C compiler)
+            ("triton.runtime.build", "compile_module_from_file")]
 ROWS: list[dict] = []
 
 
@@ -54,10 +58,14 @@ def wrap(modname: str, qual: str) -> None:
             return f(*a, **k)
         finally:
             row = {"stage": f"{modname.rsplit('.', 1)[-1]}.{qual}", "start_s": round(t - T0, 3),
-                   "took_s": round(time.perf_counter() - t, 3)}
+                   "took_s": round(time.perf_counter() - t, 3),
+                   "thread": threading.current_thread().name}
+            what = getattr(a[0], "name", None) if a and qual == "compile" else None
+            if isinstance(what, str):  # the kernel a compile is for
+                row["stage"] += f"({what})"
             ROWS.append(row)
             print(f"[timeline] {row['stage']:<44} at {row['start_s']:7.2f} s  took "
-                  f"{row['took_s']:7.3f} s", file=sys.stderr, flush=True)
+                  f"{row['took_s']:7.3f} s  [{row['thread']}]", file=sys.stderr, flush=True)
 
     setattr(owner, name, timed)
 
