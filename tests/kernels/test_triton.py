@@ -493,3 +493,35 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
             u_master=False, kernels=(m2_k, gdn_k), order=lambda *a_: 0)
     np.testing.assert_allclose(y64.cpu().numpy(), want_y, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(S64.cpu().numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _add_one_for_the_launcher_test(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1.0, mask=i < n)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_launcher_built_ahead_is_not_built_again_at_the_first_launch(tmp_path, monkeypatch):
+    """engines.triton._build_launcher (what _compile_together's threads do after each compile):
+    with an empty Triton cache, the kernel's first launch afterwards adds nothing to the cache
+    (Triton 3.6 built a C launcher per kernel signature there, 0.2-0.5 s each, after the
+    side-by-side compiles) and still runs."""
+    from triton import knobs
+
+    from precsim.engines.triton import _build_launcher
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))
+    x = torch.zeros(100, device="cuda")
+    kernel = _add_one_for_the_launcher_test.warmup(x, 100, BLOCK=128, grid=(1,))
+    _build_launcher(kernel)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    _add_one_for_the_launcher_test[(1,)](x, 100, BLOCK=128)
+    torch.cuda.synchronize()
+    assert float(x.sum()) == 100.0
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing new

@@ -39,7 +39,10 @@ OPTIONAL = [("precsim.engines.triton", "_compile_together"), ("precsim.engines.t
             ("precsim.engines.numba_host", "run"), ("precsim.cli", "_warm_kernels"),
             ("triton.compiler", "compile"),  # each kernel's compile (JITFunction looks it up here)
             ("triton.runtime.build", "compile_module_from_src"),  # Triton's C stubs (a C compiler)
-            ("triton.runtime.build", "compile_module_from_file")]
+            ("triton.runtime.build", "compile_module_from_file"),
+            ("triton.backends.nvidia.driver", "compile_module_from_src"),  # as bound there
+            ("triton.backends.nvidia.driver", "compile_module_from_file"),
+            ("triton.runtime.cache", "triton_key")]  # the hash of Triton's installation
 ROWS: list[dict] = []
 
 
