@@ -309,6 +309,13 @@ def names() -> list[str]:
 _SCALED: dict[str, ScaledFormat] = {}
 
 
+def _row_scalable(el) -> bool:
+    """Whether ``el`` can be the element of a row-scaled format: an integer or float format
+    whose largest value keeps the FP32 scale ``amax / max`` normal for any row above ~1e-30
+    (not e8m0, a scale format itself; not bf16 or fp32, whose max is ~3.4e38)."""
+    return el.kind in ("float", "int") and el.name != "e8m0" and el.max_value < 2.0**64
+
+
 def _scaled(name: str, key: str):
     """``<element>_b<B>`` → a cached :class:`ScaledFormat`; None if ``key`` is not of that form."""
     head, sep, tail = key.rpartition("_b")
@@ -316,10 +323,13 @@ def _scaled(name: str, key: str):
         return None
     el_key = ALIASES.get(head, head)
     el = REGISTRY.get(el_key)
-    if el is None or el.kind not in ("float", "int") or el.name == "e8m0":
-        allowed = [n for n, f in REGISTRY.items() if f.kind in ("float", "int") and n != "e8m0"]
-        raise FormatError(f"format={name!r}: element format {head!r} cannot carry a row scale; "
-                          f"allowed: {', '.join(allowed)} (then _b<block size>)")
+    if el is None or not _row_scalable(el):
+        allowed = [n for n, f in REGISTRY.items() if _row_scalable(f)]
+        why = (f" (its row scale amax/{el.max_value:.4g} would be a subnormal FP32 for rows "
+               f"below ~4 and 0 below ~2.4e-7: the element's own exponent covers the range)"
+               if el is not None and el.kind == "float" and el.name != "e8m0" else "")
+        raise FormatError(f"format={name!r}: element format {head!r} cannot carry a row "
+                          f"scale{why}; allowed: {', '.join(allowed)} (then _b<block size>)")
     block = int(tail)
     if block < 1 or tail != str(block):
         raise FormatError(f"format={name!r}: block size {tail!r} is invalid; allowed: an "

@@ -508,9 +508,13 @@ def _check_fmt(key: str, name, also: str = "") -> None:
 
     try:
         f = pf.get(name)
-    except pf.FormatError:
+    except pf.FormatError as e:
+        why = str(e).split(": ", 1)[-1]
+        if "cannot carry a row scale" in why or "block size" in why:  # a row-scaled name's own
+            raise PrecsimError(f"{key}={name!r}: {why}") from None  # reason, not "unknown"
         raise PrecsimError(f"{key}={name!r} is an unknown format; allowed: {also}"
-                           f"{', '.join(pf.names())}") from None
+                           f"{', '.join(pf.names())}, or <element>_b<block size> (row-scaled, "
+                           "e.g. int8_b128)") from None
     if f.name == "e8m0":
         raise PrecsimError(f"{key}={name!r} cannot hold a state (no sign, no zero); allowed: "
                            f"{', '.join(n for n in pf.names() if n != 'e8m0')}")

@@ -43,7 +43,7 @@ ENGINE = {
     "conventional_nvfp4_sr": SEED_TABLE["conventional_nvfp4_sr"],  # two-level block, SR 8-bit
     "conventional_int8_b32_sr": {"kind": "conventional", "fmt": "int8_b32", "rounding": "sr"},
     "shared_nvfp4_sr": SEED_TABLE["shared_nvfp4_sr"],
-    "shared_bf16_b8_sr": {"kind": "shared", "fmt": "bf16_b8", "rounding": "sr"},  # part rows
+    "shared_fp16_b8_sr": {"kind": "shared", "fmt": "fp16_b8", "rounding": "sr"},  # part rows
     "split_fp32_nvfp4": SEED_TABLE["split_fp32_nvfp4"],  # FP32 master, block read
     "split_fp16sr_nvfp4": SEED_TABLE["split_fp16sr_nvfp4"],  # element master, SR 16-bit lanes
     "split_e5m2_mxfp4": {"kind": "split", "fmt": "fp8_e5m2", "rounding": "sr",  # 32-bit lanes
@@ -78,7 +78,7 @@ CASES = [(f, r, ov, {}) for f in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e
          for r in ("rne", "sr") for ov in ("satfinite", "ieee")]
 CASES += [(f, r, ov, {}) for f in ("int8", "int16") for r in ("rne", "sr")
           for ov in ("satfinite", "ieee")]
-CASES += [(f, r, "satfinite", {}) for f in ("int8_b64", "int16_b8", "fp8_e4m3_b32", "bf16_b16",
+CASES += [(f, r, "satfinite", {}) for f in ("int8_b64", "int16_b8", "fp8_e4m3_b32", "fp16_b16",
                                            "fp16_b64", "fp4_e2m1_b8", "fp8_e5m2_b16")
           for r in ("rne", "sr")]
 CASES += [("nvfp4", r, "satfinite", {"scale_floor": sf, "tensor_scope": ts, "scale_mode": sm})

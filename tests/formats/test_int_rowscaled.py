@@ -153,6 +153,11 @@ def test_names_bits_and_errors():
         pf.quantize(np.zeros((2, 64), f32), "int8_b48")
     with pytest.raises(pf.FormatError, match="element format 'e8m0' cannot carry a row scale"):
         pf.get("e8m0_b16")
+    for wide in ("bf16_b8", "fp32_b128", "float32_b16"):  # a max of ~3.4e38: the scale underflows
+        with pytest.raises(pf.FormatError, match=r"cannot carry a row scale \(its row scale "
+                                                 r"amax/3\.\d+e\+38 would be a subnormal FP32.*"
+                                                 r"allowed: fp16, .*int16"):
+            pf.get(wide)
     with pytest.raises(pf.FormatError, match="block size '0' is invalid"):
         pf.get("int8_b0")
     with pytest.raises(pf.FormatError, match="block size '016' is invalid"):
@@ -173,5 +178,24 @@ def test_cost_model_and_config_count_them():
     with pytest.raises(PrecsimError, match="model.state_dim=32 is invalid; allowed: a multiple "
                                            "of 48"):
         to_config({**base, "schemes": {"a": {"kind": "conventional", "fmt": "int8_b48"}}})
-    with pytest.raises(PrecsimError, match="schemes.a.fmt='int8_bq' is an unknown format"):
+    with pytest.raises(PrecsimError, match=r"schemes.a.fmt='int8_bq' is an unknown format; "
+                                           r"allowed: .*, or <element>_b<block size>"):
         to_config({**base, "schemes": {"a": {"kind": "conventional", "fmt": "int8_bq"}}})
+    with pytest.raises(PrecsimError, match=r"schemes.a.fmt='bf16_b32': element format 'bf16' "
+                                           r"cannot carry a row scale \(.*allowed: fp16, "):
+        to_config({**base, "schemes": {"a": {"kind": "conventional", "fmt": "bf16_b32"}}})
+
+
+@pytest.mark.parametrize("el", ["int8", "int16", "fp8_e4m3", "fp8_e5m2", "fp16", "fp4_e2m1"])
+def test_every_row_scalable_element_keeps_a_rows_largest_value_at_small_magnitudes(el):
+    """docs/formats.md: a row's largest value comes back as ``element_max * scale``, within an
+    ulp of float32, at any magnitude a state reaches (rows of 1e-3 down to 1e-24: the FP32
+    scale ``amax / element_max`` stays a normal number; with bf16 or fp32 elements it did not)."""
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((6, 64)).astype(f32)
+    for mag in (1e-3, 1e-8, 1e-16, 1e-24):
+        x = (base * f32(mag)).astype(f32)
+        q = pf.quantize(x, f"{el}_b64")
+        i = np.argmax(np.abs(x), axis=1)
+        want, got = x[np.arange(6), i], q[np.arange(6), i]
+        np.testing.assert_allclose(got, want, rtol=2.0**-22, err_msg=f"{el}_b64 at {mag:g}")
