@@ -136,10 +136,32 @@ class SweepCallback(Callback):
         if bad:
             for j in bad:
                 print(f"precsim: job {j.name} {j.status}: {j.error or j.status}", file=sys.stderr)
+            names = _setting_error_names()
+            if all(j.status == "failed" and (j.error or "").split(":")[0] in names for j in bad):
+                hint = ("each stopped at a setting: the same command fails the same way; change "
+                        "the setting it names")  # not "re-run": that leads nowhere
+            else:
+                hint = "re-run the same command to redo only those"
             print(f"precsim: error: {len(bad)} of {len(agg.jobs)} jobs did not finish (see "
-                  f"{ERROR_FILE} and the log in each); re-run the same command to redo only "
-                  "those", file=sys.stderr)
+                  f"{ERROR_FILE} and the log in each); {hint}", file=sys.stderr)
             sys.exit(1)
+
+
+def _setting_error_names() -> set[str]:
+    """The class names of config and input errors (``cli.is_user_error``'s: ours, Hydra's,
+    OmegaConf's, with their subclasses), as a failed job's ``error.txt`` names its error's
+    class (jobs run by joblib or submitit failed in other processes)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .errors import PrecsimError
+
+    out, todo = set(), [PrecsimError, OmegaConfBaseException, HydraException]
+    while todo:
+        c = todo.pop()
+        out.add(c.__name__)
+        todo.extend(c.__subclasses__())
+    return out
 
 
 def _print_sweep_recommendation(config: DictConfig, agg: Any, sweep_dir: Path) -> None:

@@ -127,6 +127,9 @@ def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path, launcher):
               *FAST, f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"], tmp_path)
     assert r.returncode == 1
     assert "1 of 2 jobs did not finish" in r.stderr
+    # a setting error: re-running the same command would fail again, so no "re-run" hint
+    assert "the same command fails the same way; change the setting it names" in r.stderr
+    assert "redo only those" not in r.stderr
     jobs = _jobs(sweep)
     assert report.check_run_dir(jobs["0"]) is None
     err = (jobs["1"] / "error.txt").read_text()
