@@ -233,6 +233,35 @@ def _run_inprocess(fn, argv, capfd) -> tuple[int, str]:
     return rc or 0, cap.out + cap.err
 
 
+def _valid_as_written(argv: list[str], doc: str, line: int, cmd: str) -> None:
+    """The command's own config, before the tiny sizes are appended, passes the config's checks
+    (``precsim.config.to_config``): the tiny overrides must not hide an error a user copying
+    it would get (``run.steps=8`` with the default 256-step metrics window did). A sweep is
+    checked with each swept key's first value."""
+    from hydra import compose, initialize_config_module
+
+    from precsim.cli import register_configs
+    from precsim.config import to_config
+
+    if not torch.cuda.is_available():
+        argv = [NO_CUDA.get(a, a) for a in argv]
+    over = []
+    for a in argv:
+        if a.startswith("-") or a.startswith(("hydra/", "hydra.")):
+            continue
+        key, _, val = a.partition("=")
+        if "," in val and not val.startswith(("[", "{", "'", '"')):
+            val = val.split(",")[0]  # a swept list: its first value
+        over.append(f"{key}={val}")
+    register_configs()
+    with initialize_config_module(config_module="precsim.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=over)
+    try:
+        to_config(cfg)
+    except Exception as e:  # noqa: BLE001 - the message is the finding
+        pytest.fail(f"{doc}:{line}: as written, {cmd!r} fails the config's checks: {e}")
+
+
 PASSED: set[str] = set()  # a command shown twice runs once
 
 
@@ -256,6 +285,8 @@ def test_documented_command_runs(doc, line, cmd, tmp_path, capfd, request):
         assert "usage:" in text
         results = []
     else:
+        if cmd not in DOCUMENTED_ERRORS:
+            _valid_as_written(argv, doc, line, cmd)
         argv, sweep, where = _cli_argv(argv, tmp_path)
         rc, text = _run_inprocess(cli_main, argv, capfd)
         if sweep:
