@@ -150,17 +150,25 @@ class Checkpoint:
         self._state = None
         self._last = time.perf_counter()
         self._offset = 0.0  # engine seconds of the run before this process (resumed)
+        self._fp = None  # the input files' fingerprint (result.input_fingerprint), once
         # tests: PRECSIM_SIGNAL_AT=SIGINT@1024 sends SIGINT to this process at the first window
         # boundary at or after step 1,024 (an interrupt at a known step)
         name, _, at = os.environ.get("PRECSIM_SIGNAL_AT", "").partition("@")
         self._signal_at = (getattr(signal, name), int(at)) if at else None
+
+    def _inputs(self) -> dict:
+        if self._fp is None:
+            from .result import input_fingerprint
+
+            self._fp = input_fingerprint(self.cfg)
+        return self._fp
 
     # -- reading --------------------------------------------------------------------------
     def load(self) -> dict | None:
         """The stored state of this config, None when there is none; a one-line PrecsimError
         when it holds another config's run. ``run.resume=false`` deletes it instead."""
         from .errors import PrecsimError
-        from .result import config_diff
+        from .result import config_diff, inputs_changed
 
         if self.path is None or not self.path.is_file():
             return None
@@ -179,6 +187,11 @@ class Checkpoint:
             key, old, new = diff[0]
             raise PrecsimError(f"{self.out} holds a checkpoint of another config ({key}={old!r} "
                                f"there, {new!r} now); allowed: the same config, run.resume="
+                               "false (start over), or another directory")
+        changed = inputs_changed(state.get("inputs"), self.cfg)
+        if changed:
+            raise PrecsimError(f"{self.out} holds a checkpoint of this config made from other "
+                               f"inputs ({changed} since); allowed: the same inputs, run.resume="
                                "false (start over), or another directory")
         self._state = state
         return state
@@ -238,7 +251,7 @@ class Checkpoint:
             acc.readout = None  # the readout is rebuilt from the config
         try:
             buf = io.BytesIO()
-            torch.save({"config": asdict(self.cfg),
+            torch.save({"config": asdict(self.cfg), "inputs": self._inputs(),
                         "engine": {k: v for k, v in state.items() if k != "finish"},
                         "elapsed_s": self._offset + t0 - self._t_start}, buf)
         finally:

@@ -191,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     # full collection first would cost 0.18 s of the 0.37
     gc.disable()
     try:
+        if "--version" in args:  # precsim's own (Hydra's option printed Hydra's)
+            from precsim import __version__
+
+            print(f"precsim {__version__}")
+            return 0
         if any(a in _HELP_FLAGS for a in args):
             sys.stdout.write(HELP.format(groups=_groups()))
             sys.stdout.flush()
@@ -428,6 +433,7 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from precsim.config import check_key
+    from precsim.errors import PrecsimError
 
     flags = [a for a in args if a.startswith("-")]
     if any(f not in _MULTIRUN_FLAGS for f in flags):
@@ -451,7 +457,13 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
         # Hydra's default directory is a new, unique one: the app validates the config (a
         # failed run's stub directory is removed), no second composition here (~0.3 s)
         return False
-    given = [o.value() for o in parsed if o.key_or_group in ("hydra.run.dir", "run.out_dir")]
+    given = [(o.key_or_group, o.value()) for o in parsed
+             if o.key_or_group in ("hydra.run.dir", "run.out_dir")]
+    for key, v in given:  # a file there: the run would end in a traceback after all its work
+        if isinstance(v, str) and "${" not in v and Path(v).exists() and not Path(v).is_dir():
+            raise PrecsimError(f"{key}={v!r} is an existing file, not a directory; allowed: a "
+                               "directory (new, or one holding this config's result)")
+    given = [v for _, v in given]
     if all(isinstance(v, str) and "${" not in v and not Path(v).exists() for v in given):
         # new directories hold no result to reuse: the app validates (removing the stub of a
         # run that fails), no second composition here (~0.3 s of every such command)

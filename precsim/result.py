@@ -230,6 +230,57 @@ def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]
     return out
 
 
+INPUT_KEYS = ("workload.path", "model.path", "model.text", "model.ids")
+_INPUT_FILES = 4096  # files listed per input directory at most (a recording, a checkpoint)
+
+
+def input_fingerprint(cfg: Config | dict) -> dict:
+    """Each file a run reads beside its config (a trace or recording, a checkpoint, documents,
+    token ids: :data:`INPUT_KEYS`), as ``[path within it, size, mtime_ns]`` (a directory: its
+    files and those of its subfolders). Stored with a result and a checkpoint, so that a file
+    changed under the same path is not taken for the same input; size and time, not contents,
+    to cost nothing on GB-sized recordings (a copy with new times counts as changed)."""
+    flat = _flat(cfg if isinstance(cfg, dict) else asdict(cfg))
+    out = {}
+    for key in INPUT_KEYS:
+        v = flat.get(key)
+        if not isinstance(v, str) or not v:
+            continue
+        p = Path(v)
+        if p.is_file():
+            files = [p]
+        elif p.is_dir():
+            files = sorted(q for q in [*p.glob("*"), *p.glob("*/*")] if q.is_file())
+            files = files[:_INPUT_FILES]
+        else:
+            continue
+        rows = []
+        for q in files:
+            st = q.stat()
+            rows.append([q.relative_to(p).as_posix() if q != p else "", st.st_size,
+                         st.st_mtime_ns])
+        out[key] = rows
+    return out
+
+
+def inputs_changed(stored: dict | None, cfg: Config) -> str | None:
+    """What changed in the files behind ``cfg`` since ``stored`` (:func:`input_fingerprint` of
+    a result or checkpoint; None: recorded before fingerprints, not checked), else None."""
+    if stored is None:
+        return None
+    now = input_fingerprint(cfg)
+    for key in sorted(set(stored) | set(now)):
+        a, b = {r[0]: r[1:] for r in stored.get(key, [])}, {r[0]: r[1:] for r in now.get(key, [])}
+        if a == b:
+            continue
+        gone, new = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        diff = sorted(f for f in set(a) & set(b) if a[f] != b[f])
+        what = (f"{diff[0] or 'the file'} changed (size or time)" if diff else
+                f"{gone[0] or 'the file'} is gone" if gone else f"{new[0]} is new")
+        return f"{key}: {what}"
+    return None
+
+
 def read_summary(run_dir: Path) -> dict | None:
     """The parsed ``summary.json`` of a complete run directory, else None."""
     if not is_complete(run_dir):
@@ -251,6 +302,11 @@ def reusable(cfg: Config, out: Path) -> dict | None:
         more = f" and {len(diff) - 1} more" if len(diff) > 1 else ""
         raise PrecsimError(f"{out} already holds a complete result of another config ({key}="
                            f"{old!r} there, {new!r} now{more}); allowed: the same config, or "
+                           "another directory (run.out_dir / hydra.run.dir); delete it to redo")
+    changed = inputs_changed(stored.get("inputs"), cfg)
+    if changed:
+        raise PrecsimError(f"{out} already holds a complete result of this config made from "
+                           f"other inputs ({changed} since); allowed: the same inputs, or "
                            "another directory (run.out_dir / hydra.run.dir); delete it to redo")
     return stored
 
@@ -307,6 +363,7 @@ def build_summary(cfg: Config, result: Result, complete: bool = True) -> dict:
                              result.info.get("mean_segment")),
         "info": result.info,
         "config": asdict(cfg),
+        "inputs": input_fingerprint(cfg),
     }
 
 

@@ -286,6 +286,10 @@ def trace_dims(d: dict, family: str) -> tuple[int, int, int]:
 
 def validate_trace(data: dict, where: str = "trace") -> dict:
     """Check keys, shapes, dtypes and values of a trace dict; one-line PrecsimError on failure."""
+    if ("dt" in data or "A" in data) and "g" in data:
+        raise PrecsimError(f"{where}: keys {sorted(data)} name both families (Mamba-2's dt/A "
+                           f"and GDN's g); allowed: Mamba-2 {sorted(MAMBA2_KEYS)} (+D) or GDN "
+                           f"{sorted(GDN_KEYS)}")
     if "dt" in data or "A" in data:
         family, keys = "mamba2", MAMBA2_KEYS
     elif "g" in data:
@@ -304,7 +308,8 @@ def validate_trace(data: dict, where: str = "trace") -> dict:
             raise PrecsimError(f"{where}: {k} has shape {a.shape}; expected {nd} axes")
         if not np.isfinite(a).all():
             bad = np.argwhere(~np.isfinite(a))[0]
-            raise PrecsimError(f"{where}: {k} has a non-finite value at index {tuple(bad)}; "
+            raise PrecsimError(f"{where}: {k} has a non-finite value at index "
+                               f"{tuple(int(i) for i in bad)}; "
                                "allowed: finite numbers")
     if family == "mamba2":
         T, H = data["dt"].shape

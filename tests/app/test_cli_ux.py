@@ -124,6 +124,80 @@ def test_rerun_reuses_only_a_matching_config(tmp_path, capsys):
             if p.is_file()} == files
 
 
+def test_a_changed_input_file_is_not_taken_for_the_same_input(tmp_path, capsys):
+    """A result (and a checkpoint) records its input files' sizes and times: the same config
+    over a trace rewritten in place is a one-line error, not a reuse of the old numbers."""
+    import numpy as np
+    from conftest import make_trace
+
+    from precsim.checkpoint import Checkpoint
+    from precsim.config import to_config
+    from precsim.result import inputs_changed
+
+    trace = tmp_path / "t.npz"
+    np.savez(trace, **make_trace("mamba2", T=64, H=1, P=8, N=32))
+    out = tmp_path / "r"
+    args = ["workload=trace", f"workload.path={trace}", "run.steps=64", "metrics.window=32",
+            "metrics.vocab=32", "run.progress=false", "metrics.plot=false", f"hydra.run.dir={out}"]
+    rc, _, err = _run(args, capsys)
+    assert rc == 0, err
+    rc, stdout, err = _run(args, capsys)
+    assert rc == 0 and "reused" in stdout, err
+    files = {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    np.savez(trace, **make_trace("mamba2", T=64, H=1, P=8, N=32, seed=5))  # same path
+    rc, _, err = _run(args, capsys)
+    _one_line(rc, err, "made from other inputs (workload.path: the file changed", str(out))
+    assert {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*")
+            if p.is_file()} == files
+    # a checkpoint keeps them too (what resume compares); a directory input: a file added
+    rec = tmp_path / "rec"
+    (rec / "layer_00").mkdir(parents=True)
+    (rec / "record.json").write_text("{}")
+    cfg = to_config({"workload": {"kind": "synthetic", "path": str(rec)},
+                     "schemes": {"c": {"kind": "conventional", "fmt": "fp16"}}})
+    saved = Checkpoint(cfg, tmp_path)._inputs()
+    assert inputs_changed(saved, cfg) is None
+    (rec / "layer_00" / "x.npy").write_bytes(b"0")
+    assert inputs_changed(saved, cfg) == "workload.path: layer_00/x.npy is new"
+
+
+def test_a_non_finite_trace_value_is_named_by_its_index(tmp_path, capsys):
+    import numpy as np
+    from conftest import make_trace
+
+    tr = make_trace("mamba2", T=64, H=1, P=8, N=32)
+    tr["x"][10, 0, 3] = np.nan
+    np.savez(tmp_path / "t.npz", **tr)
+    rc, _, err = _run(["workload=trace", f"workload.path={tmp_path / 't.npz'}", "run.steps=64",
+                       "metrics.window=32", f"hydra.run.dir={tmp_path / 'r'}"], capsys)
+    _one_line(rc, err, "x has a non-finite value at index (10, 0, 3); allowed: finite numbers")
+    both = {**make_trace("gdn", T=64, H=1, P=8, N=32), **make_trace("mamba2", T=64, H=1, P=8,
+                                                                      N=32)}
+    np.savez(tmp_path / "both.npz", **both)  # it ran as Mamba-2, silently
+    rc, _, err = _run(["workload=trace", f"workload.path={tmp_path / 'both.npz'}",
+                       "run.steps=64", "metrics.window=32", f"hydra.run.dir={tmp_path / 'b'}"],
+                      capsys)
+    _one_line(rc, err, "name both families")
+
+
+def test_version_is_precsims(capsys):
+    from precsim import __version__
+
+    rc, stdout, err = _run(["--version"], capsys)
+    assert rc == 0 and stdout.strip() == f"precsim {__version__}" and not err
+
+
+def test_an_output_path_that_is_a_file_is_one_line_before_any_work(tmp_path, capsys):
+    """It ran the whole simulation and then ended in a FileExistsError traceback."""
+    f = tmp_path / "afile"
+    f.write_text("x")
+    for key in ("run.out_dir", "hydra.run.dir"):
+        rc, stdout, err = _run([*TINY, f"{key}={f}"], capsys)
+        _one_line(rc, err, f"{key}='{f}' is an existing file", "allowed: a directory")
+        assert "engine=" not in stdout  # nothing ran
+    assert f.read_text() == "x"
+
+
 def test_api_follows_the_same_rule(tmp_path):
     from precsim import simulate
     from precsim.errors import PrecsimError
