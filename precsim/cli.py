@@ -648,11 +648,45 @@ def _validate_sweeps_lightly() -> None:
     full = Sweeper.validate_batch_is_legal
 
     def validate(self, batch):
-        return full(self, _covering_jobs(batch))
+        jobs = _covering_jobs(batch)
+        full(self, jobs)
+        _check_job_settings(self, jobs)
 
     validate._precsim = True
     Sweeper.validate_batch_is_legal = validate
     _reuse_compositions()
+
+
+def _check_job_settings(sweeper, jobs) -> None:
+    """The covering jobs' configs through the config's own checks (``to_config``) before any
+    job runs: a bad value anywhere in the grid (``replay.buffer_len=0,16``) is one line, as in
+    a single run, instead of a failed job after the others ran. Their compositions come back
+    from the loader's cache of the check just made (:func:`_reuse_compositions`)."""
+    from omegaconf import open_dict
+
+    from precsim.config import to_config
+    from precsim.errors import PrecsimError
+
+    ctx = getattr(sweeper, "hydra_context", None)
+    loader = ctx.config_loader if ctx is not None else getattr(sweeper, "config_loader", None)
+    if loader is None or getattr(sweeper, "config", None) is None:
+        return
+    for overrides in jobs:
+        cfg = loader.load_sweep_config(master_config=sweeper.config,
+                                       sweep_overrides=list(overrides))
+        with open_dict(cfg):
+            cfg.pop("hydra", None)
+        try:
+            _to_config(cfg, to_config)
+        except PrecsimError as e:
+            from pathlib import Path
+
+            sweep_dir = Path(str(sweeper.config.hydra.sweep.dir))
+            if sweep_dir.is_dir() and [p.name for p in sweep_dir.iterdir()] == ["multirun.yaml"]:
+                (sweep_dir / "multirun.yaml").unlink()  # the sweeper's, made just before: no
+                sweep_dir.rmdir()  # stray folder for a sweep that never started
+            raise PrecsimError(f"{e} (the sweep's job {' '.join(overrides)}; no job ran)"
+                               ) from None
 
 
 def _reuse_compositions() -> None:

@@ -28,6 +28,16 @@ SWEEP = ["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", *FAST]
 RESULT_FILES = ("metrics.csv", "summary.json", "per_step.npz", "error_vs_length.png")
 
 
+def _TRACE_JOBS(tmp_path: Path) -> list[str]:  # noqa: N802 - a constant's shape
+    """Two jobs over a 256-step trace whose second asks for more steps than it has: a failure
+    only a job finds (a bad value of the config itself is refused before any job runs)."""
+    import numpy as np
+    from conftest import make_trace
+
+    np.savez(tmp_path / "t.npz", **make_trace("mamba2", T=256, H=2, P=8, N=32))
+    return ["workload=trace", "workload.path=t.npz", "run.steps=256,100000"]  # (cwd: tmp_path)
+
+
 def _cli(args: list[str], cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     return subprocess.run([sys.executable, "-m", "precsim", *args], cwd=cwd, env=env,
@@ -123,8 +133,8 @@ def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path, launcher):
     through os._exit once everything is written, cli.entry: the sweeps run as processes in the
     other tests here check its exit status and files.)"""
     sweep = tmp_path / "sweep"
-    r = _cli(["-m", "experiment=split_nvfp4", "schemes.split_fp32_nvfp4.read_fmt=nvfp4,bogus",
-              *FAST, f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"], tmp_path)
+    r = _cli(["-m", "experiment=split_nvfp4", *_TRACE_JOBS(tmp_path), *FAST[1:],
+              f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"], tmp_path)
     assert r.returncode == 1
     assert "1 of 2 jobs did not finish" in r.stderr
     # a setting error: re-running the same command would fail again, so no "re-run" hint
@@ -133,18 +143,31 @@ def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path, launcher):
     jobs = _jobs(sweep)
     assert report.check_run_dir(jobs["0"]) is None
     err = (jobs["1"] / "error.txt").read_text()
-    assert err.startswith("PrecsimError: schemes.split_fp32_nvfp4.read_fmt='bogus'")
-    assert "Traceback" in err and "read_fmt='bogus'" in (jobs["1"] / "precsim.log").read_text()
+    assert err.startswith("PrecsimError: run.steps=100000 exceeds the trace length T=256")
+    assert "Traceback" in err and "exceeds the trace" in (jobs["1"] / "precsim.log").read_text()
     with open(sweep / report.CSV_FILE) as f:
         status = {r["job"].split("_")[0]: r["status"] for r in csv.DictReader(f)}
     assert status == {"0": "complete", "1": "failed"}
+
+
+def test_a_bad_value_in_the_grid_is_one_line_before_any_job(tmp_path):
+    """README: a bad value is one line before any directory is made, in a sweep too (it ran
+    the other jobs, then failed the bad one's with a traceback, exit 1)."""
+    sweep = tmp_path / "sweep"
+    r = _cli(["-m", "experiment=split_nvfp4", "replay.buffer_len=16,0", *FAST,
+              f"hydra.sweep.dir={sweep}"], tmp_path)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith("precsim: error: replay.buffer_len=0 is invalid; allowed: an "
+                               "integer >= 1") and "no job ran" in lines[0]
+    assert not sweep.exists() and "Traceback" not in r.stdout + r.stderr
 
 
 def test_sweeps_started_together_get_their_own_dirs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     # a job that fails at once keeps this cheap; the directory exists either way
     cmd = [sys.executable, "-m", "precsim", "-m", "experiment=split_nvfp4",
-           "schemes.split_fp32_nvfp4.read_fmt=bogus", *FAST]
+           *_TRACE_JOBS(tmp_path)[:2], "run.steps=100000", *FAST[1:]]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for _ in range(2)]
     assert [p.wait(timeout=300) for p in procs] == [1, 1]
