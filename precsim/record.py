@@ -51,20 +51,24 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
     if device_map is not None:
         from .models.placement import plan_run
 
+        load.read_config(model_path, "--model")  # (one-line errors before the plan reads it)
+        load.check_weights(model_path, "--model")
+
         plan = plan_run(model_path, None, device_map, device, docs=1, schemes=[],
                         tokens=tokens or chunk, chunk=min(chunk, tokens or chunk),
                         split_ok=False)
         print(plan.line(), file=sys.stderr)
     if plan is None or plan.kind == "single":
         device = device if plan is None else plan.devices[0]
-        model, tok = load.load_model(model_path, device)  # one-line error w/o transformers
+        model, tok = load.load_model(model_path, device, key="--model")
     else:
-        model, tok = load.load_model(model_path, device, None, plan.device_map, plan.max_memory)
+        model, tok = load.load_model(model_path, device, None, plan.device_map, plan.max_memory,
+                                     key="--model")
         device = ",".join(dict.fromkeys(str(d) for d in load.devices_of(model)))
     want = recording.parse_layers(layers, model)
     ids, source = load.documents(model, tok, n_docs=1, n_tokens=tokens, text=text_file,
                                  ids=ids_file, prompt=prompt,
-                                 keys=("--text-file", "--ids-file"))
+                                 keys=load.RECORD_KEYS)
     rec = recording.record_document(model, ids[0], out, want, dtype=dtype, chunk=chunk,
                                     progress=progress)
     n = int(ids.shape[1])
@@ -109,8 +113,9 @@ def main(argv=None) -> int:
         if a.prompt_file is not None:
             pf = Path(a.prompt_file)
             if not pf.is_file():
-                raise PrecsimError(f"--prompt-file={str(pf)!r} does not exist; allowed: a text "
-                                   "file")
+                raise PrecsimError(f"--prompt-file={str(pf)!r} "
+                                   f"{'is a directory' if pf.is_dir() else 'does not exist'}; "
+                                   "allowed: a text file")
             prompt = pf.read_text()
         meta = record_model(a.model, a.out, tokens=a.tokens, text_file=a.text_file,
                             ids_file=a.ids_file, prompt=prompt, layers=a.layers, dtype=a.dtype,
