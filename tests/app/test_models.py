@@ -336,6 +336,17 @@ def test_model_kl_errors_name_its_keys(ckpt, tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["short.npy"]  # no run directory
 
 
+def test_whole_model_presets_need_a_model_path(tmp_path, capsys, monkeypatch):
+    """experiment=model_kl (and per_layer) without model.path is a one-line error naming the
+    key, not a synthetic layer-level run."""
+    monkeypatch.chdir(tmp_path)
+    _one_line_errors([
+        (["experiment=model_kl"], "experiment=model_kl needs model.path (it runs a real "
+                                  "checkpoint); allowed: model.path=DIR"),
+        (["experiment=per_layer"], "experiment=per_layer needs model.path")], capsys)
+    assert not list(tmp_path.iterdir())  # no run directory
+
+
 def test_documents_from_text_files(tmp_path):
     """Text documents (.txt one, .jsonl one per line) through a tokenizer; bad files are one
     line each."""
