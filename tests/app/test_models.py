@@ -347,6 +347,63 @@ def test_whole_model_presets_need_a_model_path(tmp_path, capsys, monkeypatch):
     assert not list(tmp_path.iterdir())  # no run directory
 
 
+def test_record_never_replaces_a_recording(ckpt, tmp_path, capsys):
+    """--out holding a finished recording (record.json) is a one-line error and the recording
+    is left as it was; a folder without record.json (nothing finished) may be recorded into."""
+    m2, out = str(ckpt["Mamba2ForCausalLM"]), tmp_path / "rec"
+    assert record_main(["--model", m2, "--tokens", "6", "--out", str(out)]) == 0
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    err = _fail_line(capsys, ["--model", m2, "--tokens", "4", "--layers", "1", "--out",
+                              str(out)])
+    assert err == (f"precsim.record: error: --out={str(out)!r} already holds a recording "
+                   "(record.json); allowed: another --out, or delete that directory first")
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    (tmp_path / "f").write_text("")
+    err = _fail_line(capsys, ["--model", m2, "--tokens", "4", "--out", str(tmp_path / "f")])
+    assert "--out=" in err and "is not a directory" in err
+    (tmp_path / "stale" / "layer_00").mkdir(parents=True)  # an unfinished recording's folder
+    assert record_main(["--model", m2, "--tokens", "4", "--out", str(tmp_path / "stale")]) == 0
+    assert json.loads((tmp_path / "stale" / "record.json").read_text())["tokens"] == 4
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])
+def test_record_interrupted_is_one_line_and_leaves_no_partial_recording(ckpt, tmp_path, sig):
+    """A signal while precsim.record writes (its first layer's files are there): one line on
+    stderr, no traceback, exit 128 + the signal, and nothing of the recording left (no
+    layer_XX.partial or layer_XX folders; --out, made for it, removed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "rec"
+    np.save(tmp_path / "ids.npy", np.arange(1000) % 96)
+    # one token per forward pass: the recording takes ~80 ms a token here, far longer than the
+    # poll below needs to see its first files
+    p = subprocess.Popen([sys.executable, "-m", "precsim.record", "--model",
+                          str(ckpt["Mamba2ForCausalLM"]), "--ids-file", str(tmp_path / "ids.npy"),
+                          "--chunk", "1", "--out", str(out)],
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("layer_00.partial/*.npy")):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.01)
+        p.send_signal(getattr(signal, sig))
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 128 + getattr(signal, sig), stderr[-3000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr + stdout, stderr[-3000:]
+    assert lines[0].startswith(f"precsim.record: interrupted ({sig}); nothing recorded in "
+                               f"{out}"), lines
+    assert not out.exists()
+
+
 def test_documents_from_text_files(tmp_path):
     """Text documents (.txt one, .jsonl one per line) through a tokenizer; bad files are one
     line each."""
