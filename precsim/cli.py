@@ -834,7 +834,7 @@ def _run_app(cfg) -> None:
 
     from precsim.api import run
     from precsim.checkpoint import Checkpoint, Interrupted
-    from precsim.config import to_config
+    from precsim.config import check_preset, to_config
     from precsim.result import format_table, reusable, write_outputs
 
     t0 = time.perf_counter()
@@ -843,6 +843,7 @@ def _run_app(cfg) -> None:
     if multirun and str(hc.launcher.get("_target_", "")).endswith(".BasicLauncher"):
         global _IN_PROCESS_SWEEP
         _IN_PROCESS_SWEEP = True  # no worker processes for the exit handlers to stop (entry)
+    check_preset(hc.runtime.choices.get("experiment"), cfg.model.path)
     c = _to_config(cfg, to_config)
     if c.metrics.plot is None:  # a sweep job draws no PNG of its own unless asked
         c.metrics.plot = not multirun

@@ -180,6 +180,19 @@ class Config:
 
 
 GROUPS = ("model", "workload", "schemes", "experiment")  # conf/<group>/*.yaml
+# the presets that run a real checkpoint (experiment=NAME): model.path is required with them (a
+# preset's ``path: ???`` does not override the schema's null, so it cannot say so itself)
+WHOLE_MODEL = ("model_kl", "per_layer")
+
+
+def check_preset(experiment: str | None, model_path) -> None:
+    """One-line PrecsimError when the chosen ``experiment`` preset needs the model.path it
+    lacks (before the rest of the config is checked: its errors would be about what follows
+    from the missing path)."""
+    if experiment in WHOLE_MODEL and model_path is None:
+        raise PrecsimError(f"experiment={experiment} needs model.path (it runs a real "
+                           "checkpoint); allowed: model.path=DIR, a local save_pretrained "
+                           "directory (docs/real-models.md)")
 
 
 def schema_keys() -> list[str]:

@@ -6,7 +6,9 @@ tokens the model generates after ``--prompt TEXT`` (default prompt without). ``-
 first N tokens (default: the whole document; required with a prompt). Writes ``DIR/layer_XX/``
 per recorded layer (docs/real-models.md, "Traces") and ``DIR/record.json``. ``--device-map
 auto|balanced|MAP.yaml``: a checkpoint on several GPUs (docs/real-models.md, "Across several
-GPUs"). User errors: one line on stderr, exit status 2.
+GPUs"). User errors: one line on stderr, exit status 2. A recording is written whole or not at
+all: ``DIR`` holding one already (its ``record.json``) is an error, and an interrupted or failed
+recording removes the layer folders it wrote (SIGINT / SIGTERM: one line, exit 130 / 143).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
                            f"{', '.join(recording.DTYPES)}")
     if not isinstance(chunk, int) or chunk < 1:
         raise PrecsimError(f"--chunk={chunk!r} is invalid; allowed: an integer >= 1")
+    out = Path(out)
+    if (out / "record.json").exists():  # a finished recording is never replaced
+        raise PrecsimError(f"--out={str(out)!r} already holds a recording (record.json); "
+                           "allowed: another --out, or delete that directory first")
+    if out.exists() and not out.is_dir():
+        raise PrecsimError(f"--out={str(out)!r} is not a directory; allowed: a new or existing "
+                           "directory")
     from .config import parse_device_map
 
     device_map = parse_device_map(device_map, "--device-map")
@@ -51,36 +60,44 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
     if device_map is not None:
         from .models.placement import plan_run
 
+        load.read_config(model_path, "--model")  # (one-line errors before the plan reads it)
+        load.check_weights(model_path, "--model")
         plan = plan_run(model_path, None, device_map, device, docs=1, schemes=[],
                         tokens=tokens or chunk, chunk=min(chunk, tokens or chunk),
                         split_ok=False)
         print(plan.line(), file=sys.stderr)
     if plan is None or plan.kind == "single":
         device = device if plan is None else plan.devices[0]
-        model, tok = load.load_model(model_path, device)  # one-line error w/o transformers
+        model, tok = load.load_model(model_path, device, key="--model")
     else:
-        model, tok = load.load_model(model_path, device, None, plan.device_map, plan.max_memory)
+        model, tok = load.load_model(model_path, device, None, plan.device_map, plan.max_memory,
+                                     key="--model")
         device = ",".join(dict.fromkeys(str(d) for d in load.devices_of(model)))
     want = recording.parse_layers(layers, model)
     ids, source = load.documents(model, tok, n_docs=1, n_tokens=tokens, text=text_file,
                                  ids=ids_file, prompt=prompt,
-                                 keys=("--text-file", "--ids-file"))
-    rec = recording.record_document(model, ids[0], out, want, dtype=dtype, chunk=chunk,
-                                    progress=progress)
-    n = int(ids.shape[1])
-    size = recording.trace_bytes(out)
-    meta = {
-        "model_class": type(model).__name__, "model_path": str(model_path),
-        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "trace_dtype": dtype, "layers": rec["layers"], "source": source, "tokens": n,
-        "steps": n, "token_ids": ids[0].tolist() if n <= 65536 else None,
-        "start": "zero state at token 0; the document in parallel chunks of "
-                 f"{chunk} tokens, the model's cache carried between them",
-        "wall_s": round(rec["wall_s"], 3), "process_s": round(time.perf_counter() - t0, 3),
-        "bytes": size, "bytes_per_token_layer": size / max(1, n * len(want)),
-        "device": device, **({"placement": plan.info()} if plan is not None else {}),
-    }
-    recording.write_meta(out, meta)
+                                 keys=load.RECORD_KEYS)
+    made = not out.exists()
+    try:
+        rec = recording.record_document(model, ids[0], out, want, dtype=dtype, chunk=chunk,
+                                        progress=progress)
+        n = int(ids.shape[1])
+        size = recording.trace_bytes(out)
+        meta = {
+            "model_class": type(model).__name__, "model_path": str(model_path),
+            "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "trace_dtype": dtype, "layers": rec["layers"], "source": source, "tokens": n,
+            "steps": n, "token_ids": ids[0].tolist() if n <= 65536 else None,
+            "start": "zero state at token 0; the document in parallel chunks of "
+                     f"{chunk} tokens, the model's cache carried between them",
+            "wall_s": round(rec["wall_s"], 3), "process_s": round(time.perf_counter() - t0, 3),
+            "bytes": size, "bytes_per_token_layer": size / max(1, n * len(want)),
+            "device": device, **({"placement": plan.info()} if plan is not None else {}),
+        }
+        recording.write_meta(out, meta)
+    except BaseException:  # an error or an interrupt: no half-written recording is left
+        recording.discard(out, want, made)
+        raise
     return meta
 
 
@@ -104,13 +121,17 @@ def main(argv=None) -> int:
                          "across the GPUs (default: all on --device)")
     ap.add_argument("--chunk", type=int, default=8192, help="tokens per forward pass")
     a = ap.parse_args(argv)
+    from .checkpoint import Interrupted, install_handlers, restore_handlers
+
+    old_handlers = install_handlers()  # SIGINT / SIGTERM raise Interrupted: one line below
     try:
         prompt = a.prompt
         if a.prompt_file is not None:
             pf = Path(a.prompt_file)
             if not pf.is_file():
-                raise PrecsimError(f"--prompt-file={str(pf)!r} does not exist; allowed: a text "
-                                   "file")
+                raise PrecsimError(f"--prompt-file={str(pf)!r} "
+                                   f"{'is a directory' if pf.is_dir() else 'does not exist'}; "
+                                   "allowed: a text file")
             prompt = pf.read_text()
         meta = record_model(a.model, a.out, tokens=a.tokens, text_file=a.text_file,
                             ids_file=a.ids_file, prompt=prompt, layers=a.layers, dtype=a.dtype,
@@ -119,6 +140,16 @@ def main(argv=None) -> int:
     except PrecsimError as e:
         print(f"precsim.record: error: {e}", file=sys.stderr)
         return 2
+    except (Interrupted, KeyboardInterrupt) as e:
+        import signal
+
+        e = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+        print(f"precsim.record: interrupted ({e}); nothing recorded in {a.out} (its unfinished "
+              "layer folders removed; a recording is written whole or not at all): record "
+              "again", file=sys.stderr, flush=True)
+        return e.exit_code
+    finally:
+        restore_handlers(old_handlers)
     print(f"recorded {len(meta['layers'])} SSM layers of {meta['model_class']}, "
           f"{meta['tokens']:,} tokens ({meta['source']}) in {meta['wall_s']:.1f} s, "
           f"{meta['bytes'] / 2**20:,.1f} MiB -> {a.out}")

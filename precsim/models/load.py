@@ -29,6 +29,15 @@ HOOKED = {"mamba2": ("mamba2_selective_state_update", "mamba2_chunk_scan"),
 TRANSFORMERS_RANGE = ((5, 17), (6, 0))
 # prompt ids used when the checkpoint has no tokenizer (and no ids are given)
 FIXED_PROMPT_IDS = [1, 7, 3, 11, 5, 2, 13, 4]
+# a checkpoint's weights, in the order transformers looks for them
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+           "pytorch_model.bin.index.json")
+CHECKPOINT = "a local save_pretrained directory (config.json and its weights)"
+# the keys documents() names in its errors: the config's, and precsim.record's flags
+CONFIG_KEYS = {"text": "model.text", "ids": "model.ids", "tokens": "run.steps",
+               "prompt": "model.prompt"}
+RECORD_KEYS = {"text": "--text-file", "ids": "--ids-file", "tokens": "--tokens",
+               "prompt": "--prompt"}
 DEFAULT_PROMPT = "The recurrent state of a state space model"
 
 
@@ -38,8 +47,9 @@ def installed_version() -> str:
     return version("transformers")
 
 
-def require_transformers():
-    """``transformers``, of a release in :data:`TRANSFORMERS_RANGE` (one-line error if not)."""
+def require_transformers(key: str = "model.path"):
+    """``transformers``, of a release in :data:`TRANSFORMERS_RANGE` (one-line error if not;
+    ``key``: the setting that needs it)."""
     import logging
 
     # transformers imports torchao when it is installed, and torchao logs a traceback for each
@@ -49,7 +59,7 @@ def require_transformers():
     try:
         import transformers
     except ImportError:
-        raise PrecsimError("model.path needs the optional dependency transformers; allowed: "
+        raise PrecsimError(f"{key} needs the optional dependency transformers; allowed: "
                            "pip install 'precsim[models]'") from None
     lo, hi = TRANSFORMERS_RANGE
     version = installed_version()
@@ -61,26 +71,61 @@ def require_transformers():
     return transformers
 
 
-def read_config(path):
+def read_config(path, key: str = "model.path"):
     """``(transformers, config, model class name)`` of the checkpoint directory ``path``;
-    one-line PrecsimError for a missing path or an unsupported class."""
-    tf = require_transformers()
+    one-line PrecsimError naming ``key`` for a missing path or an unsupported class."""
+    tf = require_transformers(key)
     tf.utils.logging.disable_progress_bar()  # stderr stays for one-line errors
     tf.utils.logging.set_verbosity_error()  # (the "falling back to PyTorch" notices included)
     p = Path(path)
-    if not p.is_dir() or not (p / "config.json").is_file():
-        raise PrecsimError(f"model path {str(p)!r} is not a checkpoint directory (no "
-                           "config.json); allowed: a local save_pretrained directory")
+    what = ("does not exist" if not p.exists() else "is not a directory" if not p.is_dir()
+            else "is not a checkpoint directory (no config.json)"
+            if not (p / "config.json").is_file() else None)
+    if what:
+        raise PrecsimError(f"{key}={str(p)!r} {what}; allowed: {CHECKPOINT}")
     try:
         config = tf.AutoConfig.from_pretrained(p)
     except Exception as e:  # noqa: BLE001 - any unreadable config is a user error
-        raise PrecsimError(f"model path {str(p)!r}: config.json is unreadable "
-                           f"({type(e).__name__})") from None
+        raise PrecsimError(f"{key}={str(p)!r}: config.json is unreadable "
+                           f"({type(e).__name__}); allowed: {CHECKPOINT}") from None
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
     if arch not in ARCHITECTURES or not hasattr(tf, arch):
-        raise PrecsimError(f"model class {arch!r} (from {str(p)!r}) is unsupported; allowed: "
-                           f"{', '.join(a for a in ARCHITECTURES if hasattr(tf, a))}")
+        raise PrecsimError(f"model class {arch!r} (from {key}={str(p)!r}) is unsupported; "
+                           f"allowed: {', '.join(a for a in ARCHITECTURES if hasattr(tf, a))}")
     return tf, config, arch
+
+
+def check_weights(path, key: str = "model.path") -> None:
+    """One-line PrecsimError naming ``key`` unless the checkpoint directory ``path`` holds its
+    weights whole: a weights file (or a shard index and every shard it names), each
+    ``.safetensors`` file's header readable and covering the file (a truncated copy fails
+    here, before anything loads)."""
+    from safetensors import SafetensorError, safe_open
+
+    p = Path(path)
+    name = next((f for f in WEIGHTS if (p / f).is_file()), None)
+    if name is None:
+        raise PrecsimError(f"{key}={str(p)!r} holds no weights (no {', '.join(WEIGHTS)}); "
+                           f"allowed: {CHECKPOINT}")
+    files = [p / name]
+    if name.endswith(".index.json"):
+        try:
+            files = [p / f for f in sorted(set(json.loads(files[0].read_text())["weight_map"]
+                                               .values()))]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise PrecsimError(f"{key}={str(p)!r}: {name} is unreadable (no weight_map); "
+                               f"allowed: {CHECKPOINT}") from None
+    for f in files:
+        why = None if f.is_file() else "is missing"
+        if why is None and f.suffix == ".safetensors":
+            try:
+                with safe_open(f, framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as e:
+                why = f"is truncated or corrupt ({(str(e) or type(e).__name__).splitlines()[0]})"
+        if why:
+            raise PrecsimError(f"{key}={str(p)!r}: weights file {f.name} {why}; allowed: "
+                               f"{CHECKPOINT}")
 
 
 def require_accelerate(key: str) -> None:
@@ -93,14 +138,16 @@ def require_accelerate(key: str) -> None:
 
 
 def load_model(path, device: str = "cpu", dtype: str | None = None, device_map=None,
-               max_memory: dict | None = None):
+               max_memory: dict | None = None, key: str = "model.path"):
     """Load a local causal-LM checkpoint; one-line PrecsimError for a missing path, an
     unsupported class, a checkpoint without SSM layers or one that does not fit the device.
     ``device_map`` (``auto``, ``balanced`` or ``{module: device}``, with ``max_memory``):
     ``transformers``/``accelerate`` place the layers instead of ``device``.
-    Returns ``(model, tokenizer|None)``."""
-    tf, config, arch = read_config(path)
+    ``key``: the setting that gave ``path`` (named in the errors). Returns
+    ``(model, tokenizer|None)``."""
+    tf, config, arch = read_config(path, key)
     p = Path(path)
+    check_weights(p, key)
     kw = {"dtype": getattr(torch, dtype)} if dtype else {}
     if device_map is not None:
         require_accelerate("model.device_map")
@@ -113,6 +160,9 @@ def load_model(path, device: str = "cpu", dtype: str | None = None, device_map=N
         where = device if device_map is None else f"the devices of device_map={device_map!r}"
         raise PrecsimError(f"model {str(p)!r} ({need / 2**30:.1f} GiB of weights) does not fit "
                            f"on {where}; allowed: a device with room for it") from None
+    except OSError as e:  # what check_weights does not see (e.g. a corrupt .bin)
+        raise PrecsimError(f"{key}={str(p)!r}: the weights do not load ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:120]}); allowed: {CHECKPOINT}") from None
     except ValueError as e:  # accelerate's placement: nothing fits, or it would offload to disk
         if device_map is None:
             raise
@@ -170,15 +220,16 @@ def vocab_size(model) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
-def prompt_ids(tokenizer, prompt: str | None, vocab: int) -> tuple[list[int], str]:
+def prompt_ids(tokenizer, prompt: str | None, vocab: int, key: str = "model.prompt"
+               ) -> tuple[list[int], str]:
     """Prompt token ids and where they came from (``tokenizer`` or ``fixed ids``)."""
     if tokenizer is not None:
         ids = tokenizer(prompt or DEFAULT_PROMPT)["input_ids"]
         if ids:
             return [int(i) for i in ids], "tokenizer"
     if prompt:
-        raise PrecsimError(f"prompt {prompt!r} given but the checkpoint has no tokenizer; "
-                           "allowed: omit the prompt (fixed ids are used)")
+        raise PrecsimError(f"{key}={prompt!r} given but the checkpoint has no tokenizer; "
+                           f"allowed: no {key} (fixed ids are used)")
     return [i % vocab for i in FIXED_PROMPT_IDS], "fixed ids"
 
 
@@ -190,8 +241,10 @@ def read_texts(path, key: str) -> list[str]:
     """Documents of a ``.txt`` file (one) or a ``.jsonl`` file (one per line, field ``text``)."""
     p = Path(path)
     if not p.is_file():
-        raise PrecsimError(f"{key}={str(p)!r} does not exist; allowed: a .txt file (one "
-                           "document) or a .jsonl file (one document per line, field 'text')")
+        what = "is a directory" if p.is_dir() else "is not a file" if p.exists() \
+            else "does not exist"
+        raise PrecsimError(f"{key}={str(p)!r} {what}; allowed: a .txt file (one document) or "
+                           "a .jsonl file (one document per line, field 'text')")
     raw = p.read_text(encoding="utf-8", errors="replace")
     if p.suffix == ".jsonl":
         docs = []
@@ -233,13 +286,14 @@ def read_ids(path, key: str, vocab: int) -> np.ndarray:
 
 
 def documents(model, tok, *, n_docs: int, n_tokens: int | None, text=None, ids=None,
-              prompt=None, keys: tuple[str, str] = ("model.text", "model.ids")
-              ) -> tuple[np.ndarray, str]:
+              prompt=None, keys: dict | None = None) -> tuple[np.ndarray, str]:
     """``(ids (K, N), source)``: the first ``n_tokens`` tokens (None: the shortest document's
     length) of ``n_docs`` documents, from ``text`` (needs a tokenizer), ``ids``, or else greedy
-    tokens the model generates after the prompt (one document)."""
+    tokens the model generates after the prompt (one document). ``keys``: the settings named in
+    the errors (:data:`CONFIG_KEYS`, the default, or :data:`RECORD_KEYS`)."""
     vocab = vocab_size(model)
-    kt, ki = keys
+    keys = keys or CONFIG_KEYS
+    kt, ki, kn = keys["text"], keys["ids"], keys["tokens"]
     if text is not None and ids is not None:
         raise PrecsimError(f"{kt} and {ki} both given; allowed: one of them")
     if ids is not None:
@@ -255,10 +309,10 @@ def documents(model, tok, *, n_docs: int, n_tokens: int | None, text=None, ids=N
         if n_docs != 1:
             raise PrecsimError(f"run.seqs={n_docs} without {kt} or {ki}; allowed: "
                                "1 (greedy tokens of the model) or a text/ids file")
-        p_ids, src = prompt_ids(tok, prompt, vocab)
+        p_ids, src = prompt_ids(tok, prompt, vocab, keys["prompt"])
         n = n_tokens or len(p_ids) + 64
-        return generate(model, p_ids, n)[None], f"greedy after a {len(p_ids)}-token prompt " \
-            f"({src})"
+        return (generate(model, p_ids, n, f"{kt} or {ki}")[None],
+                f"greedy after a {len(p_ids)}-token prompt ({src})")
     if len(docs) < n_docs:
         raise PrecsimError(f"run.seqs={n_docs} but {source} holds {len(docs)} document(s); "
                            f"allowed: 1..{len(docs)}")
@@ -268,19 +322,21 @@ def documents(model, tok, *, n_docs: int, n_tokens: int | None, text=None, ids=N
         n_tokens = len(docs[short])
     if len(docs[short]) < n_tokens:
         raise PrecsimError(f"document {short} of {source} has {len(docs[short])} tokens, fewer "
-                           f"than run.steps={n_tokens}; allowed: run.steps <= "
+                           f"than {kn}={n_tokens}; allowed: {kn} <= "
                            f"{len(docs[short])} or a longer document")
     return np.stack([d[:n_tokens] for d in docs]), source
 
 
-def generate(model, prompt: list[int], n: int) -> np.ndarray:
-    """``n`` tokens: the prompt (cut to ``n``) then the model's own greedy continuation."""
+def generate(model, prompt: list[int], n: int, skip: str = "model.text or model.ids"
+             ) -> np.ndarray:
+    """``n`` tokens: the prompt (cut to ``n``) then the model's own greedy continuation
+    (``skip``: the settings that give a document instead, named in the slow notice)."""
     from ..engines.base import slow_notice
 
     ids = torch.tensor([prompt[:n]], device=input_device(model))
     if ids.shape[1] < n:
         with torch.no_grad(), slow_notice(f"generating {n - ids.shape[1]} greedy tokens (give "
-                                          "model.text or model.ids to skip this)"):
+                                          f"{skip} to skip this)"):
             ids = model.generate(ids, max_new_tokens=n - ids.shape[1],
                                  min_new_tokens=n - ids.shape[1], do_sample=False,
                                  pad_token_id=0)

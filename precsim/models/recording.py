@@ -6,7 +6,8 @@ the chunk, not the document. Every recorded layer's scan inputs stream to disk a
 folder per layer, ``layer_XX/``, one ``.npy`` per input (``KEY.npy`` float32, or ``KEY.bf16.npy``
 raw bfloat16 bits under ``--dtype bf16``), B/C (Mamba-2) and q/k (GDN) per group, not per head.
 A layer's folder is written under a ``.partial`` name and renamed when complete; ``record.json``
-is written last.
+is written last. A recording that stops before it (an error, an interrupt) is removed
+(:func:`discard`), so a folder with layers and no ``record.json`` is never one this module left.
 """
 
 from __future__ import annotations
@@ -195,3 +196,18 @@ def write_meta(out, meta: dict) -> None:
     tmp = Path(out) / "record.json.tmp"
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, Path(out) / "record.json")
+
+
+def discard(out, layers: list[int], remove_out: bool = False) -> None:
+    """Remove an unfinished recording's layer folders from ``out`` (partial or renamed: without
+    ``record.json`` none is a recording), and ``out`` itself when it was made for it and is
+    left empty."""
+    out = Path(out)
+    for layer in layers:
+        for name in (f"layer_{layer:02d}.partial", f"layer_{layer:02d}"):
+            shutil.rmtree(out / name, ignore_errors=True)
+    if remove_out:
+        try:
+            out.rmdir()
+        except OSError:  # gone already, or holding something else
+            pass

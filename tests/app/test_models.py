@@ -195,7 +195,7 @@ def test_record_bad_inputs_are_one_line(ckpt, tmp_path, capsys):
     out = str(tmp_path / "o")
     m2 = str(ckpt["Mamba2ForCausalLM"])
     err = _fail_line(capsys, ["--model", str(tmp_path / "nope"), "--tokens", "4", "--out", out])
-    assert "nope" in err
+    assert f"--model={str(tmp_path / 'nope')!r} does not exist; allowed: a local " in err
     err = _fail_line(capsys, ["--model", m2, "--tokens", "0", "--out", out])
     assert "--tokens=0" in err
     err = _fail_line(capsys, ["--model", m2, "--out", out])
@@ -220,7 +220,12 @@ def test_record_bad_inputs_are_one_line(ckpt, tmp_path, capsys):
     np.save(tmp_path / "short.npy", np.arange(5))
     err = _fail_line(capsys, ["--model", m2, "--ids-file", str(tmp_path / "short.npy"),
                               "--tokens", "9", "--out", out])
-    assert "5 tokens, fewer than" in err
+    assert "5 tokens, fewer than --tokens=9; allowed: --tokens <= 5 or a longer" in err
+    err = _fail_line(capsys, ["--model", m2, "--text-file", str(tmp_path), "--out", out])
+    assert f"--text-file={str(tmp_path)!r} is a directory; allowed: a .txt file" in err
+    err = _fail_line(capsys, ["--model", m2, "--prompt", "hello", "--tokens", "9", "--out", out])
+    assert "--prompt='hello' given but the checkpoint has no tokenizer; allowed: no --prompt" \
+        in err
     err = _fail_line(capsys, ["--model", m2, "--tokens", "4", "--dtype", "fp8", "--out", out])
     assert "--dtype='fp8'" in err
     assert not (tmp_path / "o" / "record.json").exists()  # nothing half-written as a result
@@ -236,8 +241,167 @@ def test_record_bad_inputs_are_one_line(ckpt, tmp_path, capsys):
     err = _fail_line(capsys, ["--model", str(tmp_path / "attn_only"), "--tokens", "4", "--out",
                               out])
     assert "NemotronHForCausalLM" in err and "no SSM layers" in err
-    with pytest.raises(PrecsimError, match="no tokenizer"):
+    with pytest.raises(PrecsimError, match="model.prompt='hello' given but .* no tokenizer"):
         load.prompt_ids(None, "hello", 64)
+
+
+def test_greedy_tokens_notice_names_the_commands_flags(ckpt, tmp_path, capsys, monkeypatch):
+    """The notice while greedy tokens are generated names the flags that skip it: precsim.record's
+    (--text-file / --ids-file), the config's in whole-model mode."""
+    import contextlib
+
+    from precsim.engines import base
+
+    said = []
+    monkeypatch.setattr(base, "slow_notice",
+                        lambda what, *a, **k: said.append(what) or contextlib.nullcontext())
+    assert record_main(["--model", str(ckpt["Mamba2ForCausalLM"]), "--tokens", "12", "--out",
+                        str(tmp_path / "r")]) == 0
+    assert said == ["generating 4 greedy tokens (give --text-file or --ids-file to skip this)"]
+    run_model_kl(_kl_cfg(ckpt["Mamba2ForCausalLM"], SCHEMES, 12), "cpu", progress=False)
+    assert said[1] == "generating 4 greedy tokens (give model.text or model.ids to skip this)"
+
+
+def _broken_checkpoints(good, root):
+    """Copies of the checkpoint ``good`` whose weights are missing or damaged: (name, what the
+    error says)."""
+    import shutil
+
+    out = []
+    for name, what in (("noweights", "holds no weights (no model.safetensors"),
+                       ("truncated", "weights file model.safetensors is truncated or corrupt"),
+                       ("garbage", "weights file model.safetensors is truncated or corrupt"),
+                       ("noshard", "weights file model-00002-of-00002.safetensors is missing")):
+        d = root / name
+        shutil.copytree(good, d)
+        w = d / "model.safetensors"
+        if name == "noweights":
+            w.unlink()
+        elif name == "truncated":  # a copy cut short: the header is whole, the data is not
+            w.write_bytes(w.read_bytes()[:w.stat().st_size // 2])
+        elif name == "garbage":
+            w.write_bytes(np.random.default_rng(0).bytes(1000))
+        else:  # a sharded checkpoint's index naming a shard that is not there
+            w.rename(d / "model-00001-of-00002.safetensors")
+            (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+                "a": "model-00001-of-00002.safetensors",
+                "b": "model-00002-of-00002.safetensors"}}))
+        out.append((d, what))
+    return out
+
+
+def test_broken_checkpoints_are_one_line_errors_and_leave_no_directory(ckpt, tmp_path, capsys,
+                                                                       monkeypatch):
+    """A checkpoint directory without its weights, or with a truncated or garbage weights file:
+    one line naming the key (--model, model.path), the path and what is allowed, exit 2, and
+    neither command leaves a directory behind (no recording, no run directory)."""
+    from conftest import run_main
+
+    monkeypatch.chdir(tmp_path)  # Hydra's default run directory: outputs/ under here
+    for d, what in _broken_checkpoints(ckpt["Mamba2ForCausalLM"], tmp_path):
+        err = _fail_line(capsys, ["--model", str(d), "--tokens", "4", "--out", "rec"])
+        assert f"--model={str(d)!r}" in err and what in err and "; allowed: " in err, err
+        rc, _, lines = run_main(["experiment=model_kl", f"model.path={d}", "run.steps=8",
+                                 "metrics.window=8", "metrics.plot=false",
+                                 "run.progress=false"], capsys)
+        assert rc == 2 and len(lines) == 1, lines
+        assert lines[0].startswith(f"precsim: error: model.path={str(d)!r}") and what in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage", "noshard", "noweights",
+                                                           "truncated"]
+
+
+def _one_line_errors(cases, capsys):
+    from conftest import run_main
+
+    tiny = ["run.steps=8", "metrics.window=8", "metrics.plot=false", "run.progress=false"]
+    for args, want in cases:
+        rc, out, lines = run_main([*args, *tiny], capsys)
+        assert rc == 2 and len(lines) == 1 and not out, (args, lines)
+        assert lines[0].startswith("precsim: error: ") and want in lines[0], lines
+
+
+def test_model_kl_errors_name_its_keys(ckpt, tmp_path, capsys, monkeypatch):
+    """A missing model.path, a directory as model.text and a document shorter than run.steps:
+    one line naming the config's key (the same checks name precsim.record's flags there)."""
+    monkeypatch.chdir(tmp_path)
+    m2 = ckpt["Mamba2ForCausalLM"]
+    np.save(tmp_path / "short.npy", np.arange(5))
+    _one_line_errors([
+        (["experiment=model_kl", f"model.path={tmp_path / 'nope'}"],
+         f"model.path={str(tmp_path / 'nope')!r} does not exist; allowed: a local "),
+        (["experiment=model_kl", f"model.path={m2}", f"model.text={tmp_path}"],
+         f"model.text={str(tmp_path)!r} is a directory; allowed: a .txt file"),
+        (["experiment=model_kl", f"model.path={m2}", f"model.ids={tmp_path / 'short.npy'}"],
+         "has 5 tokens, fewer than run.steps=8; allowed: run.steps <= 5")], capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.npy"]  # no run directory
+
+
+def test_whole_model_presets_need_a_model_path(tmp_path, capsys, monkeypatch):
+    """experiment=model_kl (and per_layer) without model.path is a one-line error naming the
+    key, not a synthetic layer-level run."""
+    monkeypatch.chdir(tmp_path)
+    _one_line_errors([
+        (["experiment=model_kl"], "experiment=model_kl needs model.path (it runs a real "
+                                  "checkpoint); allowed: model.path=DIR"),
+        (["experiment=per_layer"], "experiment=per_layer needs model.path")], capsys)
+    assert not list(tmp_path.iterdir())  # no run directory
+
+
+def test_record_never_replaces_a_recording(ckpt, tmp_path, capsys):
+    """--out holding a finished recording (record.json) is a one-line error and the recording
+    is left as it was; a folder without record.json (nothing finished) may be recorded into."""
+    m2, out = str(ckpt["Mamba2ForCausalLM"]), tmp_path / "rec"
+    assert record_main(["--model", m2, "--tokens", "6", "--out", str(out)]) == 0
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    err = _fail_line(capsys, ["--model", m2, "--tokens", "4", "--layers", "1", "--out",
+                              str(out)])
+    assert err == (f"precsim.record: error: --out={str(out)!r} already holds a recording "
+                   "(record.json); allowed: another --out, or delete that directory first")
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    (tmp_path / "f").write_text("")
+    err = _fail_line(capsys, ["--model", m2, "--tokens", "4", "--out", str(tmp_path / "f")])
+    assert "--out=" in err and "is not a directory" in err
+    (tmp_path / "stale" / "layer_00").mkdir(parents=True)  # an unfinished recording's folder
+    assert record_main(["--model", m2, "--tokens", "4", "--out", str(tmp_path / "stale")]) == 0
+    assert json.loads((tmp_path / "stale" / "record.json").read_text())["tokens"] == 4
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])
+def test_record_interrupted_is_one_line_and_leaves_no_partial_recording(ckpt, tmp_path, sig):
+    """A signal while precsim.record writes (its first layer's files are there): one line on
+    stderr, no traceback, exit 128 + the signal, and nothing of the recording left (no
+    layer_XX.partial or layer_XX folders; --out, made for it, removed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "rec"
+    np.save(tmp_path / "ids.npy", np.arange(1000) % 96)
+    # one token per forward pass: the recording takes ~80 ms a token here, far longer than the
+    # poll below needs to see its first files
+    p = subprocess.Popen([sys.executable, "-m", "precsim.record", "--model",
+                          str(ckpt["Mamba2ForCausalLM"]), "--ids-file", str(tmp_path / "ids.npy"),
+                          "--chunk", "1", "--out", str(out)],
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("layer_00.partial/*.npy")):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.01)
+        p.send_signal(getattr(signal, sig))
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 128 + getattr(signal, sig), stderr[-3000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr + stdout, stderr[-3000:]
+    assert lines[0].startswith(f"precsim.record: interrupted ({sig}); nothing recorded in "
+                               f"{out}"), lines
+    assert not out.exists()
 
 
 def test_documents_from_text_files(tmp_path):
