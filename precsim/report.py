@@ -412,7 +412,7 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         for cb, cv, cname, cinfo in rows:
             if cb < b and cv <= 2 * budget and "per_layer" not in (summary.get("info") or {}):
                 lines.append(f"  near miss: {cname} ({cb:,.0f} B) {margin_text(cv, budget)}; "
-                             f"what would change the answer: "
+                             f"what could make it fit (at more bytes: rerun to compare): "
                              f"{knob(cname, cinfo, summary.get('config', {}))}")
     pl = (summary.get("info") or {}).get("per_layer")
     if pl:

@@ -83,6 +83,7 @@ def test_verdict_statuses_margin_knob_and_report_command():
     assert "[split]" in rec and "16,042" in rec
     near = next(ln for ln in lines if "near miss" in ln)
     assert "shared" in near and "replay.buffer_len=32" in near
+    assert "what could make it fit (at more bytes: rerun to compare)" in near
     assert lines[-1] == ("over a sweep: python -m precsim.report '/x/my run' --metric rel_err "
                          "--budget 0.0625")
 
