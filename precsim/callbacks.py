@@ -193,10 +193,13 @@ def _wants_gpu_spread(config: DictConfig) -> bool:
 
 
 def _set_aside_broken(out: Path) -> None:
-    """If ``out`` claims completion but its files do not hold up, move the summary aside."""
-    from .report import check_run_dir
+    """If ``out`` claims completion but its files do not hold up, move the summary aside (and
+    that of each broken layer of a run over every recorded layer, so the redo redoes those)."""
+    from .report import check_run_dir, layer_dirs
     from .result import SUMMARY_FILE, interrupted_at
 
+    for d in layer_dirs(out):
+        _set_aside_broken(out / d)
     summary = out / SUMMARY_FILE
     if not summary.is_file() or interrupted_at(out) is not None:  # interrupted: resumes
         return
