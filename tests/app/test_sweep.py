@@ -134,10 +134,58 @@ def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path, launcher):
     assert report.check_run_dir(jobs["0"]) is None
     err = (jobs["1"] / "error.txt").read_text()
     assert err.startswith("PrecsimError: schemes.split_fp32_nvfp4.read_fmt='bogus'")
-    assert "Traceback" in err and "read_fmt='bogus'" in (jobs["1"] / "precsim.log").read_text()
+    log = (jobs["1"] / "precsim.log").read_text()
+    assert "Traceback" in err and "read_fmt='bogus'" in log and "Traceback" in log
+    # the terminal: one line when the job fails (the traceback only in its files), then the list
+    assert "Traceback" not in r.stdout + r.stderr
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("precsim: job 1 failed: ")]
+    assert len(said) == 1 and said[0].endswith(f"-> {jobs['1']}"), r.stderr
+    assert "PrecsimError: schemes.split_fp32_nvfp4.read_fmt='bogus'" in said[0]
     with open(sweep / report.CSV_FILE) as f:
         status = {r["job"].split("_")[0]: r["status"] for r in csv.DictReader(f)}
     assert status == {"0": "complete", "1": "failed"}
+
+
+def test_a_failed_jobs_traceback_is_on_the_terminal_only_for_a_bug(tmp_path, capsys, caplog):
+    """on_job_end: a setting error (cli.is_user_error) is one line on the terminal and its
+    traceback goes to the job's log file and error.txt; a bug's traceback is on the terminal
+    (the precsim logger) too."""
+    import logging
+
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    from precsim.errors import PrecsimError
+
+    root = logging.getLogger()
+    for num, exc in enumerate([PrecsimError("run.steps=0 is invalid; allowed: >= 1"),
+                               ValueError("a bug\nwith two lines")]):
+        out = tmp_path / str(num)
+        out.mkdir()
+        fh = logging.FileHandler(out / "precsim.log")
+        root.addHandler(fh)
+        try:
+            raise exc
+        except Exception as e:  # noqa: BLE001 - the job's exception, with its traceback
+            ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
+        cfg = OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "job": {"num": num},
+                                          "runtime": {"output_dir": str(out)}}})
+        caplog.clear()
+        try:
+            callbacks.SweepCallback().on_job_end(cfg, ret)
+        finally:
+            root.removeHandler(fh)
+            fh.close()
+        assert ret.status == JobStatus.COMPLETED  # held back from Hydra: the sweep goes on
+        err, log = (out / "error.txt").read_text(), (out / "precsim.log").read_text()
+        assert err.startswith(f"{type(exc).__name__}: {str(exc).splitlines()[0]}\n")
+        assert "Traceback" in err and "Traceback" in log and "raise exc" in log
+        term = capsys.readouterr().err + caplog.text
+        if num == 0:
+            assert term == (f"precsim: job 0 failed: PrecsimError: run.steps=0 is invalid; "
+                            f"allowed: >= 1 -> {out}\n")
+        else:
+            assert "Traceback" in term and "raise exc" in term and "ValueError: a bug" in term
 
 
 def test_sweeps_started_together_get_their_own_dirs(tmp_path):
