@@ -350,11 +350,14 @@ def test_callback_spreads_joblib_jobs_over_gpus(tmp_path, monkeypatch):
 
 def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
     """Per-job tables go to each job's log; the terminal gets a line per job and, at the end,
-    the sweep-level recommendation with the report command for this sweep."""
+    the sweep-level recommendation with the report command for this sweep. A rerun into the
+    same directory with another budget (or budget metric) reuses every job (their directory
+    names leave the budget out) and recommends under the new budget."""
     sweep = tmp_path / "sweep"
-    r = _cli(["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", "run.steps=64",
-              "model.heads=1", "metrics.window=32", "metrics.vocab=32", "metrics.plot=false",
-              "run.progress=false", "run.engine=torch", f"hydra.sweep.dir={sweep}"], tmp_path)
+    args = ["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", "run.steps=64",
+            "model.heads=1", "metrics.window=32", "metrics.vocab=32", "metrics.plot=false",
+            "run.progress=false", "run.engine=torch", f"hydra.sweep.dir={sweep}"]
+    r = _cli(args, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "B/step/hd" not in r.stdout and "budget: rel_err" not in r.stdout  # no job tables
     assert r.stderr.count("precsim: job ") == 2
@@ -366,6 +369,27 @@ def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
     for job in _jobs(sweep).values():
         log = (job / "precsim.log").read_text()
         assert "B/step/hd" in log and "budget: rel_err <= 0.0625" in log
+    jobs = _jobs(sweep)
+    before = {n: _results(p) for n, p in jobs.items()}  # (.hydra/ holds the new budget)
+    picked = []
+    for budget, metric in (("0.1", "rel_err"), ("0.001", "kl")):
+        r = _cli([*args, f"metrics.budget={budget}", f"metrics.budget_metric={metric}"],
+                 tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stderr.count(" reused (") == 2 and " done (" not in r.stderr
+        assert _jobs(sweep) == jobs and {n: _results(p) for n, p in jobs.items()} == before
+        with open(sweep / report.CSV_FILE) as f:
+            rows = [row for row in csv.DictReader(f) if float(row[f"{metric}@final"]) <= float(
+                budget)]
+        best = min(rows, key=lambda row: float(row["bytes_per_step"]))
+        picked.append(best["label"])
+        assert f"metric {metric} <= {float(budget):g} at the longest run" in r.stdout
+        assert f"recommended: {best['label']}  (job {best['job']}" in r.stdout, r.stdout
+        assert f"--metric {metric} --budget {float(budget):g}" in r.stdout
+        for job in jobs.values():
+            assert f"budget: {metric} <= {float(budget):g}" in (job / "precsim.log").read_text()
+    # 64 steps: rel_err 0.1 admits the split scheme (~0.08), KL 1e-3 only FP32 (split ~0.02)
+    assert picked == ["split(fp32 update + nvfp4 read)", "conventional(fp32)"]
 
 
 def test_covering_jobs_keep_every_override_and_group_combination():
