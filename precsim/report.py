@@ -102,7 +102,9 @@ def layer_dirs(path: Path) -> list[str]:
         subs = s["info"]["layer_dirs"] if s.get("complete") is True else []
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return []
-    ok = isinstance(subs, list) and all(isinstance(d, str) and "/" not in d for d in subs)
+    import re
+
+    ok = isinstance(subs, list) and all(re.fullmatch(r"layer_\d+", str(d)) for d in subs)
     return subs if ok else []
 
 
