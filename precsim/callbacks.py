@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import _gpu_count, register_resolvers
+from .cli import _gpu_count, _job_log, is_user_error, one_line, register_resolvers
 
 log = logging.getLogger("precsim")
 
@@ -109,9 +109,15 @@ class SweepCallback(Callback):
 
         exc = job_return._return_value
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        if is_user_error(exc):  # a setting: one line on the terminal, the traceback on file
+            first = one_line(exc)
+            _job_log(f"job failed ({out}): {first}\n{tb}", "ERROR")
+            print(f"precsim: job {config.hydra.job.num} failed: {type(exc).__name__}: {first} "
+                  f"-> {out}", file=sys.stderr, flush=True)
+        else:  # a bug: its traceback on the terminal too
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            log.error("job failed (%s): %s\n%s", out, first, tb)
         atomic_write_text(err_file, f"{type(exc).__name__}: {first}\n\n{tb}")
-        log.error("job failed (%s): %s\n%s", out, first, tb)
         if config.hydra.mode == RunMode.MULTIRUN:
             # hold the failure back: Hydra would abort the sweep before aggregation; the exit
             # status comes from on_multirun_end, which finds error.txt
@@ -193,10 +199,13 @@ def _wants_gpu_spread(config: DictConfig) -> bool:
 
 
 def _set_aside_broken(out: Path) -> None:
-    """If ``out`` claims completion but its files do not hold up, move the summary aside."""
-    from .report import check_run_dir
+    """If ``out`` claims completion but its files do not hold up, move the summary aside (and
+    that of each broken layer of a run over every recorded layer, so the redo redoes those)."""
+    from .report import check_run_dir, layer_dirs
     from .result import SUMMARY_FILE, interrupted_at
 
+    for d in layer_dirs(out):
+        _set_aside_broken(out / d)
     summary = out / SUMMARY_FILE
     if not summary.is_file() or interrupted_at(out) is not None:  # interrupted: resumes
         return

@@ -997,11 +997,11 @@ def _print_end(c, summary: dict, out, reused: bool = False) -> None:
     (print if reused else _say)("\n" + _end_text(c, summary, out))  # a reuse writes nothing
 
 
-def _job_log(text: str) -> None:
+def _job_log(text: str, level: str = "INFO") -> None:
     """Write to the job's log file only (a sweep keeps the terminal for progress)."""
     import logging
 
     for h in logging.getLogger().handlers:
         if isinstance(h, logging.FileHandler):
-            h.emit(logging.makeLogRecord({"msg": text, "levelno": logging.INFO,
-                                          "levelname": "INFO", "name": "precsim"}))
+            h.emit(logging.makeLogRecord({"msg": text, "levelno": getattr(logging, level),
+                                          "levelname": level, "name": "precsim"}))

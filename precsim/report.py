@@ -72,8 +72,13 @@ class Aggregate:
 
 # -- reading ---------------------------------------------------------------------------------
 def check_run_dir(path: Path) -> str | None:
-    """``None`` when ``path`` holds a complete, readable result; else why not (one line)."""
+    """``None`` when ``path`` holds a complete, readable result; else why not (one line). A run
+    over every recorded layer of a trace (precsim.layers) holds its results in its layers'
+    folders: each must hold one."""
     path = Path(path)
+    subs = layer_dirs(path)
+    if subs:
+        return next((f"{d}: {why}" for d in subs if (why := check_run_dir(path / d))), None)
     if not res.is_complete(path):
         return f"no complete {res.SUMMARY_FILE}"
     try:
@@ -87,6 +92,37 @@ def check_run_dir(path: Path) -> str | None:
         if last is None or (steps is not None and last != steps):
             return f"{res.METRICS_FILE} is truncated (scheme {scheme} ends at step {last})"
     return None
+
+
+def layer_dirs(path: Path) -> list[str]:
+    """The layer folders a complete run over every recorded layer of a trace names in its
+    summary.json (``info.layer_dirs``, precsim.layers); none for any other run directory."""
+    try:
+        s = json.loads((path / res.SUMMARY_FILE).read_text())
+        subs = s["info"]["layer_dirs"] if s.get("complete") is True else []
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+    import re
+
+    ok = isinstance(subs, list) and all(re.fullmatch(r"layer_\d+", str(d)) for d in subs)
+    return subs if ok else []
+
+
+def _scheme_rows(job: Job) -> dict[str, list[dict]]:
+    """Each scheme's per-window rows of a complete job: its metrics.csv, or for a run over
+    every recorded layer, the rows of the scheme's worst layer (its summary's figures)."""
+    subs, files = layer_dirs(job.path), {}
+    out = {}
+    for s in job.summary.get("schemes", {}):
+        d = "."
+        if subs:
+            worst = job.summary["figures"][s]["final"].get("worst_layer")
+            d = f"layer_{worst:02d}" if isinstance(worst, int) else ""
+            d = d if d in subs else subs[0]
+        if d not in files:
+            files[d] = res.read_rows(job.path / d / res.METRICS_FILE)
+        out[s] = [r for r in files[d] if r["scheme"] == s]
+    return out
 
 
 def _read_overrides(path: Path) -> dict[str, str]:
@@ -487,9 +523,9 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
     tags = _short_tags(done)
     series, seen = [], {}
     for j in done:
-        rows = res.read_rows(j.path / res.METRICS_FILE)
+        per_scheme = _scheme_rows(j)
         for s, info in j.summary.get("schemes", {}).items():
-            mine = [r for r in rows if r["scheme"] == s]
+            mine = per_scheme[s]
             label = info.get("label", s)
             key = (label, f"{mine[-1].get('rel_err', math.nan):.3g}" if mine else "")
             if key in seen:  # same configuration, same result: drawn once, without a job tag

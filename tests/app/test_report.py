@@ -238,3 +238,64 @@ def test_pareto_plot_with_many_configurations(tmp_path):
     assert lo > 1e-5 and hi >= 0.12
     assert any("conventional(fp32): 2.5e-07" in t.get_text() for t in ax.texts)
     plt.close(fig)
+
+
+def test_a_run_over_every_recorded_layer_is_one_complete_job(tmp_path, capsys):
+    """A trace replay without workload.layer keeps its per-window files in layer_XX/ and, in its
+    own folder, a summary of each scheme's worst layer (no metrics.csv): the report command the
+    run prints reads it as one complete job whose figures are the worst layer's, as the
+    layers' own summaries say; a truncated layer makes it broken, and the sweep callback then
+    sets that layer's summary and the run's aside (the rerun redoes them)."""
+    tf = pytest.importorskip("transformers")
+    import shlex
+
+    import numpy as np
+    import torch
+    from conftest import run_main
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from precsim import callbacks
+    from precsim.record import main as record_main
+
+    torch.manual_seed(0)
+    tf.Mamba2ForCausalLM(tf.Mamba2Config(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
+        state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(tmp_path / "m")
+    np.save(tmp_path / "ids.npy", np.random.default_rng(1).integers(0, 96, 64))
+    rec, run = tmp_path / "rec", tmp_path / "run"
+    assert record_main(["--model", str(tmp_path / "m"), "--ids-file", str(tmp_path / "ids.npy"),
+                        "--layers", "0,1", "--out", str(rec)]) == 0
+    rc, out, err = run_main(["workload=trace", f"workload.path={rec}", "run.steps=64",
+                             "metrics.window=32", "run.engine=torch", "run.progress=false",
+                             f"hydra.run.dir={run}"], capsys)
+    assert rc == 0, err
+    assert not (run / "metrics.csv").exists() and (run / "layer_01" / "metrics.csv").is_file()
+    cmd = next(ln for ln in out.splitlines() if ln.startswith("over a sweep: "))
+    assert report.main(shlex.split(cmd.removeprefix("over a sweep: "))[3:]) == 0
+    text = capsys.readouterr().out
+    assert f"{run}: 1/1 jobs complete" in text and "broken" not in text, text
+    assert (run / report.ERROR_PLOT).is_file() and (run / report.PARETO_PLOT).is_file()
+    layers = [json.loads((run / f"layer_0{i}" / "summary.json").read_text()) for i in (0, 1)]
+    with open(run / report.CSV_FILE) as f:
+        rows = {r["scheme"]: r for r in csv.DictReader(f)}
+    assert set(rows) == set(layers[0]["schemes"]) and len(rows) == 3
+    for name, r in rows.items():
+        assert r["status"] == "complete"
+        worst = max(s["figures"][name]["final"]["rel_err"] for s in layers)
+        assert float(r["rel_err@final"]) == pytest.approx(worst, rel=1e-6)
+    # the recommendation: the cheapest scheme whose worst layer fits
+    best = min(rows, key=lambda n: float(rows[n]["bytes_per_step"]))
+    assert float(rows[best]["rel_err@final"]) <= 0.0625 and "--budget 0.0625" in cmd
+    assert f"recommended: {rows[best]['label']}  (job ., scheme {best})" in text
+    m = run / "layer_01" / "metrics.csv"
+    m.write_text(m.read_text().splitlines()[0] + "\n")
+    assert report.check_run_dir(run).startswith("layer_01: metrics.csv is truncated")
+    assert [j.status for j in report.collect(run)] == ["broken"]
+    cfg = OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "launcher": {"_target_": "x"},
+                                      "job": {"num": 0}, "runtime": {"output_dir": str(run)}},
+                            "run": {"device": "cpu"}})
+    callbacks.SweepCallback().on_job_start(cfg)
+    assert (run / "layer_01" / "summary.json.broken").is_file()
+    assert (run / "summary.json.broken").is_file() and not (run / "summary.json").exists()
+    assert (run / "layer_00" / "summary.json").is_file()  # intact: kept

@@ -144,7 +144,13 @@ def test_failed_job_keeps_the_others_and_exits_nonzero(tmp_path, launcher):
     assert report.check_run_dir(jobs["0"]) is None
     err = (jobs["1"] / "error.txt").read_text()
     assert err.startswith("PrecsimError: run.steps=100000 exceeds the trace length T=256")
-    assert "Traceback" in err and "exceeds the trace" in (jobs["1"] / "precsim.log").read_text()
+    log = (jobs["1"] / "precsim.log").read_text()
+    assert "Traceback" in err and "exceeds the trace" in log and "Traceback" in log
+    # the terminal: one line when the job fails (the traceback only in its files), then the list
+    assert "Traceback" not in r.stdout + r.stderr
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("precsim: job 1 failed: ")]
+    assert len(said) == 1 and said[0].endswith(f"-> {jobs['1']}"), r.stderr
+    assert "PrecsimError: run.steps=100000 exceeds the trace length" in said[0]
     with open(sweep / report.CSV_FILE) as f:
         status = {r["job"].split("_")[0]: r["status"] for r in csv.DictReader(f)}
     assert status == {"0": "complete", "1": "failed"}
@@ -161,6 +167,48 @@ def test_a_bad_value_in_the_grid_is_one_line_before_any_job(tmp_path):
     assert lines[0].startswith("precsim: error: replay.buffer_len=0 is invalid; allowed: an "
                                "integer >= 1") and "no job ran" in lines[0]
     assert not sweep.exists() and "Traceback" not in r.stdout + r.stderr
+
+
+def test_a_failed_jobs_traceback_is_on_the_terminal_only_for_a_bug(tmp_path, capsys, caplog):
+    """on_job_end: a setting error (cli.is_user_error) is one line on the terminal and its
+    traceback goes to the job's log file and error.txt; a bug's traceback is on the terminal
+    (the precsim logger) too."""
+    import logging
+
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    from precsim.errors import PrecsimError
+
+    root = logging.getLogger()
+    for num, exc in enumerate([PrecsimError("run.steps=0 is invalid; allowed: >= 1"),
+                               ValueError("a bug\nwith two lines")]):
+        out = tmp_path / str(num)
+        out.mkdir()
+        fh = logging.FileHandler(out / "precsim.log")
+        root.addHandler(fh)
+        try:
+            raise exc
+        except Exception as e:  # noqa: BLE001 - the job's exception, with its traceback
+            ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
+        cfg = OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "job": {"num": num},
+                                          "runtime": {"output_dir": str(out)}}})
+        caplog.clear()
+        try:
+            callbacks.SweepCallback().on_job_end(cfg, ret)
+        finally:
+            root.removeHandler(fh)
+            fh.close()
+        assert ret.status == JobStatus.COMPLETED  # held back from Hydra: the sweep goes on
+        err, log = (out / "error.txt").read_text(), (out / "precsim.log").read_text()
+        assert err.startswith(f"{type(exc).__name__}: {str(exc).splitlines()[0]}\n")
+        assert "Traceback" in err and "Traceback" in log and "raise exc" in log
+        term = capsys.readouterr().err + caplog.text
+        if num == 0:
+            assert term == (f"precsim: job 0 failed: PrecsimError: run.steps=0 is invalid; "
+                            f"allowed: >= 1 -> {out}\n")
+        else:
+            assert "Traceback" in term and "raise exc" in term and "ValueError: a bug" in term
 
 
 def test_sweeps_started_together_get_their_own_dirs(tmp_path):
@@ -325,11 +373,14 @@ def test_callback_spreads_joblib_jobs_over_gpus(tmp_path, monkeypatch):
 
 def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
     """Per-job tables go to each job's log; the terminal gets a line per job and, at the end,
-    the sweep-level recommendation with the report command for this sweep."""
+    the sweep-level recommendation with the report command for this sweep. A rerun into the
+    same directory with another budget (or budget metric) reuses every job (their directory
+    names leave the budget out) and recommends under the new budget."""
     sweep = tmp_path / "sweep"
-    r = _cli(["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", "run.steps=64",
-              "model.heads=1", "metrics.window=32", "metrics.vocab=32", "metrics.plot=false",
-              "run.progress=false", "run.engine=torch", f"hydra.sweep.dir={sweep}"], tmp_path)
+    args = ["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", "run.steps=64",
+            "model.heads=1", "metrics.window=32", "metrics.vocab=32", "metrics.plot=false",
+            "run.progress=false", "run.engine=torch", f"hydra.sweep.dir={sweep}"]
+    r = _cli(args, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "B/step/hd" not in r.stdout and "budget: rel_err" not in r.stdout  # no job tables
     assert r.stderr.count("precsim: job ") == 2
@@ -341,6 +392,27 @@ def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
     for job in _jobs(sweep).values():
         log = (job / "precsim.log").read_text()
         assert "B/step/hd" in log and "budget: rel_err <= 0.0625" in log
+    jobs = _jobs(sweep)
+    before = {n: _results(p) for n, p in jobs.items()}  # (.hydra/ holds the new budget)
+    picked = []
+    for budget, metric in (("0.1", "rel_err"), ("0.001", "kl")):
+        r = _cli([*args, f"metrics.budget={budget}", f"metrics.budget_metric={metric}"],
+                 tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stderr.count(" reused (") == 2 and " done (" not in r.stderr
+        assert _jobs(sweep) == jobs and {n: _results(p) for n, p in jobs.items()} == before
+        with open(sweep / report.CSV_FILE) as f:
+            rows = [row for row in csv.DictReader(f) if float(row[f"{metric}@final"]) <= float(
+                budget)]
+        best = min(rows, key=lambda row: float(row["bytes_per_step"]))
+        picked.append(best["label"])
+        assert f"metric {metric} <= {float(budget):g} at the longest run" in r.stdout
+        assert f"recommended: {best['label']}  (job {best['job']}" in r.stdout, r.stdout
+        assert f"--metric {metric} --budget {float(budget):g}" in r.stdout
+        for job in jobs.values():
+            assert f"budget: {metric} <= {float(budget):g}" in (job / "precsim.log").read_text()
+    # 64 steps: rel_err 0.1 admits the split scheme (~0.08), KL 1e-3 only FP32 (split ~0.02)
+    assert picked == ["split(fp32 update + nvfp4 read)", "conventional(fp32)"]
 
 
 def test_covering_jobs_keep_every_override_and_group_combination():
