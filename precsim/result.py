@@ -420,8 +420,9 @@ def format_table(summary: dict) -> str:
     lengths = sorted({int(k) for f in figs.values() for k in f if k.isdigit()})
     seqs = summary.get("config", {}).get("run", {}).get("seqs")
     div = any("first_flip" in f.get("final", {}) for f in figs.values())
+    kl = summary.get("config", {}).get("metrics", {}).get("kl", True) is not False  # off: no
     head = f"{'scheme':<26}" + "".join(f"{'err@' + _k(L):>11}" for L in lengths) + \
-        f"{'err(final)':>11}{'KL(final)':>11}" + \
+        f"{'err(final)':>11}" + (f"{'KL(final)':>11}" if kl else "") + \
         (f"{'top1':>8}{'1st flip':>15}" if div else "") + f"{'drift':>10}{'B/step/hd':>11}"
     lines = [head, "-" * len(head)]
     cost = summary.get("cost", {})
@@ -431,7 +432,8 @@ def format_table(summary: dict) -> str:
         b = cost.get(name, {}).get("bytes_per_step")
         dead = summary["schemes"].get(name, {}).get("dead_at")
         tail = f"  (non-finite from step {dead})" if dead else ""
-        lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}{_fmt(fin.get('kl')):>11}"
+        lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}"
+                     + (f"{_fmt(fin.get('kl')):>11}" if kl else "")  # (a column of nan)
                      + (f"{_share(fin.get('top1')):>8}{_flip(fin, seqs):>15}" if div else "")
                      + f"{_fmt(fin.get('state_drift')):>10}"
                      f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")

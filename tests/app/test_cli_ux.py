@@ -181,6 +181,16 @@ def test_a_non_finite_trace_value_is_named_by_its_index(tmp_path, capsys):
     _one_line(rc, err, "name both families")
 
 
+def test_without_the_kl_the_table_has_no_kl_column(tmp_path, capsys):
+    rc, stdout, err = _run([*TINY, "schemes=single", "metrics.kl=false",
+                            f"hydra.run.dir={tmp_path / 'r'}"], capsys)
+    assert rc == 0, err
+    head = next(ln for ln in stdout.splitlines() if ln.startswith("scheme"))
+    assert "KL(final)" not in head and "err(final)" in head
+    row = next(ln for ln in stdout.splitlines() if ln.startswith("candidate"))
+    assert "nan" not in row
+
+
 def test_version_is_precsims(capsys):
     from precsim import __version__
 
