@@ -616,7 +616,18 @@ def one_line(e: BaseException) -> str:
     if any(p.startswith("Available options") for p in keep):
         i = next(i for i, p in enumerate(keep) if p.startswith("Available options"))
         keep = keep[:i] + [keep[i].rstrip(":") + ": " + ", ".join(keep[i + 1:])]
-    return "; ".join([head, *keep])
+    line = "; ".join([head, *keep])
+    import re  # a value of the wrong type: the key, the value and what is allowed
+
+    m = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+).*full_key: (\S+)",
+                  line)
+    kinds = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+    if m and m.group(2) in kinds:
+        return f"{m.group(3)}={m.group(1)!r} is invalid; allowed: {kinds[m.group(2)]}"
+    m = re.search(r"Value '(.*)' is not a valid bool.*full_key: (\S+)", line)
+    if m:
+        return f"{m.group(2)}={m.group(1)!r} is invalid; allowed: true or false"
+    return line
 
 
 def _covering_jobs(batch) -> list:

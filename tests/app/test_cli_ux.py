@@ -35,6 +35,9 @@ def _one_line(rc, err, *needles):
     ("metrics.window=1024", "metrics.window=1024"),  # run.steps=64 in TINY
     ("metrics.budget=-1", "metrics.budget"),
     ("metrics.lengths=[0]", "metrics.lengths"),
+    ("run.steps=abc", "run.steps='abc' is invalid; allowed: an integer"),  # Hydra's raw text
+    ("metrics.budget=x", "metrics.budget='x' is invalid; allowed: a number"),
+    ("metrics.kl=maybe", "metrics.kl='maybe' is invalid; allowed: true or false"),
 ])
 def test_bad_override_is_one_line_and_leaves_no_directory(arg, needle, tmp_path, capsys):
     out = tmp_path / "run"
