@@ -682,12 +682,18 @@ def _check_job_settings(sweeper, jobs) -> None:
     loader = ctx.config_loader if ctx is not None else getattr(sweeper, "config_loader", None)
     if loader is None or getattr(sweeper, "config", None) is None:
         return
+    from omegaconf import OmegaConf
+
+    from precsim.config import check_preset
+
     for overrides in jobs:
         cfg = loader.load_sweep_config(master_config=sweeper.config,
                                        sweep_overrides=list(overrides))
+        preset = OmegaConf.select(cfg, "hydra.runtime.choices.experiment", default=None)
         with open_dict(cfg):
             cfg.pop("hydra", None)
         try:
+            check_preset(preset, OmegaConf.select(cfg, "model.path", default=None))
             _to_config(cfg, to_config)
         except PrecsimError as e:
             from pathlib import Path

@@ -78,6 +78,8 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
                                  ids=ids_file, prompt=prompt,
                                  keys=load.RECORD_KEYS)
     made = not out.exists()
+    before = ({p.name for p in out.iterdir() if not p.name.endswith(".partial")}
+              if out.is_dir() else set())  # folders there before: not ours to remove
     try:
         rec = recording.record_document(model, ids[0], out, want, dtype=dtype, chunk=chunk,
                                         progress=progress)
@@ -96,7 +98,7 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
         }
         recording.write_meta(out, meta)
     except BaseException:  # an error or an interrupt: no half-written recording is left
-        recording.discard(out, want, made)
+        recording.discard(out, want, made, keep=before)
         raise
     return meta
 

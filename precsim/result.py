@@ -231,7 +231,18 @@ def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]
 
 
 INPUT_KEYS = ("workload.path", "model.path", "model.text", "model.ids")
-_INPUT_FILES = 4096  # files listed per input directory at most (a recording, a checkpoint)
+# what precsim and Hydra write into a run or sweep folder (one may sit inside an input folder,
+# or an all-layers replay write into a recording's layer folders): not part of an input
+_OUTPUT_NAMES = {METRICS_FILE, SUMMARY_FILE, PER_STEP_FILE, "precsim.log", "checkpoint.pt",
+                 "error.txt", "layers.csv", "multirun.yaml", "sweep_summary.csv"}
+
+
+def _input_file(q: Path, root: Path) -> bool:
+    """Whether ``q`` (under ``root``) is an input's own file: not hidden (``.git``, ``.hydra``,
+    ``.DS_Store``), not a run's output (:data:`_OUTPUT_NAMES`, plots)."""
+    rel = q.relative_to(root).parts
+    return q.is_file() and not any(p.startswith(".") for p in rel) and \
+        q.name not in _OUTPUT_NAMES and q.suffix != ".png"
 
 
 def input_fingerprint(cfg: Config | dict) -> dict:
@@ -239,7 +250,9 @@ def input_fingerprint(cfg: Config | dict) -> dict:
     token ids: :data:`INPUT_KEYS`), as ``[path within it, size, mtime_ns]`` (a directory: its
     files and those of its subfolders). Stored with a result and a checkpoint, so that a file
     changed under the same path is not taken for the same input; size and time, not contents,
-    to cost nothing on GB-sized recordings (a copy with new times counts as changed)."""
+    to cost nothing on GB-sized recordings (a copy with new times counts as changed). Hidden
+    files and what runs write (:func:`_input_file`) are left out: a run folder inside a
+    recording, or ``git status`` in a checkpoint's clone, is not a change of input."""
     flat = _flat(cfg if isinstance(cfg, dict) else asdict(cfg))
     out = {}
     for key in INPUT_KEYS:
@@ -250,8 +263,7 @@ def input_fingerprint(cfg: Config | dict) -> dict:
         if p.is_file():
             files = [p]
         elif p.is_dir():
-            files = sorted(q for q in [*p.glob("*"), *p.glob("*/*")] if q.is_file())
-            files = files[:_INPUT_FILES]
+            files = sorted(q for q in [*p.glob("*"), *p.glob("*/*")] if _input_file(q, p))
         else:
             continue
         rows = []

@@ -198,14 +198,16 @@ def write_meta(out, meta: dict) -> None:
     os.replace(tmp, Path(out) / "record.json")
 
 
-def discard(out, layers: list[int], remove_out: bool = False) -> None:
+def discard(out, layers: list[int], remove_out: bool = False, keep=()) -> None:
     """Remove an unfinished recording's layer folders from ``out`` (partial or renamed: without
-    ``record.json`` none is a recording), and ``out`` itself when it was made for it and is
-    left empty."""
+    ``record.json`` none is a recording), except those in ``keep`` (folders that were there
+    before this recording started: not its own), and ``out`` itself when it was made for it
+    and is left empty."""
     out = Path(out)
     for layer in layers:
         for name in (f"layer_{layer:02d}.partial", f"layer_{layer:02d}"):
-            shutil.rmtree(out / name, ignore_errors=True)
+            if name not in keep:
+                shutil.rmtree(out / name, ignore_errors=True)
     if remove_out:
         try:
             out.rmdir()

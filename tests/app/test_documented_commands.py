@@ -249,7 +249,13 @@ def _valid_as_written(argv: list[str], doc: str, line: int, cmd: str) -> None:
     for a in argv:
         if a.startswith("-") or a.startswith(("hydra/", "hydra.")):
             continue
-        key, _, val = a.partition("=")
+        key, eq, val = a.partition("=")
+        if not eq:  # ~key: a deletion, as written
+            over.append(a)
+            continue
+        if "(" in val and val.split("(")[0] in ("range", "choice", "interval", "glob",
+                                                 "sort", "shuffle", "tag"):
+            continue  # a sweep function: its values are the sweep's, not checked here
         if "," in val and not val.startswith(("[", "{", "'", '"')):
             val = val.split(",")[0]  # a swept list: its first value
         over.append(f"{key}={val}")

@@ -347,6 +347,29 @@ def test_whole_model_presets_need_a_model_path(tmp_path, capsys, monkeypatch):
     assert not list(tmp_path.iterdir())  # no run directory
 
 
+def test_an_interrupted_recording_removes_only_its_own_folders(ckpt, tmp_path, monkeypatch,
+                                                              capsys):
+    """Ctrl-C in a recording into a folder that held other things (here an all-layers replay's
+    layer_00 results): the folders it made go, what was there stays (it deleted layer_00)."""
+    import precsim.models.recording as rec
+
+    out = tmp_path / "userdir"
+    (out / "layer_00").mkdir(parents=True)
+    (out / "layer_00" / "summary.json").write_text("precious")
+    (out / "notes.txt").write_text("notes")
+
+    def interrupted(model, ids, where, layers, **kw):
+        (out / "layer_01.partial").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rec, "record_document", interrupted)
+    assert record_main(["--model", str(ckpt["Mamba2ForCausalLM"]), "--tokens", "4",
+                        "--layers", "0,1", "--out", str(out)]) == 130
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "layer_00", "layer_00/summary.json", "notes.txt"]
+    capsys.readouterr()
+
+
 def test_record_never_replaces_a_recording(ckpt, tmp_path, capsys):
     """--out holding a finished recording (record.json) is a one-line error and the recording
     is left as it was; a folder without record.json (nothing finished) may be recorded into."""
