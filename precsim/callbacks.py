@@ -27,7 +27,14 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import _gpu_count, _job_log, is_user_error, one_line, register_resolvers
+from .cli import (
+    _gpu_count,
+    _job_log,
+    is_user_error,
+    one_line,
+    register_resolvers,
+    user_error_types,
+)
 
 log = logging.getLogger("precsim")
 
@@ -154,15 +161,10 @@ class SweepCallback(Callback):
 
 
 def _setting_error_names() -> set[str]:
-    """The class names of config and input errors (``cli.is_user_error``'s: ours, Hydra's,
-    OmegaConf's, with their subclasses), as a failed job's ``error.txt`` names its error's
-    class (jobs run by joblib or submitit failed in other processes)."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from .errors import PrecsimError
-
-    out, todo = set(), [PrecsimError, OmegaConfBaseException, HydraException]
+    """The class names of config and input errors (``cli.user_error_types`` and their
+    subclasses), as a failed job's ``error.txt`` names its error's class (jobs run by joblib
+    or submitit failed in other processes)."""
+    out, todo = set(), list(user_error_types())
     while todo:
         c = todo.pop()
         out.add(c.__name__)

@@ -591,14 +591,19 @@ def _remove_stub(hc) -> None:
                 break
 
 
-def is_user_error(e: BaseException) -> bool:
-    """Config and input errors (ours, Hydra's, OmegaConf's), as opposed to bugs."""
+def user_error_types() -> tuple:
+    """The bases of config and input errors: ours, Hydra's, OmegaConf's."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from precsim.errors import PrecsimError
 
-    return isinstance(e, (PrecsimError, OmegaConfBaseException, HydraException))
+    return PrecsimError, OmegaConfBaseException, HydraException
+
+
+def is_user_error(e: BaseException) -> bool:
+    """Config and input errors (:func:`user_error_types`), as opposed to bugs."""
+    return isinstance(e, user_error_types())
 
 
 def one_line(e: BaseException) -> str:
@@ -660,32 +665,32 @@ def _validate_sweeps_lightly() -> None:
 
     def validate(self, batch):
         jobs = _covering_jobs(batch)
-        full(self, jobs)
-        _check_job_settings(self, jobs)
+        if not _check_job_settings(self, jobs):  # (Hydra's check, and the config's, at once)
+            full(self, jobs)
 
     validate._precsim = True
     Sweeper.validate_batch_is_legal = validate
     _reuse_compositions()
 
 
-def _check_job_settings(sweeper, jobs) -> None:
-    """The covering jobs' configs through the config's own checks (``to_config``) before any
-    job runs: a bad value anywhere in the grid (``replay.buffer_len=0,16``) is one line, as in
-    a single run, instead of a failed job after the others ran. Their compositions come back
-    from the loader's cache of the check just made (:func:`_reuse_compositions`)."""
-    from omegaconf import open_dict
+def _check_job_settings(sweeper, jobs) -> bool:
+    """Hydra's check before launching (each covering job composed, as its
+    ``validate_batch_is_legal`` does) with the config's own checks on each composition
+    (``check_preset``, ``to_config``): a bad value anywhere in the grid
+    (``replay.buffer_len=0,16``) is one line, as in a single run, instead of a failed job after
+    the others ran. False when this sweeper has no config loader to compose with (Hydra's own
+    check then runs)."""
+    from pathlib import Path
 
-    from precsim.config import to_config
+    from omegaconf import OmegaConf, open_dict
+
+    from precsim.config import check_preset, to_config
     from precsim.errors import PrecsimError
 
     ctx = getattr(sweeper, "hydra_context", None)
     loader = ctx.config_loader if ctx is not None else getattr(sweeper, "config_loader", None)
     if loader is None or getattr(sweeper, "config", None) is None:
-        return
-    from omegaconf import OmegaConf
-
-    from precsim.config import check_preset
-
+        return False
     for overrides in jobs:
         cfg = loader.load_sweep_config(master_config=sweeper.config,
                                        sweep_overrides=list(overrides))
@@ -696,14 +701,13 @@ def _check_job_settings(sweeper, jobs) -> None:
             check_preset(preset, OmegaConf.select(cfg, "model.path", default=None))
             _to_config(cfg, to_config)
         except PrecsimError as e:
-            from pathlib import Path
-
             sweep_dir = Path(str(sweeper.config.hydra.sweep.dir))
             if sweep_dir.is_dir() and [p.name for p in sweep_dir.iterdir()] == ["multirun.yaml"]:
                 (sweep_dir / "multirun.yaml").unlink()  # the sweeper's, made just before: no
                 sweep_dir.rmdir()  # stray folder for a sweep that never started
             raise PrecsimError(f"{e} (the sweep's job {' '.join(overrides)}; no job ran)"
                                ) from None
+    return True
 
 
 def _reuse_compositions() -> None:
