@@ -138,8 +138,10 @@ class SweepCallback(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not self.aggregate or not sweep_dir.is_dir():
             return
-        try:
-            agg = aggregate(sweep_dir, plots=self.plots)
+        metric = str(OmegaConf.select(config, "metrics.budget_metric", default="rel_err"))
+        budget = float(OmegaConf.select(config, "metrics.budget", default=0.0625))
+        try:  # the plots carry the sweep's budget line and its recommended configuration
+            agg = aggregate(sweep_dir, plots=self.plots, budget=(metric, budget))
         except Exception as e:  # noqa: BLE001 - results stay on disk; say why, exit non-zero
             print(f"precsim: error: aggregating {sweep_dir} failed: {e}", file=sys.stderr)
             sys.exit(1)
@@ -182,12 +184,12 @@ def _print_sweep_recommendation(config: DictConfig, agg: Any, sweep_dir: Path) -
     metric = str(OmegaConf.select(config, "metrics.budget_metric", default="rel_err"))
     budget = float(OmegaConf.select(config, "metrics.budget", default=0.0625))
     try:
-        cands = report.candidates(agg.jobs, metric)
+        decision = report.decide(agg.jobs, metric, budget)
     except report.ReportError:
         return
-    if not cands:
+    if not any(cs for _, cs, _ in decision):
         return
-    print(report.format_recommendation(report.recommend(cands, budget), metric, None))
+    print(report.format_decision(decision, metric, None))
     print(f"(the same, with other budgets or a horizon: python -m precsim.report "
           f"{shlex.quote(str(sweep_dir))} --metric {metric} --budget {budget:g})")
 

@@ -317,10 +317,11 @@ def format_recommendation(rec: Recommendation, metric: str, horizon: int | None,
                      f"{acc.bytes_per_step:,.0f} B/step; job {acc.job}, scheme {acc.scheme}).")
         return "\n".join(lines)
     headroom = rec.budget / best.value if best.value > 0 else math.inf
+    under = f"{_g(headroom)}x under the budget" if best.value > 0 else "exact (0)"
     lines.append(f"recommended: {best.label}  (job {best.job}, scheme {best.scheme})")
     lines.append(f"  {best.bytes_per_step:,.0f} bytes/step/head; {metric}={_g(best.value)} at "
                  f"length {best.length:,}")
-    margin = f"  margin: {_g(headroom)}x under the budget"
+    margin = f"  margin: {under}"
     if len(rec.within) > 1:
         nxt = rec.within[1]
         extra = 100 * (nxt.bytes_per_step / best.bytes_per_step - 1)
@@ -335,6 +336,111 @@ def format_recommendation(rec: Recommendation, metric: str, horizon: int | None,
     if len(rec.within) > 1:
         lines.append("runners-up within the budget (cheapest first):")
         lines += [_cand_line(i + 2, c, metric) for i, c in enumerate(rec.within[1:1 + top])]
+    return "\n".join(lines)
+
+
+# -- what is comparable -----------------------------------------------------------------------
+@dataclass
+class Group:
+    """Complete jobs whose figures measure the same thing: one workload kind (a synthetic layer
+    run, a trace replay, a whole-model run), one SSM family and layer shape (a trace: the same
+    trace; a whole model: the same checkpoint). Only runs of one group are ranked together."""
+
+    key: tuple
+    title: str
+    jobs: list[Job]
+
+
+def workload_kind(summary: dict) -> str:
+    """``synthetic``, ``trace`` or ``model`` (a whole-model run: its figures are the logits')."""
+    info = summary.get("info") or {}
+    cfg = summary.get("config") or {}
+    w = str(info.get("workload") or (cfg.get("workload") or {}).get("kind") or "synthetic")
+    if w == "model" or (cfg.get("model") or {}).get("path"):
+        return "model"
+    return "trace" if w.startswith("trace") else "synthetic"
+
+
+_FAMILY = {"mamba2": "Mamba-2", "gdn": "Gated DeltaNet"}
+
+
+def _group_of(summary: dict) -> tuple[tuple, str]:
+    cfg = summary.get("config") or {}
+    m, w = cfg.get("model") or {}, cfg.get("workload") or {}
+    kind = workload_kind(summary)
+    fam = _FAMILY.get(m.get("family"), m.get("family"))
+    dims = [m.get(k) for k in ("heads", "head_dim", "state_dim")]
+    shape = (f"{dims[0]} head{'s' if dims[0] != 1 else ''} x {dims[1]} x {dims[2]}"
+             if all(d is not None for d in dims) else None)
+    if kind == "model":
+        path = (summary.get("info") or {}).get("model_path") or m.get("path")
+        name = Path(str(path)).name if path else "?"
+        return (kind, str(path)), (f"whole-model runs of {name} (the metric measures the "
+                                   "model's logits against the float64-state reference)")
+    layer = " ".join(x for x in (fam, "layer" if fam else None, shape and f"({shape})") if x)
+    if kind == "trace":
+        src = w.get("path")
+        where = f" of {Path(str(src)).name}" if src else ""
+        lay = f" layer {w['layer']}" if w.get("layer") is not None else ""
+        return (kind, src, w.get("layer"), m.get("family"), tuple(dims)), \
+            f"trace replays{where}{lay}" + (f", {layer}" if layer else "")
+    return (kind, m.get("family"), tuple(dims)), \
+        "synthetic layer runs" + (f", {layer}" if layer else "")
+
+
+def comparable_groups(jobs: list[Job]) -> list[Group]:
+    """The complete jobs in groups (:class:`Group`), in the order of their first job."""
+    out: dict[tuple, Group] = {}
+    for j in jobs:
+        if j.summary is None:
+            continue
+        key, title = _group_of(j.summary)
+        out.setdefault(key, Group(key, title, [])).jobs.append(j)
+    return list(out.values())
+
+
+def longest_run(jobs: list[Job]) -> int:
+    """The most steps any complete job ran (0: none)."""
+    return max((int(j.summary.get("steps") or 0) for j in jobs if j.summary is not None),
+               default=0)
+
+
+def decide(jobs: list[Job], metric: str, budget: float | None, horizon: int | None = None
+           ) -> list[tuple[Group, list[Candidate], Recommendation | None]]:
+    """Per comparable group: its candidates and, with a budget, its recommendation."""
+    out = []
+    for g in comparable_groups(jobs):
+        cands = candidates(g.jobs, metric, horizon)
+        out.append((g, cands, recommend(cands, budget) if budget is not None and cands
+                    else None))
+    return out
+
+
+def format_decision(decision, metric: str, horizon: int | None, top: int = 3) -> str:
+    """The recommendation of each group (one group: :func:`format_recommendation`, after a line
+    saying what was compared)."""
+    lines = []
+    if len(decision) > 1:
+        lines.append(f"the runs form {len(decision)} groups that are not ranked against each "
+                     "other (another workload kind, SSM family, layer shape, trace or "
+                     "checkpoint): a recommendation within each")
+    for i, (g, cs, rec) in enumerate(decision, 1):
+        if not cs:
+            continue
+        n = len(g.jobs)
+        what = f"{g.title} ({n} job{'s' if n > 1 else ''})"
+        lines.append(f"== group {i} of {len(decision)}: {what}" if len(decision) > 1 else
+                     f"compared: {what}")
+        if rec is not None:
+            lines.append(format_recommendation(rec, metric, horizon, top))
+        else:
+            at = f"the largest length <= {horizon:,}" if horizon else "each run's last step"
+            lines.append(f"configurations by bytes/step ({metric} at {at}):")
+            order = sorted(cs, key=lambda c: (c.bytes_per_step, c.value))
+            lines += [_cand_line(k + 1, c, metric) for k, c in enumerate(order)]
+    for g, cs, _ in decision:
+        if not cs:
+            lines.append(f"({g.title}: no reported length <= the horizon; not compared)")
     return "\n".join(lines)
 
 
@@ -360,8 +466,13 @@ MODEL_MEANING = {
 
 
 def _meaning(summary: dict, metric: str, budget: float) -> str:
-    if (summary.get("info") or {}).get("workload") == "model" and metric in MODEL_MEANING:
-        return MODEL_MEANING[metric](budget)
+    info = summary.get("info") or {}
+    if info.get("workload") == "model" and metric in MODEL_MEANING:
+        text = MODEL_MEANING[metric](budget)
+        if (info.get("floor") or {}).get("baseline") == "fp32":
+            text = text.replace("vs the float64-state reference", "vs the FP32-state baseline")
+            text += " against the FP32-state baseline" if metric == "kl" else ""
+        return text
     return BUDGET_MEANING[metric](budget)
 
 
@@ -424,14 +535,36 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         v = math.inf if v is None or not math.isfinite(v) or dead is not None else float(v)
         rows.append((float(cost.get(name, {}).get("bytes_per_step") or math.inf), v, name, info))
     rows.sort(key=lambda r: (r[0], r[1]))
+    from .floor import (confidence_note, floor_exceeds, floor_lines, interval,
+                        separation_line, within_noise)
+
+    floor = (summary.get("info") or {}).get("floor")
     lines = [f"budget: {metric} <= {budget:g} at step {steps:,} "
              f"({_meaning(summary, metric, budget)}; metrics.budget_metric, metrics.budget)"]
+    if floor:
+        lines += floor_lines(floor, metric, budget)
     w = max([len(r[2]) for r in rows] + [6])
-    lines.append(f"  {'scheme':<{w}}  {'B/step/head':>11}  {metric:>9}  status")
+    figs = summary.get("figures", {})
+    ci = bool(floor) and metric in ("kl", "top1")
+    lines.append(f"  {'scheme':<{w}}  {'B/step/head':>11}  {metric:>9}  "
+                 + (f"{'95% interval':>22}  " if ci else "") + "status")
     for b, v, name, _ in rows:
-        lines.append(f"  {name:<{w}}  {b:>11,.0f}  {_g(v):>9}  {margin_text(v, budget)}")
+        fin = figs.get(name, {}).get("final", {})
+        band = f"{interval(fin.get(metric + '_lo'), fin.get(metric + '_hi')):>22}  " if ci else ""
+        base = (floor.get("baseline_name") == name and floor.get("baseline") == "fp32"
+                ) if floor else False
+        tail = ("the baseline" if base else "within the floor's noise"
+                if within_noise(v, floor, metric) else "")
+        status = margin_text(v, budget) + (f" ({tail})" if tail else "")
+        lines.append(f"  {name:<{w}}  {b:>11,.0f}  {_g(v):>9}  {band}{status}")
     fits = [r for r in rows if r[1] <= budget]
-    if not fits:
+    blocked = floor_exceeds(floor, metric, budget)
+    if blocked:
+        lines.append(blocked)
+        fits = None
+    if fits is None:
+        pass
+    elif not fits:
         b, v, name, info = min(rows, key=lambda r: (r[1], r[0]))
         hint = knob(name, info, summary.get("config", {}))
         lines.append(f"NO scheme is within the budget; the most accurate is {name} "
@@ -442,7 +575,15 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         save = f", {top / b:.2g}x fewer bytes than the costliest" if top > b * 1.01 else ""
         lines.append(f"recommended: {info.get('label', name)} [{name}]: {b:,.0f} B/step/head"
                      f"{save}; {metric}={_g(v)}, {margin_text(v, budget)} the budget")
-        if v > 0 and budget / v < 1.1:
+        if floor and metric in ("kl",):
+            lines.append(f"  {confidence_note(figs.get(name, {}).get('final', {}), budget, metric)}")
+            cheaper = [r for r in rows if r[0] < b]
+            for other in ([cheaper[-1]] if cheaper else []) + [rows[-1]]:
+                if other[2] != name:
+                    sep = separation_line(floor, name, other[2])
+                    if sep:
+                        lines.append(sep)
+        elif v > 0 and budget / v < 1.1:
             lines.append("  note: within 10% of the budget; check with more sequences "
                          "(run.seqs) or seeds before relying on it")
         for cb, cv, cname, cinfo in rows:
@@ -453,7 +594,7 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
     pl = (summary.get("info") or {}).get("per_layer")
     if pl:
         lines += per_layer_lines(pl)
-    lines.append(f"over a sweep: python -m precsim.report {shlex.quote(str(run_dir))} "
+    lines.append(f"to compare with other runs: python -m precsim.report {shlex.quote(str(run_dir))} "
                  f"--metric {metric} --budget {budget:g}")
     return "\n".join(lines)
 
@@ -507,23 +648,105 @@ def as_override(layers: dict) -> str:
 
 # -- plots -----------------------------------------------------------------------------------
 def _short_tags(jobs: list[Job]) -> dict[str, str]:
-    """Per job: the overrides that differ between jobs, with short keys."""
+    """Per job: the settings that differ between ``jobs``, with short keys. A key a job does not
+    override takes its value from the job's config (summary.json), so a single run beside a
+    sweep gets no ``experiment=None``; a key whose value no job's config knows is left out of
+    that job's tag."""
     keys = list(dict.fromkeys(k for j in jobs for k in j.overrides))
-    varying = [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1]
-    return {j.name: ",".join(f"{k.rsplit('.', 1)[-1]}={j.overrides.get(k)}" for k in varying)
-            for j in jobs}
+    vals = {j.name: {k: _effective(j, k) for k in keys} for j in jobs}
+    varying = [k for k in keys if len({vals[j.name][k] for j in jobs}) > 1]
+    short = {k: k.rsplit(".", 1)[-1] for k in varying}
+    if len(set(short.values())) < len(short):  # two keys end alike: the full keys
+        short = {k: k for k in varying}
+    return {j.name: ",".join(f"{short[k]}={v}" for k in varying
+                             if (v := vals[j.name][k]) is not None) for j in jobs}
 
 
-def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
+def _effective(job: Job, key: str) -> str | None:
+    """The value of ``key`` in ``job``: its override, else its config's (None: unknown)."""
+    if key in job.overrides:
+        return job.overrides[key]
+    node = (job.summary or {}).get("config")
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return None if node is None or isinstance(node, (dict, list)) else str(node)
+
+
+_KIND_MARKERS = {"conventional": "s", "shared": "^", "split": "o"}
+_SERIES_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "h")
+
+
+def _group_tags(jobs: list[Job]) -> dict[str, str]:
+    """:func:`_short_tags` within each comparable group (what differs between comparable runs)."""
+    out = {j.name: "" for j in jobs}
+    for g in comparable_groups(jobs):
+        out.update(_short_tags(g.jobs))
+    return out
+
+
+def _recommended(jobs: list[Job], budget: tuple[str, float] | None,
+                 horizon: int | None) -> list[Candidate]:
+    """Each comparable group's recommended configuration under ``budget`` (none without one)."""
+    if budget is None or budget[0] not in METRICS:
+        return []
+    return [rec.best for _, _, rec in decide(jobs, budget[0], budget[1], horizon)
+            if rec is not None and rec.best is not None]
+
+
+def _budget_line(ax, budget: tuple[str, float]) -> None:
+    ax.axhline(budget[1], color="k", ls=(0, (4, 3)), lw=1.2, zorder=4,
+               label=f"budget: {budget[0]} ≤ {budget[1]:g}")
+
+
+def _mark_recommended(ax, x: float, y: float, hollow: bool = False,
+                      others: list[tuple[float, float]] = ()) -> None:
+    """A star on the recommended point and a "recommended" label with a leader line, placed at
+    the offset (of four around the point) farthest from the other points ``others`` (data
+    coordinates; the axes' limits must be final)."""
+    ax.scatter([x], [y], marker="*", s=260, zorder=4.5, linewidths=1.2, edgecolors="k",
+               facecolors="none" if hollow else "gold")
+    to_px = ax.transData.transform
+    pts = [to_px(p) for p in others if _pos(p[0]) and _pos(p[1]) and p != (x, y)]
+    x0, y0 = to_px((x, y))
+    dpi = ax.figure.dpi / 72  # points -> pixels
+
+    def room(off):  # the distance from the label's centre to the nearest other point
+        cx, cy = x0 + (off[0] + 30 * (1 if off[0] > 0 else -0.2)) * dpi, y0 + off[1] * dpi
+        return min((max(abs(px - cx) - 34 * dpi, 0) + max(abs(py - cy) - 8 * dpi, 0)
+                    for px, py in pts), default=math.inf)
+
+    off = max([(-58, 26), (12, 26), (12, -30), (-58, -30)], key=room)
+    ax.annotate("recommended", (x, y), xytext=off, textcoords="offset points",
+                fontsize=8, weight="bold", zorder=7,
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.3", "lw": 0.6},
+                arrowprops={"arrowstyle": "-", "color": "0.2", "lw": 0.8, "shrinkB": 7})
+
+
+def _same_curve(a: list, b: list, rel: float = 0.02) -> bool:
+    """Whether two curves (values at the same steps) lie on top of each other on a log axis."""
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if _pos(x) and _pos(y)]
+    return len(pairs) == len(a) == len(b) and bool(pairs) and all(
+        abs(x - y) <= rel * max(x, y) for x, y in pairs)
+
+
+def plot_error_vs_length(jobs: list[Job], path: Path, budget: tuple[str, float] | None = None,
+                         horizon: int | None = None) -> Path:
     """rel_err and KL vs length of every (job, scheme); a scheme with the same curve in every
-    job (the baseline) is drawn once. Line style by scheme kind."""
+    job (the baseline) is drawn once. Line style by scheme kind; each highlighted curve has a
+    marker of its own (markers staggered along the curve), and a curve lying on top of another
+    says so in the legend. With ``budget`` ``(metric, value)``: the budget line on its panel and
+    the recommended configuration drawn bold, first in the legend."""
     from .plots import fixed_margins, plain_ticks, plt, save_png
 
     done = [j for j in jobs if j.summary is not None]
-    tags = _short_tags(done)
+    tags = _group_tags(done)
+    recs = {(c.label, c.bytes_per_step) for c in _recommended(done, budget, horizon)}
     series, seen = [], {}
     for j in done:
         per_scheme = _scheme_rows(j)
+        cost = _costs(j.summary)
         for s, info in j.summary.get("schemes", {}).items():
             mine = per_scheme[s]
             label = info.get("label", s)
@@ -531,47 +754,80 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
             if key in seen:  # same configuration, same result: drawn once, without a job tag
                 seen[key][3] = ""
                 continue
-            item = [info.get("kind", ""), label, mine, tags[j.name]]
+            b = cost.get(s, {}).get("bytes_per_step")
+            item = [info.get("kind", ""), label, mine, tags.get(j.name, ""),
+                    (label, float(b)) in recs if b is not None else False]
             seen[key] = item
             series.append(item)
     n_label = Counter(x[1] for x in series)  # a job's tag only where the label is ambiguous
-    series = [(k, f"{t}: {lab}" if t and n_label[lab] > 1 else lab, rs)
-              for k, lab, rs, t in series]
-    panels = [m for m in ("rel_err", "kl") if any(_pos(r.get(m)) for *_, rs in series for r in rs)]
+    series = [(k, f"{t}: {lab}" if t and n_label[lab] > 1 else lab, rs, r)
+              for k, lab, rs, t, r in series]
+    panels = [m for m in ("rel_err", "kl")
+              if any(_pos(r.get(m)) for _k, _l, rs, _r in series for r in rs)]
     panels = panels or ["rel_err"]
-    # the configurations on the Pareto front (bytes vs final rel_err) are drawn in colour; the
-    # others are faded, without a legend entry, so 25 configurations stay readable
-    front_labels = {(c.tag + ": " if c.tag and n_label[c.label] > 1 else "") + c.label
-                    for c in pareto_front(_drawable(candidates(done, panels[0])))}
-    hi = [x for x in series if x[1] in front_labels] or series[:10]
+    # the configurations on a Pareto front (bytes vs final rel_err, per comparable group) are
+    # drawn in colour; the others are faded, without a legend entry, so 25 stay readable
+    front_labels = set()
+    for g, cs, _ in decide(done, panels[0], None, horizon):
+        front = pareto_front(_drawable(cs))  # (and what coincides with it: not hidden)
+        front_labels |= {(c.tag + ": " if c.tag and n_label[c.label] > 1 else "") + c.label
+                         for c in _drawable(cs) if any(_coincide(c, f) for f in front)}
+    hi = [x for x in series if x[1] in front_labels or x[3]] or series[:10]
+    hi.sort(key=lambda x: not x[3])  # the recommended first
+    # a curve on top of an earlier one (on the first panel): said in the legend
+    on_top: dict[int, int] = {}
+    for i, (_k, _l, rs, _r) in enumerate(hi):
+        ys = [r.get(panels[0]) for r in rs]
+        for k in range(i):
+            if k not in on_top and _same_curve(ys, [r.get(panels[0]) for r in hi[k][2]]):
+                on_top[i] = k
+                break
+    names = []
+    for i, (_k, lab, _rs, rec) in enumerate(hi):
+        name = ("★ recommended: " if rec else "") + lab
+        if i in on_top:
+            name += f"  (lies on #{on_top[i] + 1})"
+        names.append(f"#{i + 1} {name}")
     ncol = 1 if len(hi) <= 6 else 2
-    extra = 0.22 * math.ceil((len(hi) + 1) / ncol)
+    n_extra = bool(budget and budget[0] in panels) + (len(hi) < len(series))
+    extra = 0.22 * math.ceil((len(hi) + n_extra + 1) / ncol)
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.4 + extra),
                              squeeze=False)
     cmap = plt.get_cmap("tab10")
     styles = {"conventional": ":", "shared": "--", "split": "-"}
     for ax, m in zip(axes[0], panels, strict=True):
-        for _kind, lab, rs in series:
+        for _kind, lab, rs, _rec in series:
             if any(lab == x[1] for x in hi):
                 continue
             y = [r.get(m) if _pos(r.get(m)) else math.nan for r in rs]
             ax.plot([r["step"] for r in rs], y, lw=0.8, color="0.75", zorder=1,
                     marker="o" if len(rs) < 4 else None, ms=2)
-        for i, (kind, lab, rs) in enumerate(hi):
+        for i, (kind, _lab, rs, rec) in enumerate(hi):
             y = [r.get(m) if _pos(r.get(m)) else math.nan for r in rs]
-            ax.plot([r["step"] for r in rs], y, lw=1.8, label=lab, color=cmap(i % 10), zorder=3,
-                    ls=styles.get(kind, "-."), marker="o" if len(rs) <= 12 else None, ms=3.5)
+            every = max(1, len(rs) // 8)
+            ax.plot([r["step"] for r in rs], y, lw=3.2 if rec else 1.8, label=names[i],
+                    color=cmap(i % 10), zorder=5 if rec else 3, ls=styles.get(kind, "-."),
+                    marker=_SERIES_MARKERS[i % len(_SERIES_MARKERS)],
+                    markevery=(i % every, every), ms=5 if i in on_top else 3.5,
+                    mfc="none" if i in on_top else None)
+        vals = [r.get(m) for *_, rs, _r in series for r in rs]
+        if budget and budget[0] == m:
+            _budget_line(ax, budget)
+            vals.append(budget[1])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         plain_ticks(ax)
-        _clip_low(ax, [r.get(m) for *_, rs in series for r in rs],
-                  [(lab, rs[-1].get(m), "C0") for _k, lab, rs in series if rs])
+        _clip_low(ax, vals, [(lab, rs[-1].get(m), "C0") for _k, lab, rs, _r in series if rs])
         ax.set_xlabel("decode steps (tokens)")
         ax.set_ylabel({"rel_err": "‖y − y_ref‖ / ‖y_ref‖", "kl": "KL per token (nats)"}[m])
         ax.set_title({"rel_err": "relative output error", "kl": "KL(p_ref || p_sim)"}[m])
         ax.grid(True, alpha=0.3)
     fixed_margins(fig, left=0.75, right=0.2, top=0.35, bottom=0.5 + extra, gap=0.9)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    legend: dict = {}
+    for ax in axes[0]:
+        for hh, ll in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(ll, hh)
+    handles, labels = list(legend.values()), list(legend)
     if len(hi) < len(series):
         from matplotlib.lines import Line2D
 
@@ -582,40 +838,72 @@ def plot_error_vs_length(jobs: list[Job], path: Path) -> Path:
     return save_png(fig, path, dpi=120, bbox_inches="tight")
 
 
-def plot_pareto(jobs: list[Job], path: Path) -> Path:
-    """rel_err and KL at the last reported length vs bytes per step. The front is drawn as a
-    staircase, numbered and listed under each panel; points off the front get a short grey
-    label; x ticks cover the whole range."""
+def plot_pareto(jobs: list[Job], path: Path, budget: tuple[str, float] | None = None,
+                horizon: int | None = None) -> Path:
+    """rel_err and KL (and the budget's metric) at the last reported length <= the horizon vs
+    bytes per step. Each comparable group's front is a staircase of numbered markers (the
+    number inside the marker), listed under the panel; points off the front are grey markers
+    by scheme kind (legend), without text. With ``budget``: the budget line on its panel and
+    each group's recommended configuration starred and labelled "recommended" on every
+    panel."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     from .plots import fixed_margins, plain_ticks, plt, save_png
 
-    drawn = {m: _drawable(candidates(jobs, m)) for m in ("rel_err", "kl")}
-    fronts = {m: pareto_front(cs) for m, cs in drawn.items()}
-    extra = 0.17 * max(len(f) for f in fronts.values()) + 0.5
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5.2 + extra), squeeze=False)
-    for ax, m in zip(axes[0], fronts, strict=True):
-        cs, front = drawn[m], fronts[m]
-        off = [c for c in cs if c not in front]
-        ax.scatter([c.bytes_per_step for c in off], [c.value for c in off], s=18, alpha=0.6,
-                   color="0.55", label="off the front", zorder=2)
-        ax.plot([c.bytes_per_step for c in front], [c.value for c in front], "-o", ms=5,
-                color="C3", drawstyle="steps-post", label="Pareto front", zorder=3)
-        n_label = Counter(c.label for c in cs)
-        lines = []
-        for i, c in enumerate(front, 1):
-            ax.annotate(str(i), (c.bytes_per_step, c.value), fontsize=8, xytext=(4, 4),
-                        textcoords="offset points", color="C3", weight="bold")
-            lines.append(f"{i:>2}. {c.bytes_per_step:>9,.0f} B  {m}={_g(c.value):<8} "
-                         f"{c.label}" + (f" [{c.tag}]" if c.tag and n_label[c.label] > 1 else ""))
-        placed = [(math.log(c.bytes_per_step), math.log10(c.value)) for c in front]
-        for c in sorted(off, key=lambda c: c.value):  # a label only where it has room
-            pt = (math.log(c.bytes_per_step), math.log10(c.value))
-            if all(abs(pt[0] - q[0]) > 0.12 or abs(pt[1] - q[1]) > 0.12 for q in placed):
-                ax.annotate(_short_label(c), (c.bytes_per_step, c.value), fontsize=6,
-                            xytext=(3, -7), textcoords="offset points", color="0.4")
-                placed.append(pt)
-        _clip_low(ax, [c.value for c in cs], [(c.label, c.value, "C3") for c in cs])
+    done = [j for j in jobs if j.summary is not None]
+    panels = ["rel_err", "kl"]
+    if budget and budget[0] in METRICS and budget[0] not in panels:
+        panels.append(budget[0])
+    recs = _recommended(done, budget, horizon)
+    rec_keys = {(r.label, r.bytes_per_step) for r in recs}
+    per = {m: [(g, _drawable(cs)) for g, cs, _ in decide(done, m, None, horizon)]
+           for m in panels}
+    fronts = {m: [(g, pareto_front(cs)) for g, cs in per[m]] for m in panels}
+    n_lines = max(sum(len(f) + (len(fronts[m]) > 1) for _, f in fronts[m]) for m in panels)
+    extra = 0.17 * n_lines + 0.5
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5.2 + extra),
+                             squeeze=False)
+    front_colors = ("C3", "C0", "C2", "C4", "C1", "C5")
+    for ax, m in zip(axes[0], panels, strict=True):
+        cs = [c for _, gc in per[m] for c in gc]
+        lines, kinds_seen, placed = [], set(), 0
+        for gi, ((g, gcs), (_, front)) in enumerate(zip(per[m], fronts[m], strict=True)):
+            color = front_colors[gi % len(front_colors)]
+            kinds = {(j.name, s): (i or {}).get("kind", "") for j in g.jobs
+                     for s, i in j.summary.get("schemes", {}).items()}
+            off = [c for c in gcs if c not in front]
+            for k in sorted({kinds.get((c.job, c.scheme), "") for c in off}):
+                pts = [c for c in off if kinds.get((c.job, c.scheme), "") == k]
+                lab = f"{k or 'other'} (off the front)"
+                ax.scatter([c.bytes_per_step for c in pts], [c.value for c in pts], s=22,
+                           alpha=0.6, color="0.55", marker=_KIND_MARKERS.get(k, "D"), zorder=2,
+                           label=None if lab in kinds_seen else lab)
+                kinds_seen.add(lab)
+            glabel = "Pareto front" + (f" (group {gi + 1})" if len(per[m]) > 1 else "")
+            ax.plot([c.bytes_per_step for c in front], [c.value for c in front], "-",
+                    color=color, drawstyle="steps-post", label=glabel, zorder=3, lw=1.4)
+            ax.scatter([c.bytes_per_step for c in front], [c.value for c in front], s=130,
+                       color=color, zorder=4, edgecolors="white", linewidths=0.6)
+            n_label = Counter(c.label for c in gcs)
+            if len(per[m]) > 1:
+                lines.append(f"group {gi + 1}: {g.title}")
+            for c in front:
+                placed += 1
+                ax.text(c.bytes_per_step, c.value, str(placed), ha="center", va="center",
+                        fontsize=6.5, color="white", weight="bold", zorder=5,
+                        clip_on=True)  # (one below the axis would stretch the figure)
+                same = [o.label for o in off if _coincide(o, c)]
+                lines.append(f"{placed:>2}. {c.bytes_per_step:>9,.0f} B  {m}={_g(c.value):<8} "
+                             f"{c.label}" + (f" [{c.tag}]" if c.tag and n_label[c.label] > 1
+                                             else "")
+                             + (f"  (same point: {'; '.join(same[:2])})" if same else "")
+                             + ("   <- recommended" if budget and budget[0] == m and
+                                (c.label, c.bytes_per_step) in rec_keys else ""))
+        vals = [c.value for c in cs]
+        if budget and budget[0] == m:
+            _budget_line(ax, budget)
+            vals.append(budget[1])
+        _clip_low(ax, vals, [(c.label, c.value, "C3") for c in cs])
         ax.annotate("Pareto front:\n" + "\n".join(lines), xy=(0, 0), xycoords="axes fraction",
                     xytext=(0, -40), textcoords="offset points", va="top", fontsize=6.5,
                     family="monospace")
@@ -626,25 +914,40 @@ def plot_pareto(jobs: list[Job], path: Path) -> Path:
         ax.set_yscale("log")
         plain_ticks(ax, x_tokens=False)
         xs = [c.bytes_per_step for c in cs]
-        if xs:
-            lo, hi = min(xs) / 1.25, max(xs) * 1.25
-            ax.set_xlim(lo, hi)
-            ticks = [k * 2.0 ** e for e in range(-2, 40) for k in (1, 1.5)
-                     if lo <= k * 2.0 ** e <= hi]
-            ax.xaxis.set_major_locator(FixedLocator(ticks))
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.xaxis.set_major_formatter(FuncFormatter(
-                lambda x, _: f"{x / 1024:g}K" if x >= 1024 else f"{x:g}"))
+        lo, hi = min(xs) / 1.25, max(xs) * 1.25
+        ax.set_xlim(lo, hi)
+        ticks = [k * 2.0 ** e for e in range(-2, 40) for k in (1, 1.5)
+                 if lo <= k * 2.0 ** e <= hi]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda x, _: f"{x / 1024:g}K" if x >= 1024 else f"{x:g}"))
         ax.set_xlabel("bytes per decode step per head (cost model)")
-        ax.set_ylabel(f"{m} at the last reported length")
-        ax.set_title(f"{m} vs cost: {len(cs)} configurations, {len(front)} on the front",
-                     fontsize=10)
+        at = f"the largest length ≤ {horizon:,}" if horizon else "the last reported length"
+        ax.set_ylabel(f"{m} at {at}")
+        nf = sum(len(f) for _, f in fronts[m])
+        ax.set_title(f"{m} vs cost: {len(cs)} configurations, {nf} on the front"
+                     + (f" ({len(per[m])} groups)" if len(per[m]) > 1 else ""), fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=2,
-                  frameon=False)
+        for r in recs:
+            hit = next((c for c in cs if (c.job, c.scheme) == (r.job, r.scheme)), None) or \
+                next((c for c in cs if (c.label, c.bytes_per_step) ==
+                      (r.label, r.bytes_per_step)), None)
+            if hit is not None and hit.value >= ax.get_ylim()[0]:
+                _mark_recommended(ax, hit.bytes_per_step, hit.value,
+                                  hollow=not (budget and budget[0] == m),
+                                  others=[(c.bytes_per_step, c.value) for c in cs])
+        # inside, top right: a Pareto plot's empty corner (costly and inaccurate)
+        ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
     # (bbox_inches="tight" crops what the fixed margins leave over)
     fixed_margins(fig, left=0.75, right=0.2, top=0.35, bottom=0.5 + extra, gap=0.9)
     return save_png(fig, path, dpi=120, bbox_inches="tight")
+
+
+def _coincide(a: Candidate, b: Candidate, rel: float = 0.005) -> bool:
+    """Whether two points would be drawn on top of each other."""
+    return (abs(a.bytes_per_step - b.bytes_per_step) <= rel * b.bytes_per_step
+            and abs(a.value - b.value) <= rel * b.value)
 
 
 def _clip_low(ax, values, named, decades: float = 3.0) -> None:
@@ -689,10 +992,13 @@ def _drawable(cands: list[Candidate]) -> list[Candidate]:
 
 
 # -- the whole report ------------------------------------------------------------------------
-def aggregate(root: Path, plots: bool = True) -> Aggregate:
-    """Collect ``root``, write ``sweep_summary.csv`` (and the plots) into it."""
+def aggregate(root: Path, plots: bool = True, budget: tuple[str, float] | None = None,
+              horizon: int | None = None, jobs: list[Job] | None = None) -> Aggregate:
+    """Collect ``root`` (or take its ``jobs``), write ``sweep_summary.csv`` (and the plots, with
+    the budget line ``(metric, value)`` and each group's recommended configuration when given)
+    into it."""
     root = Path(root)
-    jobs = collect(root)
+    jobs = collect(root) if jobs is None else jobs
     if not jobs:
         raise ReportError(f"no run results (summary.json) under {root}")
     rows = summary_rows(jobs)
@@ -700,8 +1006,8 @@ def aggregate(root: Path, plots: bool = True) -> Aggregate:
     res.atomic_write_text(csv_path, res.rows_to_csv(rows))
     written = []
     if plots and any(j.summary is not None for j in jobs):
-        written = [plot_error_vs_length(jobs, root / ERROR_PLOT),
-                   plot_pareto(jobs, root / PARETO_PLOT)]
+        written = [plot_error_vs_length(jobs, root / ERROR_PLOT, budget, horizon),
+                   plot_pareto(jobs, root / PARETO_PLOT, budget, horizon)]
     return Aggregate(jobs, rows, csv_path, written)
 
 
@@ -731,7 +1037,12 @@ def main(argv: list[str] | None = None) -> int:
                         "output's relative RMS error; kl depends on the readout's scale)")
     p.add_argument("--budget", type=float,
                    help="largest acceptable metric at the horizon, e.g. 0.0625 (rel_err)")
-    p.add_argument("--horizon", type=int, help="generated tokens (default: the longest run)")
+    p.add_argument("--horizon", type=int, help="generated tokens (default: the longest run); "
+                   "beyond the longest run only with --extrapolate")
+    p.add_argument("--extrapolate", action="store_true",
+                   help="allow a --horizon beyond the longest run: each configuration is then "
+                        "judged at its last reported length (shared and conventional schemes' "
+                        "errors still grow with length)")
     p.add_argument("--top", type=int, default=3, help="runners-up to list")
     p.add_argument("--no-plots", action="store_true", help="write only sweep_summary.csv")
     a = p.parse_args(argv)
@@ -740,10 +1051,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.horizon is not None and a.horizon < 1:
         p.error(f"--horizon={a.horizon} must be a positive number of tokens")
     try:
-        agg = aggregate(a.dir, plots=not a.no_plots)
-        cands = candidates(agg.jobs, a.metric, a.horizon)
-        if not cands and agg.n_complete:
+        jobs = collect(a.dir)
+        if not jobs:
+            raise ReportError(f"no run results (summary.json) under {a.dir}")
+        longest = longest_run(jobs)
+        if a.horizon is not None and longest and a.horizon > longest and not a.extrapolate:
+            raise ReportError(
+                f"--horizon={a.horizon} is beyond the longest run ({longest:,} steps); "
+                f"allowed: 1..{longest}, or add --extrapolate to judge each configuration at "
+                "its last reported length")
+        decision = decide(jobs, a.metric, a.budget, a.horizon)  # (checks --metric too)
+        if not any(cs for _, cs, _ in decision) and longest:
             raise ReportError(f"no reported length <= --horizon={a.horizon} in any run")
+        agg = aggregate(a.dir, plots=not a.no_plots, jobs=jobs, horizon=a.horizon,
+                        budget=(a.metric, a.budget) if a.budget is not None else None)
     except ReportError as e:
         p.error(str(e))
     print(f"{a.dir}: {agg.n_complete}/{len(agg.jobs)} jobs complete; wrote "
@@ -751,15 +1072,8 @@ def main(argv: list[str] | None = None) -> int:
     for j in agg.jobs:
         if j.status != "complete":
             print(f"  job {j.name}: {j.status}" + (f" ({j.error})" if j.error else ""))
-    if not cands:
-        return 0
-    if a.budget is None:
-        at = f"the largest length <= {a.horizon:,}" if a.horizon else "each run's last step"
-        print(f"configurations by bytes/step ({a.metric} at {at}):")
-        order = sorted(cands, key=lambda c: (c.bytes_per_step, c.value))
-        print("\n".join(_cand_line(i + 1, c, a.metric) for i, c in enumerate(order)))
-        return 0
-    print(format_recommendation(recommend(cands, a.budget), a.metric, a.horizon, a.top))
+    if any(cs for _, cs, _ in decision):
+        print(format_decision(decision, a.metric, a.horizon, a.top))
     return 0
 
 

@@ -113,7 +113,7 @@ def test_summary_csv_one_row_per_job_and_scheme(sweep, capsys):
 
 def test_recommendation_cheapest_within_budget(sweep, capsys):
     code, out = _run(capsys, sweep, "--metric", "kl", "--budget", "1e-3", "--horizon", "131072",
-                     "--no-plots")
+                     "--extrapolate", "--no-plots")
     assert code == 0
     assert "no run reached the horizon; figures at length 4,096 used" in out
     rec = out.split("recommended:")[1]
@@ -163,7 +163,8 @@ def test_dead_scheme_never_recommended(tmp_path, capsys):
 
 def test_single_run_dir(tmp_path, capsys):
     write_job(tmp_path / "run", 16, JOBS["1_replay.buffer_len=16"][1], steps=1024)
-    code, out = _run(capsys, tmp_path / "run", "--budget", "1e-3", "--horizon", "131072")
+    code, out = _run(capsys, tmp_path / "run", "--budget", "1e-3", "--horizon", "131072",
+                     "--extrapolate")
     assert code == 0 and "1/1 jobs complete" in out
     assert "figures at length 1,024 used" in out and "16,042 bytes" in out
     assert (tmp_path / "run" / report.CSV_FILE).is_file()
@@ -271,8 +272,8 @@ def test_a_run_over_every_recorded_layer_is_one_complete_job(tmp_path, capsys):
                              f"hydra.run.dir={run}"], capsys)
     assert rc == 0, err
     assert not (run / "metrics.csv").exists() and (run / "layer_01" / "metrics.csv").is_file()
-    cmd = next(ln for ln in out.splitlines() if ln.startswith("over a sweep: "))
-    assert report.main(shlex.split(cmd.removeprefix("over a sweep: "))[3:]) == 0
+    cmd = next(ln for ln in out.splitlines() if ln.startswith("to compare with other runs: "))
+    assert report.main(shlex.split(cmd.removeprefix("to compare with other runs: "))[3:]) == 0
     text = capsys.readouterr().out
     assert f"{run}: 1/1 jobs complete" in text and "broken" not in text, text
     assert (run / report.ERROR_PLOT).is_file() and (run / report.PARETO_PLOT).is_file()
@@ -299,3 +300,130 @@ def test_a_run_over_every_recorded_layer_is_one_complete_job(tmp_path, capsys):
     assert (run / "layer_01" / "summary.json.broken").is_file()
     assert (run / "summary.json.broken").is_file() and not (run / "summary.json").exists()
     assert (run / "layer_00" / "summary.json").is_file()  # intact: kept
+
+
+# -- what is comparable (issue 41) -----------------------------------------------------------
+TINY = ["run.steps=64", "metrics.window=32", "metrics.vocab=32", "run.seqs=1",
+        "run.engine=torch", "run.progress=false", "metrics.plot=false"]
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """A folder as a user's outputs/ grows: a sweep of layer runs of one shape (two buffer
+    lengths), a single run of another shape, and a whole-model run of a tiny GDN checkpoint."""
+    tf = pytest.importorskip("transformers")
+    import torch
+    from test_models import GDN
+
+    from precsim.cli import main as cli_main
+
+    root = tmp_path_factory.mktemp("mixed")
+    out = root / "outputs"
+    assert cli_main(["-m", "experiment=split_nvfp4", "replay.buffer_len=8,16", "model.heads=1",
+                     "model.head_dim=8", *TINY, f"hydra.sweep.dir={out / 'sweep'}"]) == 0
+    assert cli_main(["experiment=split_nvfp4", "model.heads=2", "model.head_dim=16", *TINY,
+                     f"hydra.run.dir={out / 'other_shape'}"]) == 0
+    torch.manual_seed(0)
+    tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(vocab_size=96, hidden_size=32,
+                                               num_hidden_layers=2, **GDN,
+                                               num_attention_heads=2, num_key_value_heads=1,
+                                               intermediate_size=32)
+                          ).save_pretrained(root / "gdn_ckpt")
+    assert cli_main(["experiment=model_kl", f"model.path={root / 'gdn_ckpt'}", "run.steps=6",
+                     "metrics.window=3", "run.progress=false", "metrics.plot=false",
+                     f"hydra.run.dir={out / 'whole_model'}"]) == 0
+    return out
+
+
+def test_report_groups_what_is_comparable(mixed, capsys):
+    """Layer runs of two shapes and a whole-model run: three groups, one recommendation each,
+    said in the output; labels name only what differs within a group (buffer_len), never a key
+    a run lacks (`experiment=None`, `path=None`)."""
+    code = report.main([str(mixed), "--budget", "0.0625", "--no-plots"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "the runs form 3 groups that are not ranked against each other" in out
+    blocks = {b.splitlines()[0]: b for b in out.split("== group ")[1:]}
+    assert len(blocks) == 3, out
+    by = {what: next(b for h, b in blocks.items() if what in h) for what in (
+        "synthetic layer runs, Mamba-2 layer (1 head x 8 x 128) (2 jobs)",
+        "synthetic layer runs, Mamba-2 layer (2 heads x 16 x 128) (1 job)",
+        "whole-model runs of gdn_ckpt (the metric measures the model's logits")}
+    assert all(b.count("recommended:") + b.count("NO configuration") == 1
+               for b in blocks.values()), out
+    # each group's recommendation names a job of its own group
+    small, other, model = by.values()
+    assert "(job sweep/" in small.split("recommended:")[1].splitlines()[0]
+    assert "(job other_shape," in other and "(job whole_model," in model
+    import re
+
+    assert report.main([str(mixed), "--budget", "1", "--no-plots"]) == 0  # every one listed
+    tags = re.findall(r"\[([^\]/]*) / ", capsys.readouterr().out)
+    assert tags and set(tags) <= {"buffer_len=8", "buffer_len=16", "other_shape",
+                                  "whole_model"}, tags
+    groups = report.comparable_groups(report.collect(mixed))
+    tags = report._short_tags(next(g for g in groups if "1 head x" in g.title).jobs)
+    assert sorted(tags.values()) == ["buffer_len=16", "buffer_len=8"]
+
+
+def test_horizon_beyond_the_longest_run_needs_extrapolate(sweep, capsys):
+    """--horizon past every run: one line naming the flag, the value and what is allowed, exit
+    2, nothing written; with --extrapolate the report judges at the last length and says so."""
+    with pytest.raises(SystemExit) as e:
+        report.main([str(sweep), "--metric", "kl", "--budget", "1e-3", "--horizon", "131072"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("precsim-report: error: --horizon=131072 is beyond the longest run "
+                          "(4,096 steps); allowed: 1..4096, or add --extrapolate")
+    assert not (sweep / report.CSV_FILE).exists() and not (sweep / report.PARETO_PLOT).exists()
+    code, out = _run(capsys, sweep, "--budget", "1e-3", "--horizon", "131072", "--extrapolate",
+                     "--no-plots")
+    assert code == 0 and "no run reached the horizon; figures at length 4,096 used" in out
+    code, out = _run(capsys, sweep, "--budget", "1e-3", "--horizon", "4096", "--no-plots")
+    assert code == 0 and "note: no run reached" not in out
+
+
+def test_sweep_plots_carry_the_decision(sweep, monkeypatch):
+    """With a budget both sweep plots draw its line, the Pareto plot stars the recommended
+    configuration and labels it "recommended" (the length plot puts it first in its legend);
+    no text sits among the points but the front's numbers (inside their markers) and that
+    label; a curve lying on top of another says so in the legend."""
+    import matplotlib.pyplot as plt
+
+    from precsim import plots
+
+    # a second split whose curve is the first's: drawn with its own marker, said in the legend
+    SPECS["split_fp16_nvfp4"] = ("split(fp16 update + nvfp4 read)", "split", "fp16", "rne",
+                                 "nvfp4")
+    try:
+        write_job(sweep / "4_twin", 16, {"split_fp16_nvfp4": (16042, 6e-4)})
+        figs = {}
+
+        def keep(fig, path, **kw):
+            figs[Path(path).name] = fig
+            return Path(path)
+
+        monkeypatch.setattr(plots, "save_png", keep)
+        report.aggregate(sweep, budget=("kl", 1e-3))
+    finally:
+        del SPECS["split_fp16_nvfp4"]
+    pareto, length = figs[report.PARETO_PLOT], figs[report.ERROR_PLOT]
+    for fig in (pareto, length):
+        kl_ax = next(ax for ax in fig.axes if "KL" in ax.get_title() or "kl" in ax.get_title())
+        assert any(ln.get_ydata()[0] == 1e-3 and len(set(ln.get_ydata())) == 1
+                   for ln in kl_ax.get_lines()), "no budget line on the kl panel"
+    kl_ax = pareto.axes[1]
+    rec = [t for t in kl_ax.texts if t.get_text() == "recommended"]
+    assert len(rec) == 1 and rec[0].xy == (16042, 6e-4)  # split, L=16: the cheapest fitting
+    free = [t.get_text() for t in kl_ax.texts if t.get_text() not in ("recommended",)
+            and not t.get_text().isdigit() and not t.get_text().startswith(("Pareto front",
+                                                                             "▼"))]
+    assert not free, free
+    listed = next(t.get_text() for t in kl_ax.texts if t.get_text().startswith("Pareto front"))
+    assert "<- recommended" in next(ln for ln in listed.splitlines() if "16,042" in ln)
+    assert "same point: split(fp16 update + nvfp4 read)" in listed  # the twin, not hidden
+    names = [t.get_text() for t in length.legends[0].get_texts()]
+    assert names[0].startswith("#1 ★ recommended: ") and "split(fp32" in names[0]
+    twin = next(n for n in names if "split(fp16 update" in n)
+    assert twin.endswith("(lies on #1)"), names
+    plt.close("all")
