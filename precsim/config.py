@@ -27,6 +27,8 @@ BUFFER_DTYPES = ("fp32", "bf16", "fp16", "fp64")
 COMPUTE_DTYPES = ("fp32", "fp64")
 U_SOURCES = ("read", "master")
 DECAY_EXPS = ("exact", "fast")  # model.decay_exp (precsim.families.decays)
+MODEL_MODES = ("parallel", "decode", "generate")  # model.mode (whole-model mode)
+BASELINES = ("fp32", "fp64")  # metrics.baseline (whole-model mode)
 
 
 @dataclass
@@ -46,7 +48,10 @@ class ModelConfig:
     prompt: str | None = None  # whole-model mode: prompt text (default: precsim.models')
     text: str | None = None  # whole-model mode: documents, a .txt (one) or .jsonl (field text)
     ids: str | None = None  # whole-model mode: token ids, a .npy of shape (N,) or (K, N)
-    mode: str = "parallel"  # whole-model mode: parallel (one pass) | decode (token by token)
+    # whole-model mode: parallel (one pass) | decode (token by token) | generate (each document
+    # is a prompt; the baseline generates new_tokens greedily, every scheme runs free beside it)
+    mode: str = "parallel"
+    new_tokens: int = 64  # model.mode=generate: tokens generated after each prompt
     dtype: str | None = None  # whole-model mode: load the weights in this torch dtype
     # whole-model parallel mode: positions per forward pass (rounded up to whole metric windows
     # of whole ReplaySSM segments; 0 = the whole document at once); checkpoints fall between
@@ -132,6 +137,9 @@ class RunConfig:
     # docs/resume.md); a rerun into the directory resumes from it unless resume=false
     checkpoint_s: float = 120.0
     resume: bool = True
+    # whole-model mode: each stochastic-rounding scheme runs under this many SR seeds (its rows
+    # and intervals pool the seeds with the documents)
+    sr_seeds: int = 1
 
 
 @dataclass
@@ -151,6 +159,10 @@ class MetricsConfig:
     # rel_err^2 / 2), so a KL budget only means something for a readout you have calibrated.
     budget_metric: str = "rel_err"
     budget: float = 0.0625
+    # whole-model mode: what each scheme's KL / top-1 is measured against: fp32 (the FP32 state
+    # deployments ship today: the default) or fp64 (the float64-state truth); both are run
+    # (docs/metrics.md, "The floor")
+    baseline: str = "fp32"
 
 
 @dataclass
@@ -166,6 +178,26 @@ class PerLayerConfig:
 
 
 @dataclass
+class TaskConfig:
+    """``experiment=task_eval`` (precsim.models.task, docs/tasks.md): task accuracy under each
+    state format. A local ``path`` (.jsonl: multiple choice or generative items) or a built-in
+    ``name`` (passkey | mqar: items generated from ``seed``, ``items`` per length)."""
+
+    path: str | None = None  # a local .jsonl task file
+    name: str | None = None  # a built-in task: passkey | mqar
+    metric: str = "acc"  # multiple choice: acc (summed log-likelihood) | acc_token | acc_byte
+    limit: int | None = None  # the file's first N items (None: all)
+    lengths: list[int] = field(default_factory=lambda: [1024])  # built-in: prompt tokens
+    items: int = 50  # built-in: items per length
+    depth: float = 0.5  # built-in: where the key sits in the filler (0 start .. 1 end)
+    seed: int = 0  # built-in: the items' seed
+    key_len: int = 4  # passkey: key tokens; mqar: pairs planted
+    batch_tokens: int = 65536  # rows x positions x groups per forward pass (memory)
+    alpha: float = 0.05  # the paired tests' level
+    power: float = 0.8  # the minimum detectable difference's power
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     schemes: dict[str, SchemeConfig] = field(default_factory=dict)
@@ -175,6 +207,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     per_layer: PerLayerConfig = field(default_factory=PerLayerConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     experiment: Any = None
     name: str = "run"
 
@@ -182,7 +215,7 @@ class Config:
 GROUPS = ("model", "workload", "schemes", "experiment")  # conf/<group>/*.yaml
 # the presets that run a real checkpoint (experiment=NAME): model.path is required with them (a
 # preset's ``path: ???`` does not override the schema's null, so it cannot say so itself)
-WHOLE_MODEL = ("model_kl", "per_layer")
+WHOLE_MODEL = ("model_kl", "per_layer", "task_eval")
 
 
 def check_preset(experiment: str | None, model_path) -> None:
@@ -279,7 +312,11 @@ def validate(cfg: Config) -> None:
         check(isinstance(v, int) and v > 0, f"model.{key}", v, "a positive integer")
     check(m.heads % m.groups == 0, "model.groups", m.groups, f"a divisor of model.heads={m.heads}")
     check_choice("model.decay_exp", m.decay_exp, DECAY_EXPS)
-    check_choice("model.mode", m.mode, ("parallel", "decode"))
+    check_choice("model.mode", m.mode, MODEL_MODES)
+    if m.mode == "generate":
+        check(isinstance(m.new_tokens, int) and not isinstance(m.new_tokens, bool)
+              and m.new_tokens > 0, "model.new_tokens", m.new_tokens,
+              "an integer >= 1 (tokens generated after each prompt)")
     check(isinstance(m.chunk, int) and m.chunk >= 0, "model.chunk", m.chunk,
           "an integer >= 0 (positions per forward pass; 0 = the whole document)")
     check(m.dtype in (None, "float32", "float64", "bfloat16", "float16"), "model.dtype", m.dtype,
@@ -325,7 +362,11 @@ def validate(cfg: Config) -> None:
     check(run.threads == "auto" or (isinstance(run.threads, int) and not isinstance(
         run.threads, bool) and run.threads >= 0), "run.threads", run.threads,
           "auto or an integer >= 0 (0 = all cores)")
+    check(isinstance(run.sr_seeds, int) and not isinstance(run.sr_seeds, bool)
+          and run.sr_seeds > 0, "run.sr_seeds", run.sr_seeds,
+          "an integer >= 1 (stochastic-rounding seeds per SR scheme)")
     mc = cfg.metrics
+    check_choice("metrics.baseline", mc.baseline, BASELINES)
     check(isinstance(mc.window, int) and mc.window > 0, "metrics.window", mc.window,
           "an integer >= 1")
     check(mc.window <= run.steps, "metrics.window", mc.window,

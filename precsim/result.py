@@ -80,6 +80,9 @@ def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
                 figs[str(L)] = {k: r.get(k, math.nan) for k in keys}
         last = mine[-1]  # every scheme in ``out`` has rows
         figs["final"] = {k: last.get(k, math.nan) for k in ("step", *keys)}
+        for k in ("kl_lo", "kl_hi", "top1_lo", "top1_hi"):  # a whole-model run's intervals
+            if k in last:
+                figs["final"][k] = last[k]
         if "first_flip" in last:
             figs["final"]["first_flip"] = last["first_flip"]
             figs["final"]["flipped"] = int(last["flipped"])
@@ -400,6 +403,11 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
                              budget=(cfg.metrics.budget_metric, cfg.metrics.budget))
     if "per_layer" in result.info and complete:  # experiment=per_layer: its sensitivity table
         write_sensitivity(result.info["per_layer"], out, cfg.metrics.plot is not False)
+    text = summary.get("info", {}).pop("generations_text", None)
+    if text is not None:  # model.mode=generate: both continuations, readable
+        from .models.generate import GENERATIONS_FILE
+
+        atomic_write_text(out / GENERATIONS_FILE, text)
     if "phases_s" in summary.get("info", {}):  # the files before summary.json (it is written last)
         summary["info"]["phases_s"]["files"] = round(time.perf_counter() - t0, 4)
     write_json(out / SUMMARY_FILE, summary)
@@ -446,10 +454,26 @@ def format_table(summary: dict) -> str:
         tail = f"  (non-finite from step {dead})" if dead else ""
         lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}"
                      + (f"{_fmt(fin.get('kl')):>11}" if kl else "")  # (a column of nan)
-                     + (f"{_share(fin.get('top1')):>8}{_flip(fin, seqs):>15}" if div else "")
+                     + (f"{_share(fin.get('top1')):>8}{_flip(fin, _units(summary, name, seqs)):>15}"
+                        if div else "")
                      + f"{_fmt(fin.get('state_drift')):>10}"
                      f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")
+    floor = (summary.get("info") or {}).get("floor")
+    if floor:  # a whole-model run: what the columns are measured against, and its floor
+        f, n = floor["fp32_vs_fp64"], floor["noise"]
+        against = ("the FP32-state baseline" if floor["baseline"] == "fp32"
+                   else "the float64-state reference")
+        lines.append(f"(KL and top1 against {against}; floor: FP32 state vs float64 KL "
+                     f"{_fmt(f['kl'])}, the model's own {floor['model_dtype']} noise KL "
+                     f"{_fmt(n['kl'])}, top1 {_share(n['top1'])})")
     return "\n".join(lines)
+
+
+def _units(summary: dict, name: str, seqs):
+    """The runs a scheme's flip count is over: documents x SR seeds (whole-model run.sr_seeds)."""
+    S = (summary.get("info") or {}).get("sr_seeds") or 1
+    sr = summary["schemes"].get(name, {}).get("rounding") == "sr"
+    return seqs * S if seqs and sr else seqs
 
 
 def _share(v) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .hook import Hook
-from .metrics import token_metrics
+from .metrics import TOKEN_KEYS, own_metrics, token_metrics
 from .scan import drift_due
 
 
@@ -109,6 +109,10 @@ class DecodeHandler:
             ls = self.layers[step.layer] = LayerScheme(self.g, step.layer, step.family,
                                                        self.cfg, self.compute)
         y = ls.step(step)
+        if self.g.dither:
+            from .scan import dither
+
+            y = dither(y, [self.g], y.shape[1], self.cfg.run.seed, step.layer, ls.pos)
         L, W = self.cfg.replay.buffer_len, self.cfg.metrics.window
         if self.ref_layers is not None and ls.pos % L == 0 and drift_due(ls.pos - L, L, L, W):
             from .scan import _rel_rows
@@ -127,7 +131,9 @@ def run_decode(model, ids: np.ndarray, groups, cfg, compute, bar=None) -> dict:
     ref_h = DecodeHandler(groups[0], cfg, compute, None)
     handlers = [ref_h] + [DecodeHandler(g, cfg, compute, ref_h.layers) for g in groups[1:]]
     caches = [None] * len(groups)
-    out = {g.name: {k: np.empty((K, N)) for k in ("kl", "top1", "rel")} for g in groups[1:]}
+    out = {g.name: {k: np.full((K, N), np.nan) for k in TOKEN_KEYS} for g in groups}
+    nxt_all = np.full((K, N), -1, dtype=np.int64)
+    nxt_all[:, :-1] = ids[:, 1:]
     if K != 1:
         from ..errors import PrecsimError
 
@@ -140,8 +146,11 @@ def run_decode(model, ids: np.ndarray, groups, cfg, compute, bar=None) -> dict:
                 hook.handler = h
                 lg, caches[gi] = forward_token(model, ids[:, t], caches[gi], t)
                 logits.append(lg.double())
-            for gi, g in enumerate(groups[1:], 1):
-                for k, v in token_metrics(logits[0], logits[gi]).items():
+            nxt = torch.as_tensor(nxt_all[:, t], device=logits[0].device)
+            for gi, g in enumerate(groups):
+                mets = own_metrics(logits[0], nxt) if gi == 0 else token_metrics(
+                    logits[g.vs], logits[gi], nxt)
+                for k, v in mets.items():
                     out[g.name][k][:, t] = v
             if bar is not None:
                 bar.update(1)

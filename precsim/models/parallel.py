@@ -20,7 +20,7 @@ import torch
 
 from .hook import Hook
 from .load import base_and_head
-from .metrics import result_rows, token_metrics
+from .metrics import TOKEN_KEYS, own_metrics, result_rows, token_metrics
 from .scan import Chunks, scan
 
 
@@ -55,12 +55,15 @@ def chunk_len(cfg, N: int, backend: str) -> int:
 
 def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
                  bar=None, head_chunk: int = 1024, phases: dict | None = None,
-                 ckpt=None) -> dict:
+                 ckpt=None, tail: dict | None = None) -> dict:
     """Per-token metrics ``{scheme: {"kl"|"top1"|"rel": (K, N)}}`` of every scheme group against
     the reference group (``groups[0]``) over the documents ``ids (K, N)``, in forward passes of
     :func:`chunk_len` positions (the model's cache and every layer's group states carried from
     one to the next); the forward passes' and the output head's seconds go to ``phases``.
-    ``ckpt`` (:mod:`precsim.checkpoint`) saves between chunks and resumes from its save."""
+    ``ckpt`` (:mod:`precsim.checkpoint`) saves between chunks and resumes from its save.
+    ``tail`` (a dict; generation): the model's cache is kept throughout, and ``tail`` gets what
+    a continuation needs: ``cache``, ``h`` (every row's last hidden state), ``chunks`` and
+    ``handler`` (every layer's group states)."""
     import inspect
 
     from ..checkpoint import Checkpoint
@@ -77,8 +80,10 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     pos_kw = "position_ids" in inspect.signature(base.forward).parameters
     chunks = Chunks(horizon=N)
     handler = ScanHandler(groups, K, cfg, compute, backend, chunks, bar)
-    out = {g.name: {k: np.full((K, N), np.nan) for k in ("kl", "top1", "rel")}
-           for g in groups[1:]}
+    out = {g.name: {k: np.full((K, N), np.nan) for k in TOKEN_KEYS} for g in groups}
+    nxt_all = np.full((K, N), -1, dtype=np.int64)  # each position's next document token
+    nxt_all[:, :-1] = ids[:, 1:]
+    bases = {0} | {g.vs for g in groups}  # the groups others are measured against
     cache, pos = None, 0
     phases["forward_s"] = phases["head_s"] = 0.0
     saved = ck.resume(device=dev if len(devs) == 1 else "saved")  # (each layer's own device)
@@ -107,24 +112,32 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             t0 = time.perf_counter()
             chunks.offset = pos
             batch = torch.as_tensor(ids[:, pos:c1], device=dev).repeat(len(groups), 1)
-            extra = {"use_cache": C < N}
-            if C < N and cache is not None:
+            keep = C < N or tail is not None
+            extra = {"use_cache": keep}
+            if keep and cache is not None:
                 extra[kw] = cache
-            if C < N and pos_kw:
+            if keep and pos_kw:
                 extra["position_ids"] = torch.arange(pos, c1, device=dev)[None].expand(
                     batch.shape[0], -1)
             o = base(input_ids=batch, **extra)
-            cache = getattr(o, attr, None) if C < N else None
+            cache = getattr(o, attr, None) if keep else None
             h = o.last_hidden_state
+            if tail is not None and c1 == N:
+                tail.update(cache=cache, h=h[:, -1:], chunks=chunks, handler=handler)
             sync()
             chunks.settle()  # the layers' drift samples and non-finite checks
             t1 = time.perf_counter()
             for a0 in range(0, c1 - pos, head_chunk):
                 a1 = min(c1 - pos, a0 + head_chunk)
-                lr = head(h[:K, a0:a1]).double()
-                for gi, g in enumerate(groups[1:], 1):
+                nxt = torch.as_tensor(nxt_all[:, pos + a0:pos + a1], device=h.device)
+                kept = {}
+                for gi, g in enumerate(groups):
                     ls = head(h[gi * K:(gi + 1) * K, a0:a1]).double()
-                    for k, v in token_metrics(lr, ls).items():
+                    mets = own_metrics(ls, nxt) if gi == 0 else token_metrics(kept[g.vs], ls,
+                                                                              nxt)
+                    if gi in bases:
+                        kept[gi] = ls
+                    for k, v in mets.items():
                         out[g.name][k][:, pos + a0:pos + a1] = v
             del h, o
             phases["forward_s"] += t1 - t0
@@ -133,6 +146,12 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             ck.window(pos, state)
     phases["forward_s"], phases["head_s"] = (round(phases[k], 3) for k in ("forward_s", "head_s"))
     return out
+
+
+def floor_group(g, groups) -> bool:
+    """Whether group ``g`` belongs to the floor: the baseline others compare with, or the
+    noise run."""
+    return g.role != "scheme" or any(o.vs is not None and groups[o.vs] is g for o in groups[1:])
 
 
 def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, compute,
@@ -148,13 +167,24 @@ def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, com
     from ..checkpoint import _STOP, Checkpoint, Interrupted
     from .scan import Group
 
+    import dataclasses
+
     by_name = {g.name: g for g in groups[1:]}
     ref = groups[0]
+    # the floor's groups (the baseline, the noise run: a prefix of ``groups`` after the
+    # reference, so that every group's ``vs`` index holds in each copy) run in every copy;
+    # the first copy's are kept
+    nf = 1 + next((i for i, g in enumerate(groups[1:]) if not floor_group(g, groups)),
+                  len(groups) - 1)
+    floor = groups[1:nf]
     stopped: list[int] = []
 
     def one(i: int):
         (model, dev), names = copies[i], shards[i]
-        gs = [Group(ref.name, ref.cfg, reference=True), *(by_name[n] for n in names)]
+        mine = floor if i == 0 else [dataclasses.replace(g, drift={}, dead_at=None)
+                                     for g in floor]
+        gs = [Group(ref.name, ref.cfg, reference=True), *mine,
+              *(by_name[n] for n in names if by_name[n] not in floor)]
         ph: dict = {}
         ck = Checkpoint(cfg, None)
         ck.start(f"model/{backend}", dev, time.perf_counter())
@@ -172,9 +202,9 @@ def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, com
         _STOP["signum"] = None
         raise Interrupted(stopped[0])
     out = {}
-    for res, _ in done:
-        out.update(res)
+    for i, (res, _) in enumerate(done):
+        out.update({k: v for k, v in res.items() if i == 0 or k not in out})
     if phases is not None:
         for k in ("forward_s", "head_s"):
             phases[k] = max(ph[k] for _, ph in done)
-    return {g.name: out[g.name] for g in groups[1:]}
+    return {g.name: out[g.name] for g in groups}

@@ -18,10 +18,52 @@ import torch
 
 from ..errors import PrecsimError
 from .load import devices_of, documents, layer_shape, load_model, ssm_layers
-from .metrics import first_flips, result_rows
+from .metrics import boot_ci, docs_to_separate, first_flips, result_rows
 from .scan import REFERENCE, Group
 
-MODES = ("parallel", "decode")
+from ..config import MODEL_MODES as MODES
+from ..config import SchemeConfig
+
+FP32_STATE = SchemeConfig(kind="conventional", fmt="fp32")  # what deployments ship today
+# one rounding of the model's own arithmetic (unit roundoff of its dtype): the floor's dither
+UNIT_ROUNDOFF = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24,
+                 torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def is_fp32_state(s: SchemeConfig) -> bool:
+    """Whether scheme ``s`` is the FP32 state deployments ship (conventional, FP32, RNE)."""
+    return (s.kind == "conventional" and s.fmt == "fp32" and s.rounding == "rne"
+            and s.error_feedback == "none" and s.layers is None and s.sr_bits is None)
+
+
+def seed_names(cfg) -> dict[str, list[str]]:
+    """Each scheme's runs: its own name, then ``NAME~seedK`` (K = 1..run.sr_seeds-1) for a
+    stochastic-rounding scheme (each name draws its own SR bits)."""
+    S = cfg.run.sr_seeds
+    return {n: [n] + ([f"{n}~seed{k}" for k in range(1, S)] if s.rounding == "sr" else [])
+            for n, s in cfg.schemes.items()}
+
+
+def build_groups(cfg, mdtype) -> list:
+    """The groups of a whole-model run, in the order the floor needs (a prefix run by every
+    copy of a split run): the float64 reference; the FP32 state (a scheme of the config that is
+    it, else a group of its own); the noise run (the baseline's state with its SSM outputs
+    dithered at the model dtype's unit roundoff); then every scheme and its SR seeds. Each
+    scheme is measured against ``metrics.baseline``; the FP32 state against the reference."""
+    ref = Group("reference", REFERENCE, reference=True)
+    fp32 = next((n for n, s in cfg.schemes.items() if is_fp32_state(s)), None)
+    base = Group(fp32 or "fp32_state", FP32_STATE, vs=0, role="scheme" if fp32 else "baseline")
+    b = 1 if cfg.metrics.baseline == "fp32" else 0
+    groups = [ref, base]
+    noise = Group("noise_floor", groups[b].cfg, vs=b, role="noise",
+                  dither=UNIT_ROUNDOFF.get(mdtype, 2.0 ** -24))
+    groups.append(noise)
+    for n, names in seed_names(cfg).items():
+        if n == fp32:
+            continue
+        for k, name in enumerate(names):
+            groups.append(Group(name, cfg.schemes[n], vs=b, role="scheme" if k == 0 else "seed"))
+    return groups
 
 
 def backend_for(cfg, device: str, check_only: bool = False) -> str:
@@ -60,6 +102,7 @@ class Loaded:
     why: str | None = None  # why a CUDA run's scan is not the Triton one
     plan: object = None  # model.device_map's placement (placement.Plan), None without
     copies: list = field(default_factory=list)  # a split plan: the model on each device
+    tokenizer: object = None  # the checkpoint's (None: token ids only)
 
 
 def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
@@ -141,6 +184,12 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None, split_ok: bool =
     mdtype = next(model.parameters()).dtype
     compute = torch.float64 if (cfg.run.compute_dtype == "fp64" or mdtype == torch.float64) \
         else torch.float32
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    if m.mode == "generate" and ctx and cfg.run.steps + m.new_tokens > ctx:
+        raise PrecsimError(f"model.new_tokens={m.new_tokens} after run.steps={cfg.run.steps} "
+                           f"prompt tokens is beyond {type(model).__name__}'s context of "
+                           f"{ctx:,} positions; allowed: model.new_tokens <= "
+                           f"{max(0, ctx - cfg.run.steps):,} (or fewer run.steps)")
     ids, source = documents(model, tok, n_docs=cfg.run.seqs, n_tokens=cfg.run.steps,
                             text=m.text, ids=m.ids, prompt=m.prompt)
     m.family, m.heads, m.head_dim, m.state_dim = layer_shape(model)  # the cost model's bytes
@@ -156,7 +205,7 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None, split_ok: bool =
         why = "float64 compute" if compute != torch.float32 else (
             "model.mode=decode" if m.mode != "parallel" else tri.supports(every, kind))
     return Loaded(model, ids, source, dev, compute, backend, layers, phases, t_start, why,
-                  plan, copies)
+                  plan, copies, tok)
 
 
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
@@ -179,8 +228,8 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     cfg = dataclasses.replace(cfg, schemes=dict(schemes))
     m, model, phases = cfg.model, ld.model, dict(ld.phases)
     K, N = ld.ids.shape
-    groups = [Group("reference", REFERENCE, reference=True),
-              *(Group(n, s) for n, s in cfg.schemes.items())]
+    mdtype = next(model.parameters()).dtype
+    groups = build_groups(cfg, mdtype)
     bar = progress_bar(cfg, progress)
     t_run = time.perf_counter()
     try:
@@ -199,6 +248,16 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
                     ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
                 tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
                                      phases=phases, ckpt=ckpt)
+        elif m.mode == "generate":
+            from .generate import run_generate
+            from .parallel import chunk_len
+
+            chunk = chunk_len(cfg, N, "torch")
+            if bar is not None:
+                bar.reset(total=len(ld.layers) * -(-N // chunk) + m.new_tokens)
+                bar.set_description(f"{bar_desc} x chunks, then tokens")
+            tok_m, gen = run_generate(model, ld.ids, groups, cfg, ld.compute, m.new_tokens,
+                                      bar, phases)
         else:
             from .decode import run_decode
 
@@ -215,9 +274,23 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     run_s = time.perf_counter() - t_run
     if bar is not None:
         bar.close()
-    res = result_rows(tok_m, groups, cfg.metrics.window, N)
+    tok_all = tok_m
+    tok_m, rows_groups, seeds = merge_seeds(tok_all, groups, cfg)
+    res = result_rows(tok_m, rows_groups, cfg.metrics.window, N, seeds)
+    floor = floor_figures(tok_all, tok_m, groups, cfg, mdtype, rows_groups)
+    extra = {}
+    if m.mode == "generate":
+        from .generate import generation_figures, generations_text
+
+        base_name = groups[1 if cfg.metrics.baseline == "fp32" else 0].name
+        extra = {"generation": {"baseline": base_name, "new_tokens": m.new_tokens,
+                                "schemes": generation_figures(gen, rows_groups, base_name,
+                                                              seeds),
+                                "noise": generation_figures(
+                                    gen, [groups[0], groups[2]], base_name, {})["noise_floor"]},
+                 "generations_text": generations_text(gen, ld.ids, rows_groups, base_name,
+                                                      ld.tokenizer)}
     name = type(model).__name__
-    mdtype = next(model.parameters()).dtype
     info = {"workload": "model", "model_path": str(m.path), "model_class": name,
             "model_dtype": str(mdtype).replace("torch.", ""), "mode": m.mode,
             "scan_backend": ld.backend, **({"scan_backend_why": ld.why} if ld.why else {}),
@@ -227,10 +300,72 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             **(ckpt.info() if ckpt is not None else {}),
             "layers": model.config.num_hidden_layers,
             "documents": K, "tokens": N, "source": ld.source, "model_s": round(run_s, 3),
-            "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in groups[1:]},
+            "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in rows_groups[1:]},
+            "floor": floor, "sr_seeds": cfg.run.sr_seeds, **extra,
             "title": f"{name} ({model.config.num_hidden_layers} layers, {len(ld.layers)} SSM), "
                      f"{N:,} tokens x {K} doc{'s' if K > 1 else ''}, {m.mode}, "
                      f"L={cfg.replay.buffer_len}"}
-    return make_result(cfg, None, {g.name: g.dead_at for g in groups[1:]},
+    return make_result(cfg, None, {g.name: g.dead_at for g in rows_groups[1:]},
                        engine=f"model/{ld.backend}", device=ld.device, t_start=ld.t_start,
                        info=info, **res, steps=N)
+
+
+def merge_seeds(tok: dict, groups, cfg):
+    """The scheme rows of a run: each scheme's per-token arrays with its SR seeds' documents
+    stacked seed-major (``(S*K, N)``), the groups those rows belong to (the reference first)
+    and each scheme's seed count. The FP32-state scheme that is the baseline
+    (``metrics.baseline=fp32``) has, against itself, KL 0 and top-1 agreement 1."""
+    import dataclasses
+
+    names = seed_names(cfg)
+    by = {g.name: g for g in groups}
+    out, rows, seeds = {}, [groups[0]], {}
+    b = 1 if cfg.metrics.baseline == "fp32" else 0
+    for n, runs in names.items():
+        t = {k: np.concatenate([tok[r][k] for r in runs]) for k in tok[runs[0]]}
+        g = by[n]
+        if g is groups[b]:  # the baseline's own row
+            t = {**t, "kl": np.zeros_like(t["kl"]), "top1": np.ones_like(t["top1"]),
+                 "rel": np.zeros_like(t["rel"])}
+        dead = [by[r].dead_at for r in runs if by[r].dead_at is not None]
+        out[n] = t
+        rows.append(dataclasses.replace(g, dead_at=min(dead) if dead else None))
+        seeds[n] = len(runs)
+    return out, rows, seeds
+
+
+def _final(t: dict, window: int, n: int, seeds: int = 1) -> dict:
+    """A group's figures at the last window: KL and top-1 (means and 95% intervals over
+    documents), the flip rate over every token, and the per-document KL of the window."""
+    W = max(1, min(window, n))
+    start = n - (n % W or W)
+    kl = t["kl"][:, start:n].mean(axis=1)
+    top1 = t["top1"][:, start:n].mean(axis=1)
+    out = {"kl": float(kl.mean()), "top1": float(top1.mean()),
+           "flip_rate": float(1 - t["top1"][:, :n].mean()),
+           "per_doc_kl": [float(v) for v in kl]}
+    out["kl_lo"], out["kl_hi"] = boot_ci(kl, seeds, seed=n)
+    out["top1_lo"], out["top1_hi"] = boot_ci(top1, seeds, seed=n)
+    return out
+
+
+def floor_figures(tok: dict, rows_tok: dict, groups, cfg, mdtype, rows_groups) -> dict:
+    """The floor of a whole-model run (``summary.json``'s ``info.floor``): the FP32 state
+    against the float64 reference, the noise run against the baseline, each scheme's KL per
+    document at the last window, and per scheme the documents a paired test would need to tell
+    it from the noise floor."""
+    W, N = cfg.metrics.window, next(iter(tok.values()))["kl"].shape[1]
+    base = groups[1]
+    noise = next(g for g in groups if g.role == "noise")
+    out = {"baseline": cfg.metrics.baseline,
+           "baseline_name": base.name if cfg.metrics.baseline == "fp32" else "reference",
+           "model_dtype": str(mdtype).replace("torch.", ""), "dither": noise.dither,
+           "fp32_vs_fp64": _final(tok[base.name], W, N), "noise": _final(tok[noise.name], W, N),
+           "schemes": {}}
+    nk = np.asarray(out["noise"]["per_doc_kl"])
+    for g in rows_groups[1:]:
+        f = _final(rows_tok[g.name], W, N)
+        per = np.asarray(f["per_doc_kl"]).reshape(-1, nk.size).mean(axis=0)  # seed-averaged
+        out["schemes"][g.name] = {"per_doc_kl": f["per_doc_kl"],
+                                  "docs_vs_noise": docs_to_separate(per, nk)}
+    return out

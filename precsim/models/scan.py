@@ -35,6 +35,15 @@ class Group:
     name: str
     cfg: SchemeConfig
     reference: bool = False
+    # the group whose logits this one's per-token metrics are measured against (an index into
+    # the run's groups: 0 the float64 reference, or the FP32-state baseline)
+    vs: int = 0
+    # the model's own-arithmetic noise (the floor): every SSM output of the group is multiplied
+    # by (1 + dither * u), u uniform in [-1, 1) per element: one rounding of the model dtype
+    dither: float = 0.0
+    # "scheme" (a row of the result), "baseline" (the FP32 state, run because no scheme is it)
+    # or "noise" (the floor's dithered run): the last two are the floor's, not rows
+    role: str = "scheme"
     dead_at: int | None = None  # first token (1-based) of a non-finite output, any layer
     # layer -> [(token, per-document state drift (K,), read drift (K,) or None)]
     drift: dict = field(default_factory=dict)
@@ -61,6 +70,10 @@ class Chunks:
     horizon: int
     offset: int = 0
     layers: dict = field(default_factory=dict)
+    # layer -> the raw inputs of a ReplaySSM segment a chunk left unfinished (a chunk that ends
+    # inside a segment, as generation's one-token steps do): the next chunk's replay schemes
+    # evaluate it again with their new positions, as decode mode does
+    partial: dict = field(default_factory=dict)
     # the Triton backend's drift samples and non-finite checks, still on the device: read back
     # once per forward pass (:meth:`settle`), not once per layer (a read-back waits for the
     # device, and the host could not queue the next layer's launches meanwhile)
@@ -99,8 +112,28 @@ def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
         from .scan_triton import scan_triton
 
         with torch.cuda.device(dev):  # (the kernels launch on the current device)
-            return scan_triton(step, groups, K, cfg, carry, chunks)
-    return _scan_torch(step, groups, K, cfg, compute, carry, chunks)
+            y = scan_triton(step, groups, K, cfg, carry, chunks)
+    else:
+        y = _scan_torch(step, groups, K, cfg, compute, carry, chunks)
+    if not carry and any(g.dither for g in groups):
+        y = dither(y, groups, K, cfg.run.seed, step.layer, chunks.offset if chunks else 0)
+    return y
+
+
+def dither(y: torch.Tensor, groups, K: int, seed: int, layer: int, offset: int) -> torch.Tensor:
+    """``y (T, len(groups)*K, ...)`` with each dithering group's rows multiplied by
+    ``1 + g.dither * u``, ``u`` uniform in [-1, 1) per element, drawn from a generator seeded by
+    (``seed``, ``layer``, ``offset``): reproducible, and independent of the other groups."""
+    y = y.clone()
+    for gi, g in enumerate(groups):
+        if not g.dither:
+            continue
+        gen = torch.Generator(device=y.device)
+        gen.manual_seed((seed * 1_000_003 + layer * 7_919 + offset * 104_729 + gi) % 2**63)
+        part = y[:, gi * K:(gi + 1) * K]
+        u = torch.rand(part.shape, generator=gen, device=y.device, dtype=torch.float64)
+        y[:, gi * K:(gi + 1) * K] = (part.double() * (1 + g.dither * (2 * u - 1))).to(part.dtype)
+    return y
 
 
 def _schemes(step, groups, K, cfg, compute, dev, kept=None):
@@ -142,19 +175,27 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
     D = step.const.get("D")
     L, W = cfg.replay.buffer_len, cfg.metrics.window
     u_master = cfg.replay.gdn_u_source == "master"
+    # an unfinished segment of the previous chunk: its positions come first (replay schemes
+    # evaluate the segment from its start; conventional ones stepped them already)
+    prev = chunks.partial.pop(step.layer, None) if chunks is not None else None
+    P = 0 if prev is None else next(iter(prev.values())).shape[0]
+    inp_all = step.inp if not P else {k: torch.cat([prev[k], v]) for k, v in step.inp.items()}
+    off -= P
     ys = []
-    for pos in range(0, T, L):
-        m = min(L, T - pos)
-        full = m == L or (carry and pos + m == T)
-        seg64 = expand_groups({k: v[pos:pos + m].double() for k, v in step.inp.items()}, H)
+    for pos in range(0, T + P, L):
+        m = min(L, T + P - pos)
+        full = m == L or (carry and pos + m == T + P)
+        skip = max(0, P - pos)  # positions of this segment the previous chunk returned
+        seg64 = expand_groups({k: v[pos:pos + m].double() for k, v in inp_all.items()}, H)
         out = []
         for gi, (g, (s, dt, br, pc)) in enumerate(zip(groups, runs, strict=True)):
-            i64 = {k: v[:, gi * K:(gi + 1) * K] for k, v in seg64.items()}
+            lo = 0 if s.replay else skip
+            i64 = {k: v[lo:, gi * K:(gi + 1) * K] for k, v in seg64.items()}
             inp = {k: v.to(dt) for k, v in i64.items()}
             inp.update(decays(fam.name, i64, p64, dt, cfg.model.decay_exp))
             if s.dead_at is not None:
-                out.append(torch.full(inp["x" if fam.name == "mamba2" else "v"].shape,
-                                      math.nan, dtype=dt, device=dev))
+                shape = inp["x" if fam.name == "mamba2" else "v"][skip - lo:].shape
+                out.append(torch.full(shape, math.nan, dtype=dt, device=dev))
                 continue
             if s.replay:
                 y = s.run_segment(fam, inp, pc, full, out_from_fold=full, buffer_round=br,
@@ -163,9 +204,10 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
                 y = s.run_segment(fam, inp, pc, True)
             if D is not None:
                 y = y + D.to(dt)[:, None] * inp["x"]
-            finite = torch.isfinite(y).reshape(m, -1).all(dim=1)
+            y = y[skip - lo:]
+            finite = torch.isfinite(y).reshape(y.shape[0], -1).all(dim=1)
             if not bool(finite.all()):
-                s.dead_at = off + pos + int((~finite).nonzero()[0, 0]) + 1
+                s.dead_at = off + pos + skip + int((~finite).nonzero()[0, 0]) + 1
                 g.dead_at = min(g.dead_at or s.dead_at, s.dead_at)
             out.append(y)
         if drift_due(off + pos, m, L, W):
@@ -177,6 +219,8 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
                      _rel_rows(held["read"], ref) if "read" in held else None))
         wide = torch.float64 if any(o.dtype == torch.float64 for o in out) else torch.float32
         ys.append(torch.cat([o.to(wide) for o in out], dim=1))
+        if chunks is not None and not full:  # left unfinished: the next chunk continues it
+            chunks.partial[step.layer] = {k: v[pos:pos + m] for k, v in inp_all.items()}
     if carry:
         return torch.cat(ys), runs[0][0].state
     return torch.cat(ys)

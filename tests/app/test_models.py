@@ -468,7 +468,10 @@ def _kl_cfg(path, schemes, steps=None, **over):
 
     steps = over.pop("run__steps", steps)
     d = {"model": {"path": str(path)}, "schemes": schemes,
-         "run": {"steps": steps, "progress": False}, "metrics": {"window": min(8, steps)},
+         "run": {"steps": steps, "progress": False},
+         # these tests measure each scheme against the float64-state truth (the floor's own
+         # tests, tests/app/test_floor.py, use the FP32-state baseline, the default)
+         "metrics": {"window": min(8, steps), "baseline": "fp64"},
          "replay": {"buffer_len": 4}}
     for key, val in over.items():
         sec, _, k = key.partition("__")

@@ -1,0 +1,144 @@
+"""Whole-model mode, free-running (``model.mode=generate``): does a state format change what the
+model writes?
+
+Each document's tokens are a prompt. Every group (the reference, the FP32-state baseline, the
+noise run, each scheme) reads the prompt in one sequence-parallel pass (its teacher-forced
+metrics are the run's rows, as in ``model.mode=parallel``), then writes ``model.new_tokens``
+greedily, one token a step, each row feeding back its own argmax: the baseline's rows write the
+baseline's continuation, each scheme's rows its own. Until a scheme's first divergence (its
+first token other than the baseline's) its rows have read exactly the baseline's continuation,
+so that position is the first argmax mismatch of the scheme teacher-forced along the
+baseline's continuation (a test checks the two agree); from there it runs free.
+
+One-token steps end inside ReplaySSM segments: the scans keep the unfinished segment's inputs
+and evaluate it again at the next step (:class:`precsim.models.scan.Chunks`), as decode mode
+does. The scans run on the torch backend.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .hook import Hook
+from .load import base_and_head, cache_io, input_device
+
+GENERATIONS_FILE = "generations.txt"  # both continuations of the first documents, readable
+SHOWN_DOCS = 4  # documents written to GENERATIONS_FILE
+
+
+def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, bar=None,
+                 phases: dict | None = None) -> tuple[dict, dict]:
+    """``(per-token metrics over the prompts, as run_parallel's; generation)``: generation's
+    ``tokens`` and ``margin`` (top-1 minus top-2 logit of each written token) per group name,
+    arrays ``(K, new_tokens)``."""
+    import inspect
+
+    from .parallel import run_parallel
+
+    phases = {} if phases is None else phases
+    K, P = ids.shape
+    tail: dict = {}
+    out = run_parallel(model, ids, groups, cfg, compute, "torch", bar, phases=phases, tail=tail)
+    t0 = time.perf_counter()
+    base, head = base_and_head(model)
+    kw, attr = cache_io(base)
+    pos_kw = "position_ids" in inspect.signature(base.forward).parameters
+    dev = input_device(model)
+    n = len(groups)
+    toks = np.zeros((n * K, new_tokens), dtype=np.int64)
+    margin = np.zeros((n * K, new_tokens))
+    cache, h, chunks = tail["cache"], tail["h"], tail["chunks"]
+    tail["handler"].bar = None  # (the bar counts written tokens from here)
+    with torch.no_grad(), Hook(model, tail["handler"]):
+        for t in range(new_tokens):
+            top2 = torch.topk(head(h[:, -1]).double(), 2, dim=-1)
+            nxt = top2.indices[:, 0]
+            toks[:, t] = nxt.cpu().numpy()
+            margin[:, t] = (top2.values[:, 0] - top2.values[:, 1]).cpu().numpy()
+            if bar is not None:
+                bar.update(1)
+            if t == new_tokens - 1:
+                break
+            chunks.offset = P + t
+            extra = {kw: cache, "use_cache": True}
+            if pos_kw:
+                extra["position_ids"] = torch.full((n * K, 1), P + t, device=dev)
+            o = base(input_ids=nxt[:, None].to(dev), **extra)
+            cache, h = getattr(o, attr), o.last_hidden_state
+    phases["generate_s"] = round(time.perf_counter() - t0, 3)
+    gen = {g.name: {"tokens": toks[i * K:(i + 1) * K], "margin": margin[i * K:(i + 1) * K]}
+           for i, g in enumerate(groups)}
+    return out, gen
+
+
+def first_divergence(mine: np.ndarray, base: np.ndarray) -> list[int | None]:
+    """Per document: the first written token (1-based) that differs from the baseline's
+    (None: the continuation is identical)."""
+    out = []
+    for a, b in zip(mine, base, strict=True):
+        d = np.flatnonzero(a != b)
+        out.append(int(d[0]) + 1 if d.size else None)
+    return out
+
+
+def teacher_forced_divergence(arg: np.ndarray, prompt_len: int,
+                              cont: np.ndarray) -> list[int | None]:
+    """Per document, from a teacher-forced pass over prompt + the baseline's continuation
+    ``cont (K, G)``: the first position of the continuation whose argmax (``arg``, the pass's
+    per-position argmax) is not the baseline's token (None: none)."""
+    G = cont.shape[1]
+    pred = arg[:, prompt_len - 1:prompt_len - 1 + G]
+    return first_divergence(pred.astype(np.int64), cont)
+
+
+def generation_figures(gen: dict, rows_groups, base_name: str, seeds: dict) -> dict:
+    """Per scheme: the share of documents (and SR seeds) whose continuation is identical to the
+    baseline's, each first divergence (1-based; None: identical), and at each divergence the
+    baseline's and the scheme's margins (top-1 minus top-2 logit)."""
+    base = gen[base_name]
+    out = {}
+    for g in rows_groups[1:]:
+        names = [g.name] + [f"{g.name}~seed{k}" for k in range(1, seeds.get(g.name, 1))]
+        first, m_base, m_own = [], [], []
+        for nm in names:
+            d = first_divergence(gen[nm]["tokens"], base["tokens"])
+            first += d
+            for k, f in enumerate(d):
+                if f is not None:
+                    m_base.append(float(base["margin"][k, f - 1]))
+                    m_own.append(float(gen[nm]["margin"][k, f - 1]))
+        same = [f is None for f in first]
+        div = [f for f in first if f is not None]
+        out[g.name] = {
+            "identical_rate": float(np.mean(same)), "first_divergence": first,
+            "first_divergence_median": float(np.median(div)) if div else None,
+            "margin_at_divergence_baseline": m_base, "margin_at_divergence_scheme": m_own}
+    return out
+
+
+def generations_text(gen: dict, ids: np.ndarray, rows_groups, base_name: str,
+                     tokenizer=None, docs: int = SHOWN_DOCS) -> str:
+    """``generations.txt``: for the first ``docs`` documents, the prompt's end, the baseline's
+    continuation and each scheme's (tokenizer-decoded; token ids without a tokenizer), with the
+    first divergence marked."""
+    def text(t) -> str:
+        t = [int(x) for x in t]
+        if tokenizer is not None:
+            return repr(tokenizer.decode(t))
+        return " ".join(map(str, t))
+
+    lines = []
+    for k in range(min(docs, ids.shape[0])):
+        b = gen[base_name]["tokens"][k]
+        lines += [f"=== document {k}", f"prompt (last 32 tokens): {text(ids[k, -32:])}",
+                  f"baseline [{base_name}]: {text(b)}"]
+        for g in rows_groups[1:]:
+            s = gen[g.name]["tokens"][k]
+            d = first_divergence(s[None], b[None])[0]
+            where = "identical" if d is None else f"diverges at token {d}"
+            lines.append(f"{g.name} ({where}): {text(s)}")
+        lines.append("")
+    return "\n".join(lines)

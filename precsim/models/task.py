@@ -1,0 +1,415 @@
+"""``experiment=task_eval``: task accuracy under each state format (docs/tasks.md).
+
+The items (:mod:`precsim.tasks`) become token-id rows: one per choice of a multiple-choice item,
+one per generative item. The rows go through :func:`precsim.models.parallel.run_parallel` a few
+at a time, sorted longest first and grouped so that each forward pass holds about
+``task.batch_tokens`` rows x positions x groups (right padding: the model is causal, so a row's
+positions before its padding are unchanged). Every group of the run (the float64-state
+reference, the FP32-state baseline, the noise floor, each scheme and its SR seeds:
+:func:`precsim.models.run.build_groups`) sees the same rows; per row it gives the summed
+log-likelihood of the scored tokens and whether the argmax at each of them is the next token.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import PrecsimError
+from ..tasks import METRICS, Item, builtin_items, check_builtin, read_items
+from ..taskstats import compare
+
+SUMMARY, ITEMS_CSV = "summary.json", "items.csv"
+PLOT_LENGTH, PLOT_DELTA = "accuracy_vs_length.png", "task_accuracy.png"
+
+
+# -- rows -------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Rows:
+    """Token-id rows to score: row ``r`` is ``ids[r]``; its scored tokens are positions
+    ``[start[r], start[r] + n[r])``."""
+
+    ids: list
+    start: np.ndarray
+    n: np.ndarray
+
+    @classmethod
+    def of(cls, items: list[Item]) -> tuple["Rows", np.ndarray]:
+        """The rows of ``items`` (each choice after its context) and the first row of each."""
+        ids, start, n, first = [], [], [], []
+        for it in items:
+            first.append(len(ids))
+            for c in it.choices:
+                ids.append(np.asarray([*it.context, *c], dtype=np.int64))
+                start.append(len(it.context))
+                n.append(len(c))
+        return cls(ids, np.asarray(start), np.asarray(n)), np.asarray(first)
+
+
+def batches(lengths: np.ndarray, groups: int, budget: int) -> list[np.ndarray]:
+    """Row indices of each forward pass: longest first, as many rows of similar length as fit
+    ``rows x longest x groups <= budget`` (at least one)."""
+    order = np.argsort(-lengths, kind="stable")
+    out, i = [], 0
+    while i < order.size:
+        k = max(1, budget // (groups * int(lengths[order[i]])))
+        out.append(order[i:i + k])
+        i += k
+    return out
+
+
+def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=None) -> dict:
+    """Every group's scores of ``rows``: ``{name: {"lp": summed log-likelihood of each row's
+    scored tokens (R,), "greedy": 1.0 where the argmax at each of them is the next token (R,)}}``
+    (NaN log-likelihood where a group's output is not finite). ``groups_fn()``: a fresh list of
+    the run's groups (a Group keeps per-run state)."""
+    from .parallel import run_parallel
+
+    lengths = np.asarray([r.size for r in rows.ids])
+    G = len(groups_fn())
+    R = lengths.size
+    out: dict = {}
+    V = int(ld.model.get_output_embeddings().weight.shape[0])
+    for idx in batches(lengths, G, budget):
+        K, N = idx.size, int(lengths[idx].max())
+        ids = np.zeros((K, N), dtype=np.int64)
+        for j, r in enumerate(idx):
+            ids[j, :lengths[r]] = rows.ids[r]
+        # the output head's logits: ~4 float64 copies of (K, positions, V) per group at once
+        head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
+        groups = groups_fn()
+        tok = run_parallel(ld.model, ids, groups, cfg, ld.compute, ld.backend,
+                           head_chunk=head, phases=phases)
+        st, nn = rows.start[idx], rows.n[idx]
+        rr = np.repeat(np.arange(K), nn)
+        pos = np.repeat(st - 1, nn) + (np.arange(nn.sum()) - np.repeat(np.cumsum(nn) - nn, nn))
+        nxt = ids[rr, pos + 1]
+        for g in groups:
+            t = tok[g.name]
+            o = out.setdefault(g.name, {"lp": np.full(R, np.nan), "greedy": np.zeros(R)})
+            o["lp"][idx] = np.bincount(rr, weights=t["lp"][rr, pos], minlength=K)
+            miss = np.bincount(rr, weights=(t["arg"][rr, pos] != nxt).astype(float), minlength=K)
+            o["greedy"][idx] = (miss == 0).astype(float)
+        if bar is not None:
+            bar.update(K)
+    return out
+
+
+def correctness(items: list[Item], first: np.ndarray, sc: dict, rows: Rows) -> dict:
+    """Per item, under one group's scores ``sc``: the prediction (the chosen choice, -1 when
+    every score is NaN; a generative item: 0 if greedy decoding gives the answer, else -1) and
+    the correctness under each metric (``acc``, ``acc_token``, ``acc_byte``: NaN for items
+    without text)."""
+    I = len(items)
+    nch = np.asarray([len(it.choices) for it in items])
+    C = int(nch.max())
+    cols = np.arange(C)[None]
+    idx = np.where(cols < nch[:, None], first[:, None] + cols, -1)
+    mc = np.asarray([it.kind == "mc" for it in items])
+    gold = np.asarray([it.gold for it in items])
+    nbytes = np.full(idx.shape, np.nan)
+    for i, it in enumerate(items):
+        if it.nbytes is not None:
+            nbytes[i, :len(it.nbytes)] = it.nbytes
+    lp = np.where(idx >= 0, sc["lp"][idx], np.nan)
+    ntok = np.where(idx >= 0, rows.n[idx], 1)
+    out = {}
+    for m, s in (("acc", lp), ("acc_token", lp / ntok), ("acc_byte", lp / nbytes)):
+        s = np.where(np.isfinite(s), s, -np.inf)
+        pred = np.where(np.isfinite(s).any(axis=1), np.argmax(s, axis=1), -1)
+        gen = sc["greedy"][first] == 1
+        pred = np.where(mc, pred, np.where(gen, 0, -1))
+        ok = (pred == gold).astype(float)
+        if m == "acc_byte":
+            ok = np.where(np.isnan(nbytes[:, 0]) & mc, np.nan, ok)
+        out[m] = ok
+        out[m + ":pred"] = pred
+    out["acc:lp_gold"] = lp[np.arange(I), gold]
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------
+def load_task(cfg, tok, vocab: int) -> tuple[list[Item], str]:
+    """The items of ``cfg.task`` and where they came from (one-line errors)."""
+    t = cfg.task
+    if t.path is not None and t.name is not None:
+        raise PrecsimError(f"task.path={t.path!r} and task.name={t.name!r} both given; allowed: "
+                           "one of them")
+    if t.path is None and t.name is None:
+        raise PrecsimError("experiment=task_eval needs a task; allowed: task.path=FILE.jsonl "
+                           "(a local file) or task.name=passkey|mqar (built in)")
+    if t.metric not in METRICS:
+        raise PrecsimError(f"task.metric={t.metric!r} is unknown; allowed: {', '.join(METRICS)}")
+    if not (isinstance(t.batch_tokens, int) and t.batch_tokens >= 1):
+        raise PrecsimError(f"task.batch_tokens={t.batch_tokens!r}; allowed: an integer >= 1")
+    if not (0 < t.alpha < 1 and 0 < t.power < 1):
+        raise PrecsimError(f"task.alpha={t.alpha}, task.power={t.power}; allowed: both in (0, 1)")
+    if t.limit is not None and not (isinstance(t.limit, int) and t.limit >= 1):
+        raise PrecsimError(f"task.limit={t.limit!r}; allowed: an integer >= 1 or null")
+    if t.name is not None:
+        check_builtin(t)
+        v = vocab if tok is None else min(vocab, int(getattr(tok, "vocab_size", vocab) or vocab))
+        return builtin_items(t, v), f"{t.name} (built in, seed {t.seed})"
+    return read_items(t.path, tok, vocab, cfg.model.path, t.limit), Path(t.path).name
+
+
+def task_cfg(cfg):
+    """``cfg`` as :func:`precsim.models.run.prepare` needs it for a task: no document to load
+    (a zero-token stand-in; the items are the documents)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="precsim_task_"))
+    np.save(d / "ids.npy", np.zeros(cfg.run.steps, dtype=np.int64))
+    m = dataclasses.replace(cfg.model, ids=str(d / "ids.npy"), text=None)
+    return dataclasses.replace(cfg, model=m, run=dataclasses.replace(cfg.run, seqs=1)), d
+
+
+def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None) -> dict:
+    """Run ``cfg``'s task under every group; the summary (``scores`` per item and group under
+    ``_items``)."""
+    import shutil
+
+    from ..engines.base import progress_bar
+    from .load import load_model
+    from .run import build_groups, prepare
+
+    t0 = time.perf_counter()
+    if ld is None:
+        pcfg, tmp = task_cfg(cfg)
+        try:
+            ld = prepare(pcfg, device)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        tok = _tokenizer(cfg.model.path)
+    vocab = int(ld.model.get_output_embeddings().weight.shape[0])
+    items, source = load_task(cfg, tok, vocab)
+    rows, first = Rows.of(items)
+    mdtype = next(ld.model.parameters()).dtype
+    groups = build_groups(cfg, mdtype)
+    bar = progress_bar(cfg, progress)
+    if bar is not None:
+        bar.reset(total=len(rows.ids))
+        bar.set_description("task rows")
+    phases: dict = {}
+    t1 = time.perf_counter()
+    try:
+        sc = score_rows(ld, cfg, rows, lambda: build_groups(cfg, mdtype), cfg.task.batch_tokens,
+                        bar, phases)
+    except torch.OutOfMemoryError:
+        raise PrecsimError(f"the task ran out of {ld.device} memory; allowed: a smaller "
+                           f"task.batch_tokens (now {cfg.task.batch_tokens:,}), model.chunk or "
+                           "fewer schemes") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    run_s = time.perf_counter() - t1
+    per = {g.name: correctness(items, first, sc[g.name], rows) for g in groups}
+    return summarize(cfg, items, groups, per, source, ld, {"model_s": round(run_s, 3),
+                                                           "wall_s": round(time.perf_counter()
+                                                                           - t0, 3)})
+
+
+def _tokenizer(path):
+    try:
+        import transformers as tf
+
+        return tf.AutoTokenizer.from_pretrained(str(path))
+    except Exception:  # noqa: BLE001 - none, or broken: token-id items only
+        return None
+
+
+def summarize(cfg, items, groups, per: dict, source: str, ld, timing: dict) -> dict:
+    """The summary of a task run: per row of the table (the reference, the baseline, the noise
+    floor, each scheme with its SR seeds pooled) the paired figures against the baseline, for
+    the whole task and (built-in tasks) per length."""
+    from .run import seed_names
+
+    t = cfg.task
+    b = 1 if cfg.metrics.baseline == "fp32" else 0
+    base = groups[b]
+    names = seed_names(cfg)
+    table = [(g.name, [g.name], "fp32" if g.role == "baseline" else g.role)
+             for g in groups if g.reference or g.role in ("baseline", "noise")]
+    table[0] = (groups[0].name, [groups[0].name], "reference")
+    table += [(n, runs, "scheme") for n, runs in names.items()]
+    table = [(n, r, "baseline" if n == base.name else role) for n, r, role in table]
+    metric = t.metric
+    lengths = sorted({it.length for it in items if it.length is not None})
+    by_len = {L: np.asarray([it.length == L for it in items]) for L in lengths}
+    mc = any(it.kind == "mc" for it in items)
+    bvec = per[base.name][metric]
+    rows = {}
+    for name, runs, role in table:
+        s = np.stack([per[r][metric] for r in runs])
+        keep = np.isfinite(bvec) & np.isfinite(s).all(axis=0)
+        row = {"role": role, **compare(s[:, keep], bvec[keep], t.alpha, t.power, seed=t.seed)}
+        for m in METRICS:
+            v = np.stack([per[r][m] for r in runs])
+            row[m] = float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+        if lengths:
+            row["by_length"] = {str(L): compare(s[:, m_], bvec[m_], t.alpha, t.power,
+                                                seed=t.seed) for L, m_ in by_len.items()}
+        rows[name] = row
+    kinds = sorted({it.kind for it in items})
+    return {
+        "experiment": "task_eval", "complete": True,
+        "task": {"source": source, "path": t.path, "name": t.name, "items": len(items),
+                 "kinds": kinds, "metric": metric if mc else "exact_match (greedy)",
+                 "lengths": lengths or None, "alpha": t.alpha, "power": t.power},
+        "baseline": {"setting": cfg.metrics.baseline, "name": base.name},
+        "model": {"path": str(cfg.model.path), "class": type(ld.model).__name__,
+                  "device": ld.device, "scan_backend": ld.backend, "ssm_layers": ld.layers},
+        "schemes": rows, "timing_s": timing,
+        "sr_seeds": cfg.run.sr_seeds,
+        "config": _config_dict(cfg),
+        "_items": items, "_per": per, "_groups": [g.name for g in groups],
+    }
+
+
+def _config_dict(cfg) -> dict:
+    from ..result import _clean
+
+    return _clean(dataclasses.asdict(cfg))
+
+
+# -- outputs ----------------------------------------------------------------------------------
+def items_csv(summary: dict) -> str:
+    """One line per item: where it came from, its gold, and each group's prediction and
+    correctness (under ``task.metric``)."""
+    items, per, names = summary["_items"], summary["_per"], summary["_groups"]
+    metric = summary["config"]["task"]["metric"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["item", "line", "length", "kind", "gold", "choices",
+                *[f"{n}:{c}" for n in names for c in ("pred", "correct", "lp_gold")]])
+    for i, it in enumerate(items):
+        cells = []
+        for n in names:
+            p = per[n]
+            ok = p[metric][i]
+            cells += [int(p[metric + ":pred"][i]), "" if math.isnan(ok) else int(ok),
+                      f"{p['acc:lp_gold'][i]:.6g}"]
+        w.writerow([i, it.line if it.length is None else "", it.length or "", it.kind,
+                    it.gold, len(it.choices), *cells])
+    return buf.getvalue()
+
+
+def format_table(summary: dict) -> str:
+    """The task's table: per row, accuracy [95% Wilson], the change against the baseline
+    [95% paired bootstrap], items lost/gained, exact McNemar p, minimum detectable change."""
+    t, base = summary["task"], summary["baseline"]["name"]
+    lines = [f"task {t['source']}: {t['items']} items ({', '.join(t['kinds'])}), "
+             f"{t['metric']}; baseline {base}; {summary['model']['class']}"]
+    hdr = (f"{'scheme':<22} {'acc':>6} {'95% CI':>15} {'change':>8} {'95% CI':>17} "
+           f"{'lost':>6} {'gained':>6} {'p':>9} {'MDD':>6}")
+    lines += [hdr, "-" * len(hdr)]
+    for name, r in summary["schemes"].items():
+        ci = f"[{r['acc_lo']:.3f},{r['acc_hi']:.3f}]"
+        label = name + (f" x{r['seeds']}" if r["seeds"] > 1 else "")
+        if r["role"] == "baseline":
+            lines.append(f"{label:<22} {r['acc']:>6.3f} {ci:>15} {'(baseline)':>8}")
+            continue
+        dci = f"[{r['delta_lo']:+.3f},{r['delta_hi']:+.3f}]"
+        lost, gained = (f"{r['lost']:g}", f"{r['gained']:g}")
+        lines.append(f"{label:<22} {r['acc']:>6.3f} {ci:>15} {r['delta']:>+8.3f} {dci:>17} "
+                     f"{lost:>6} {gained:>6} {r['p_mcnemar']:>9.3g} {r['mdd']:>6.3f}")
+    if t.get("lengths"):
+        lines.append("")
+        lines.append("accuracy by length: " + "  ".join(
+            f"{name}: " + " ".join(f"{L}={r['by_length'][str(L)]['acc']:.2f}"
+                                   for L in t["lengths"])
+            for name, r in summary["schemes"].items()))
+    return "\n".join(lines)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def plot(summary: dict) -> tuple[str, bytes] | None:
+    """Accuracy against length (built-in tasks: one line per row, Wilson intervals), else each
+    scheme's change against the baseline with its interval and minimum detectable change."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = summary["task"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if t.get("lengths"):
+        Ls = t["lengths"]
+        for name, r in summary["schemes"].items():
+            bl = [r["by_length"][str(L)] for L in Ls]
+            acc = [b["acc"] for b in bl]
+            line, = ax.plot(Ls, acc, marker="o", label=name,
+                            ls="--" if r["role"] in ("reference", "noise") else "-")
+            ax.fill_between(Ls, [b["acc_lo"] for b in bl], [b["acc_hi"] for b in bl],
+                            color=line.get_color(), alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel("accuracy (95% Wilson)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{t['source']}: {t['items']} items")
+        ax.legend(fontsize=8)
+        name = PLOT_LENGTH
+    else:
+        rs = [(n, r) for n, r in summary["schemes"].items() if r["role"] != "baseline"]
+        if not rs:
+            plt.close(fig)
+            return None
+        y = np.arange(len(rs))
+        d = np.asarray([r["delta"] for _, r in rs])
+        lo = np.asarray([r["delta_lo"] for _, r in rs])
+        hi = np.asarray([r["delta_hi"] for _, r in rs])
+        ax.errorbar(d, y, xerr=[np.nan_to_num(d - lo), np.nan_to_num(hi - d)], fmt="o",
+                    capsize=3)
+        mdd = min((r["mdd"] for _, r in rs if math.isfinite(r["mdd"])), default=None)
+        if mdd is not None:
+            ax.axvspan(-mdd, mdd, color="0.85", label=f"smallest detectable change ({mdd:.3f})")
+            ax.legend(fontsize=8)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(y, [n for n, _ in rs])
+        ax.set_xlabel(f"accuracy change vs {summary['baseline']['name']} (95% paired bootstrap)")
+        ax.set_title(f"{t['source']}: {t['items']} items, {t['metric']}")
+        name = PLOT_DELTA
+    data = _png(fig)
+    plt.close(fig)
+    return name, data
+
+
+def write(summary: dict, out: Path, plot_it: bool = True) -> dict:
+    """Write the run directory: ``items.csv``, the plot, then ``summary.json`` (last: it marks
+    the run complete); each atomically. Returns the summary as written."""
+    from ..result import atomic_write_bytes, atomic_write_text, write_json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / ITEMS_CSV, items_csv(summary))
+    public = {k: v for k, v in summary.items() if not k.startswith("_")}
+    if plot_it:
+        p = plot(summary)
+        if p is not None:
+            atomic_write_bytes(out / p[0], p[1])
+            public["plot"] = p[0]
+    write_json(out / SUMMARY, public)
+    return public
+
+
+def run_task_cli(c, out: Path, say, progress: bool = True) -> dict:
+    """``experiment=task_eval`` from the command line: evaluate, write, print the table."""
+    from .. import engines
+
+    summary = evaluate(c, engines.resolve_device(c.run.device), progress=progress)
+    public = write(summary, out, c.metrics.plot is not False)
+    say(format_table(public))
+    say(f"\n-> {out} ({ITEMS_CSV}, {SUMMARY}{', ' + public['plot'] if 'plot' in public else ''})")
+    return public
