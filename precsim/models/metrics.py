@@ -8,7 +8,6 @@ import math
 import numpy as np
 import torch
 
-
 TOKEN_KEYS = ("kl", "top1", "rel", "lp", "arg", "margin")  # what run_parallel keeps per token
 
 

@@ -162,12 +162,11 @@ def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, com
     of every scheme, in scheme order (the scheme groups collect their drift as in one run);
     ``phases`` gets the slowest copy's seconds. No checkpoints between chunks: an interrupt
     stops every copy at its next chunk and keeps nothing."""
+    import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
     from ..checkpoint import _STOP, Checkpoint, Interrupted
     from .scan import Group
-
-    import dataclasses
 
     by_name = {g.name: g for g in groups[1:]}
     ref = groups[0]

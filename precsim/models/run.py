@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..config import MODEL_MODES as MODES
+from ..config import SchemeConfig
 from ..errors import PrecsimError
 from .load import devices_of, documents, layer_shape, load_model, ssm_layers
 from .metrics import boot_ci, docs_to_separate, first_flips, result_rows
 from .scan import REFERENCE, Group
-
-from ..config import MODEL_MODES as MODES
-from ..config import SchemeConfig
 
 FP32_STATE = SchemeConfig(kind="conventional", fmt="fp32")  # what deployments ship today
 # one rounding of the model's own arithmetic (unit roundoff of its dtype): the floor's dither

@@ -41,7 +41,7 @@ class Rows:
     n: np.ndarray
 
     @classmethod
-    def of(cls, items: list[Item]) -> tuple["Rows", np.ndarray]:
+    def of(cls, items: list[Item]) -> tuple[Rows, np.ndarray]:
         """The rows of ``items`` (each choice after its context) and the first row of each."""
         ids, start, n, first = [], [], [], []
         for it in items:
@@ -177,7 +177,6 @@ def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None)
     import shutil
 
     from ..engines.base import progress_bar
-    from .load import load_model
     from .run import build_groups, prepare
 
     t0 = time.perf_counter()
