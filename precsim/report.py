@@ -535,8 +535,14 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         v = math.inf if v is None or not math.isfinite(v) or dead is not None else float(v)
         rows.append((float(cost.get(name, {}).get("bytes_per_step") or math.inf), v, name, info))
     rows.sort(key=lambda r: (r[0], r[1]))
-    from .floor import (confidence_note, floor_exceeds, floor_lines, interval,
-                        separation_line, within_noise)
+    from .floor import (
+        confidence_note,
+        floor_exceeds,
+        floor_lines,
+        interval,
+        separation_line,
+        within_noise,
+    )
 
     floor = (summary.get("info") or {}).get("floor")
     lines = [f"budget: {metric} <= {budget:g} at step {steps:,} "
@@ -576,7 +582,8 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         lines.append(f"recommended: {info.get('label', name)} [{name}]: {b:,.0f} B/step/head"
                      f"{save}; {metric}={_g(v)}, {margin_text(v, budget)} the budget")
         if floor and metric in ("kl",):
-            lines.append(f"  {confidence_note(figs.get(name, {}).get('final', {}), budget, metric)}")
+            fin = figs.get(name, {}).get("final", {})
+            lines.append(f"  {confidence_note(fin, budget, metric)}")
             cheaper = [r for r in rows if r[0] < b]
             for other in ([cheaper[-1]] if cheaper else []) + [rows[-1]]:
                 if other[2] != name:
@@ -594,8 +601,13 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
     pl = (summary.get("info") or {}).get("per_layer")
     if pl:
         lines += per_layer_lines(pl)
-    lines.append(f"to compare with other runs: python -m precsim.report {shlex.quote(str(run_dir))} "
-                 f"--metric {metric} --budget {budget:g}")
+    gen = (summary.get("info") or {}).get("generation")
+    if gen:
+        from .floor import generation_lines
+
+        lines += generation_lines(gen)
+    lines.append("to compare with other runs: python -m precsim.report "
+                 f"{shlex.quote(str(run_dir))} --metric {metric} --budget {budget:g}")
     return "\n".join(lines)
 
 
