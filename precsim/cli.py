@@ -878,6 +878,13 @@ def _run_app(cfg) -> None:
             triton_engine.SWEEP_BLOCKS.update(_sweep_blocks(hc, c))
     say = _job_log if multirun else _say
     out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
+    if c.task.path or c.task.name or hc.runtime.choices.get("experiment") == "task_eval":
+        from precsim.models.task import run_task_cli  # experiment=task_eval (docs/tasks.md)
+
+        _join_warm_up()
+        gc.enable()  # off for the start-up (main)
+        run_task_cli(c, out, say, progress=not multirun)
+        return
     stored = reusable(c, out)
     ck = Checkpoint(c, out)
     if stored is not None:

@@ -102,6 +102,48 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
     return out
 
 
+def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget: int) -> np.ndarray:
+    """The greedy next token (argmax at the last position) of each sequence in ``seqs`` under
+    group ``name``, in batches as :func:`score_rows`."""
+    from .parallel import run_parallel
+
+    lengths = np.asarray([len(s) for s in seqs])
+    G = len(groups_fn())
+    V = int(ld.model.get_output_embeddings().weight.shape[0])
+    out = np.zeros(lengths.size, dtype=np.int64)
+    for idx in batches(lengths, G, budget):
+        K, N = idx.size, int(lengths[idx].max())
+        ids = np.zeros((K, N), dtype=np.int64)
+        for j, r in enumerate(idx):
+            ids[j, :lengths[r]] = seqs[r]
+        head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
+        tok = run_parallel(ld.model, ids, groups_fn(), cfg, ld.compute, ld.backend,
+                           head_chunk=head)
+        out[idx] = tok[name]["arg"][np.arange(K), lengths[idx] - 1].astype(np.int64)
+    return out
+
+
+def greedy(ld, cfg, prompts: list, max_new: list[int], groups_fn, name: str, budget: int,
+           stop=None) -> list[list[int]]:
+    """Greedy decoding under group ``name`` by repeated teacher-forced passes (each new token
+    reruns the whole sequence: quadratic in the generated length, slow but exact): the tokens
+    generated after each prompt, at most ``max_new[i]``; ``stop(i, tokens)`` ends sequence
+    ``i`` early. All sequences still running go through each pass together."""
+    seqs = [list(map(int, p)) for p in prompts]
+    gen: list[list[int]] = [[] for _ in prompts]
+    active = [i for i in range(len(seqs)) if max_new[i] > 0]
+    while active:
+        nxt = last_argmax(ld, cfg, [seqs[i] for i in active], groups_fn, name, budget)
+        still = []
+        for i, t in zip(active, nxt, strict=True):
+            seqs[i].append(int(t))
+            gen[i].append(int(t))
+            if len(gen[i]) < max_new[i] and not (stop is not None and stop(i, gen[i])):
+                still.append(i)
+        active = still
+    return gen
+
+
 def correctness(items: list[Item], first: np.ndarray, sc: dict, rows: Rows) -> dict:
     """Per item, under one group's scores ``sc``: the prediction (the chosen choice, -1 when
     every score is NaN; a generative item: 0 if greedy decoding gives the answer, else -1) and
