@@ -15,6 +15,8 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
 
     ``cfg`` is a :class:`precsim.config.Config`, a dict or an OmegaConf node (validated here).
 
+    The Result's ``verdict()`` is the budget verdict the command line prints.
+
     Example:
         >>> from precsim import simulate
         >>> r = simulate({"schemes": {"c32": {"kind": "conventional"}},
@@ -28,13 +30,16 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
     if out_dir is not None:  # a complete result is reused, a checkpoint resumed
         stored = reusable(cfg, Path(out_dir))
         if stored is not None:
-            return load_result(Path(out_dir), stored)
+            result = load_result(Path(out_dir), stored)
+            result.config, result.run_dir = cfg, Path(out_dir)
+            return result
         ck = Checkpoint(cfg, Path(out_dir))
         ck.load()
     result = run(cfg, progress=progress, ckpt=ck)
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir))
         ck.done()
+        result.run_dir = Path(out_dir)
     return result
 
 
@@ -48,9 +53,13 @@ def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
         if cfg.per_layer.formats is not None:
             from .models.per_layer import run_per_layer
 
-            return run_per_layer(cfg, dev, progress=progress)
-        return run_model_kl(cfg, dev, progress=progress, ckpt=ckpt)
-    return engines.run(at_layer(cfg), progress=progress, ckpt=ckpt)
+            result = run_per_layer(cfg, dev, progress=progress)
+        else:
+            result = run_model_kl(cfg, dev, progress=progress, ckpt=ckpt)
+    else:
+        result = engines.run(at_layer(cfg), progress=progress, ckpt=ckpt)
+    result.config = cfg  # Result.summary() and .verdict()
+    return result
 
 
 def at_layer(cfg: Config) -> Config:

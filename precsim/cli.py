@@ -124,6 +124,12 @@ the three main commands:
   python -m precsim.report DIR --metric rel_err --budget 0.0625      (also: precsim-report)
       compares every run under DIR and recommends the cheapest configuration within the budget
 
+real models (the models extra: pip install 'precsim[models]'; docs/real-models.md):
+  python -m precsim.record --model PATH --text-file doc.txt --tokens 8192 --out rec/
+      records a checkpoint's SSM-layer inputs; replay them: workload=trace workload.path=rec/
+  python -m precsim experiment=model_kl model.path=PATH model.text=doc.txt
+      a whole-model run: every SSM layer's state under each scheme, KL / top-1 of the logits
+
 groups: {groups}
 keys (see docs/): run.steps run.seqs run.seed run.out_dir model.heads replay.buffer_len
   schemes.NAME.fmt|rounding|read_fmt|error_feedback metrics.window metrics.budget_metric
@@ -439,6 +445,7 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
     if any(f not in _MULTIRUN_FLAGS for f in flags):
         return False  # Hydra's own options (--cfg, -cn, ...): Hydra handles them
     overrides = [a for a in args if not a.startswith("-")]
+    _check_words_and_launcher(overrides)
     parsed = OverridesParser.create().parse_overrides(overrides)
     run_dir = None
     for o in parsed:
@@ -488,6 +495,38 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
           "was run or written; delete the directory to redo it)")
     _print_end(c, stored, out, reused=True)
     return True
+
+
+# the launcher presets and the plugin (and the extra that installs it) each one needs
+_LAUNCHER_PLUGINS = {"joblib": "hydra_joblib_launcher", "joblib_gpus": "hydra_joblib_launcher",
+                     "submitit_local": "hydra_submitit_launcher",
+                     "submitit_slurm": "hydra_submitit_launcher",
+                     "slurm_gpu": "hydra_submitit_launcher"}
+
+
+def _check_words_and_launcher(overrides: list[str]) -> None:
+    """Before Hydra parses the overrides: a bare word (``split_nvfp4``: Hydra's "missing
+    EQUAL") names the override it most likely meant; ``hydra/launcher=joblib`` (or a SLURM or
+    submitit launcher) without its Hydra plugin names the extra that installs it."""
+    import importlib.util
+
+    from precsim.errors import PrecsimError
+
+    for a in overrides:
+        if "=" in a or a.startswith("~"):
+            continue
+        groups = [g for g, names in _group_options().items() if a in names]
+        hint = (f"did you mean {groups[0]}={a}?" if groups else
+                "allowed: KEY=VALUE or GROUP=OPTION (python -m precsim --help lists them)")
+        raise PrecsimError(f"{a!r} is not an override (KEY=VALUE); {hint}")
+    for a in overrides:
+        key, _, value = a.lstrip("+").partition("=")
+        plugin = _LAUNCHER_PLUGINS.get(value) if key == "hydra/launcher" else None
+        if plugin and importlib.util.find_spec(f"hydra_plugins.{plugin}") is None:
+            raise PrecsimError(
+                f"hydra/launcher={value} needs Hydra's {plugin.replace('_', '-')} plugin, which "
+                "is not installed; allowed: pip install 'precsim[sweep]' (the joblib and "
+                "submitit launchers), or no hydra/launcher (jobs run one after another)")
 
 
 def _compose_config(overrides: list[str]):
@@ -877,6 +916,11 @@ def _run_app(cfg) -> None:
         if runtime_codes:
             triton_engine.SWEEP_BLOCKS.update(_sweep_blocks(hc, c))
     say = _job_log if multirun else _say
+    _check_model_vs_trace(hc, c)
+    for line in inverted_split_notes(c):  # allowed (a study may want one), but said
+        _job_log(line, "WARNING")
+        if not multirun:
+            print(line, file=sys.stderr, flush=True)
     out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
     if c.task.path or c.task.name or hc.runtime.choices.get("experiment") == "task_eval":
         from precsim.models.task import run_task_cli  # experiment=task_eval (docs/tasks.md)
@@ -932,6 +976,73 @@ def _run_app(cfg) -> None:
               f"({time.perf_counter() - t0:.1f} s) -> {out}", file=sys.stderr, flush=True)
     else:
         _print_end(c, summary, out, reused=stored is not None)
+
+
+def inverted_split_notes(c) -> list[str]:
+    """One note per split scheme whose master is narrower than its read copy (``fmt=nvfp4
+    read_fmt=fp32``): the read copy is rounded from the master, so it holds nothing the master
+    does not, at more bytes; the master's rounding sets the error."""
+    from precsim import formats as pf
+
+    out = []
+    for name, s in c.schemes.items():
+        if s.kind != "split" or not s.read_fmt:
+            continue
+        try:
+            bm, br = pf.get(s.fmt).bits_per_element, pf.get(s.read_fmt).bits_per_element
+        except Exception:  # noqa: BLE001 - the config's checks name a bad format
+            continue
+        if br > bm:
+            out.append(f"precsim: note: schemes.{name} is an inverted split: its master "
+                       f"(fmt={s.fmt}, {bm:g} bits/element) is narrower than its read copy "
+                       f"(read_fmt={s.read_fmt}, {br:g}), which is rounded from the master and "
+                       f"so holds no more than it; the usual split is a wide master and a "
+                       f"narrow read copy (fmt={s.read_fmt} read_fmt={s.fmt})")
+    return out
+
+
+def _check_model_vs_trace(hc, c) -> None:
+    """``model=gdn`` on the command line with a Mamba-2 trace (or the reverse): a trace fixes
+    the layer's family and shape, so the choice would be dropped without a word; one line."""
+    from pathlib import Path
+
+    from precsim.errors import PrecsimError
+
+    chosen = [o.split("=", 1)[1] for o in hc.overrides.task if o.lstrip("+").startswith("model=")]
+    if not chosen or c.workload.kind != "trace" or not c.workload.path:
+        return
+    try:
+        from precsim.families import family_of
+        from precsim.workload import load_trace_arrays, recorded_layers
+
+        p = Path(c.workload.path)
+        if (p / "record.json").is_file():
+            have = recorded_layers(p)
+            p = have.get(c.workload.layer) if c.workload.layer is not None else \
+                next(iter(have.values()), None)
+        fam = family_of(load_trace_arrays(p)) if p is not None else None
+    except Exception:  # noqa: BLE001 - the workload reports an unreadable trace itself
+        return
+    if fam and fam != c.model.family:
+        names = {"mamba2": "Mamba-2", "gdn": "Gated DeltaNet"}
+        match = [n for n in _group_options()["model"] if _model_family(n) == fam]
+        raise PrecsimError(
+            f"model={chosen[-1]} (family {c.model.family}) with a {names.get(fam, fam)} trace "
+            f"(workload.path={c.workload.path}): a trace fixes the layer's family and shape; "
+            f"allowed: no model= (the trace's layer is used)"
+            + (f" or model={'|'.join(match)}" if match else ""))
+
+
+def _model_family(preset: str) -> str | None:
+    from importlib.resources import files
+
+    import yaml
+
+    try:
+        return (yaml.safe_load(files("precsim.conf").joinpath("model", f"{preset}.yaml")
+                               .read_text()) or {}).get("family")
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _say(text: str) -> None:

@@ -41,6 +41,29 @@ class Result:
     wall_s: float
     steps: int
     info: dict = field(default_factory=dict)
+    # what ran it (set by precsim.simulate / precsim.api.run): the summary and the verdict
+    config: Config | None = field(default=None, repr=False, compare=False)
+    run_dir: Path | None = field(default=None, repr=False, compare=False)
+
+    def summary(self) -> dict:
+        """The headline figures, cost and config, as ``summary.json`` holds them."""
+        if self.config is None:
+            raise PrecsimError("Result.config is None; allowed: a Result of precsim.simulate "
+                               "or precsim.api.run (they set it)")
+        return build_summary(self.config, self)
+
+    def verdict(self, metric: str | None = None, budget: float | None = None) -> str:
+        """The verdict the command line prints at the end of a run
+        (:func:`precsim.report.run_verdict`): each scheme against the budget, the recommended
+        one and its margin; the config's ``metrics.budget_metric`` / ``metrics.budget`` unless
+        given."""
+        from .report import run_verdict
+
+        summary = self.summary()
+        m = self.config.metrics
+        return run_verdict(summary, metric or m.budget_metric,
+                           m.budget if budget is None else float(budget),
+                           self.run_dir if self.run_dir is not None else "RUN_DIR")
 
 
 def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: float,
@@ -422,8 +445,10 @@ def write_sensitivity(pl: dict, out: Path, plot: bool) -> None:
     the error it adds, the layer's bytes per token) and ``sensitivity.png`` (a layer x format
     heatmap of the added error); ``pl``: its ``info["per_layer"]``."""
     m = pl["metric"]
+    below = pl.get("below_floor") or {}
     rows = [{"layer": int(la), "format": f, m: pl["sensitivity"][f][la],
-             f"added_{m}": pl["added"][f][la], "bytes_per_token": pl["layer_bytes_per_token"][f]}
+             f"added_{m}": pl["added"][f][la], "bytes_per_token": pl["layer_bytes_per_token"][f],
+             "below_floor": bool((below.get(f) or {}).get(la, False))}
             for la in pl["layers"] for f in pl["formats"]]
     atomic_write_text(out / SENS_CSV, rows_to_csv(rows))
     if plot:
@@ -446,18 +471,23 @@ def format_table(summary: dict) -> str:
         (f"{'top1':>8}{'1st flip':>15}" if div else "") + f"{'drift':>10}{'B/step/hd':>11}"
     lines = [head, "-" * len(head)]
     cost = summary.get("cost", {})
+    stale = [n for n in figs if not name_matches(n, summary.get("schemes", {}).get(n) or {})]
     for name, f in figs.items():
         cells = "".join(f"{_fmt(f.get(str(L), {}).get('rel_err')):>11}" for L in lengths)
         fin = f.get("final", {})
         b = cost.get(name, {}).get("bytes_per_step")
         dead = summary["schemes"].get(name, {}).get("dead_at")
         tail = f"  (non-finite from step {dead})" if dead else ""
-        lines.append(f"{name:<26}{cells}{_fmt(fin.get('rel_err')):>11}"
+        shown = f"{name}*" if name in stale else name
+        lines.append(f"{shown:<26}{cells}{_fmt(fin.get('rel_err')):>11}"
                      + (f"{_fmt(fin.get('kl')):>11}" if kl else "")  # (a column of nan)
                      + (f"{_share(fin.get('top1')):>8}{_flip(fin, _units(summary, name, seqs)):>15}"
                         if div else "")
                      + f"{_fmt(fin.get('state_drift')):>10}"
                      f"{(f'{b:,.0f}' if b is not None else '-'):>11}{tail}")
+    for n in stale:
+        lines.append(f"* {n} no longer runs what its name says (its settings were overridden): "
+                     f"{_described(summary['schemes'][n])}")
     floor = (summary.get("info") or {}).get("floor")
     if floor:  # a whole-model run: what the columns are measured against, and its floor
         f, n = floor["fp32_vs_fp64"], floor["noise"]
@@ -467,6 +497,44 @@ def format_table(summary: dict) -> str:
                      f"{_fmt(f['kl'])}, the model's own {floor['model_dtype']} noise KL "
                      f"{_fmt(n['kl'])}, top1 {_share(n['top1'])})")
     return "\n".join(lines)
+
+
+_KINDS = ("conventional", "shared", "split")
+
+
+def name_matches(name: str, info: dict) -> bool:
+    """Whether a scheme's name (a preset's key such as ``split_fp32_nvfp4``) agrees with what it
+    runs: every kind, format and ``sr`` the name spells is the scheme's (a name that spells none
+    agrees). ``schemes.split_fp32_nvfp4.read_fmt=fp8_e4m3`` makes it disagree."""
+    import re
+
+    from . import formats as pf
+
+    if not info:
+        return True
+    low = name.lower()
+    if low.split("_")[0] in _KINDS and info.get("kind") and low.split("_")[0] != info["kind"]:
+        return False
+    fmts = [str(f).lower() for f in (info.get("fmt"), info.get("read_fmt"),
+                                     info.get("error_feedback")) if f]
+    for f in sorted(pf.names(), key=len, reverse=True):  # whole names: nvfp4 before fp4_e2m1
+        for m in list(re.finditer(rf"(?<![a-z0-9]){re.escape(f)}(?=$|_|sr)", low)):
+            if not any(x == f or x.startswith(f + "_") for x in fmts):
+                return False
+            low = low[:m.start()] + "#" * len(f) + low[m.end():]  # (not matched again)
+    said_sr = bool(re.search(r"(?:_|[0-9#])sr(?:_|$)", low))
+    return not (said_sr and info.get("rounding") not in (None, "sr"))
+
+
+def _described(info: dict) -> str:
+    from .config import SchemeConfig
+    from .schemes import describe
+
+    keys = ("kind", "fmt", "rounding", "read_fmt", "error_feedback", "layers")
+    try:
+        return describe(SchemeConfig(**{k: info[k] for k in keys if info.get(k) is not None}))
+    except Exception:  # noqa: BLE001 - an old summary: the stored label
+        return str(info.get("label", ""))
 
 
 def _units(summary: dict, name: str, seqs):

@@ -120,15 +120,64 @@ def skip_to(segments: Iterator[int], pos: int) -> Iterator[int]:
 
 
 def progress_bar(cfg: Config, enabled: bool):
-    """A tqdm bar over the run's steps (None when disabled, not a TTY, or tqdm is missing)."""
+    """A tqdm bar over the run's steps on a terminal; when stderr is not a TTY (piped, in a
+    log file) a :class:`ProgressLines` instead, one plain line every few seconds. None when
+    disabled (or tqdm is missing)."""
     if not (enabled and cfg.run.progress):
         return None
+    import sys
+
+    if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return ProgressLines(cfg.run.steps)
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         return None
     return tqdm(total=cfg.run.steps, unit="step", desc="precsim", mininterval=0.5,
-                leave=False, dynamic_ncols=True, disable=None)  # None: off when not a TTY
+                leave=False, dynamic_ncols=True)
+
+
+class ProgressLines:
+    """Progress for a stream that is not a terminal (a pipe, a CI log): no bar (its carriage
+    returns make one line of everything), but ``precsim: step 12,288/32,768 (38%), 31 s,
+    ~51 s left`` on stderr at most every ``every`` seconds, so a long run piped to a file or
+    ``tee`` shows it is alive. Nothing for a run shorter than ``every``. The tqdm methods the
+    engines and whole-model runs call: ``update``, ``reset``, ``set_description``, ``close``."""
+
+    def __init__(self, total: int, every: float = 5.0, stream=None, clock=None):
+        import sys
+        import time
+
+        self.total, self.every, self.n, self.desc = int(total), float(every), 0, "step"
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock or time.monotonic
+        self.t0 = self.last = self.clock()
+
+    def update(self, n: int = 1) -> None:
+        self.n += int(n)
+        now = self.clock()
+        if now - self.last < self.every or self.n >= self.total:
+            return
+        self.last = now
+        el = now - self.t0
+        left = f", ~{el * (self.total - self.n) / self.n:,.0f} s left" if self.n else ""
+        try:
+            print(f"precsim: {self.desc} {self.n:,}/{self.total:,} "
+                  f"({100 * self.n / self.total:.0f}%), {el:,.0f} s{left}", file=self.stream,
+                  flush=True)
+        except (OSError, ValueError):  # a closed pipe: nothing more to say
+            pass
+
+    def reset(self, total: int | None = None) -> None:
+        self.n = 0
+        if total is not None:
+            self.total = int(total)
+
+    def set_description(self, desc: str) -> None:  # (a whole-model run: "layers x chunks")
+        self.desc = str(desc)
+
+    def close(self) -> None:
+        pass
 
 
 def slow_notice(what: str, enabled: bool = True, after: float = 2.0):
