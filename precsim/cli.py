@@ -270,6 +270,7 @@ def _main(args: list[str]) -> int:
     # let exceptions reach us unprinted, so user errors become one line (bugs still show a trace)
     os.environ["HYDRA_FULL_ERROR"] = "1"
     fresh_dir: list[bool] = [True]  # whether the run directory is one this process creates
+    args = _with_run_dir(args)
     try:
         if _precheck(args, fresh_dir):
             return 0
@@ -457,6 +458,7 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
         check_key(key)
         if key in _group_options() and not o.is_delete():
             _check_group(key, o.value())
+    _check_output_dirs(parsed, multirun=bool(flags))  # before Hydra makes any of them
     if flags:  # a sweep: each job is checked as it runs; a failed job leaves error.txt
         return False
     explicit = run_dir is not None or any(o.key_or_group == "run.out_dir" for o in parsed)
@@ -529,6 +531,39 @@ def _check_words_and_launcher(overrides: list[str]) -> None:
                 "submitit launchers), or no hydra/launcher (jobs run one after another)")
 
 
+def _check_output_dirs(parsed, multirun: bool) -> None:
+    """Every directory the command writes can be written: ``hydra.run.dir`` (a sweep:
+    ``hydra.sweep.dir``; Hydra's defaults under the working directory when not given) and
+    ``run.out_dir``; not a file, not under one, not read-only (preflight.writable_dir). Of a
+    value with an interpolation (``outputs/${name}/...``), the part before it."""
+    from precsim.preflight import writable_dir
+
+    keys = ("hydra.sweep.dir",) if multirun else ("hydra.run.dir",)
+    given = {o.key_or_group: o.value() for o in parsed
+             if o.key_or_group in (*keys, "run.out_dir")}
+    for key in keys:  # Hydra's default (conf/config.yaml): under the working directory
+        given.setdefault(key, "multirun" if multirun else "outputs")
+    for key, v in given.items():
+        if not isinstance(v, str) or not v:
+            continue
+        static = v if "${" not in v else (v.split("${", 1)[0].rpartition("/")[0] or ".")
+        writable_dir(key, static, shown=v)
+
+
+def _with_run_dir(args: list[str]) -> list[str]:
+    """``run.out_dir=DIR`` of a single run without ``hydra.run.dir``: Hydra's run directory
+    (its ``.hydra/`` and ``precsim.log``) is DIR too, so nothing is left under ``outputs/``."""
+    if any(a in _MULTIRUN_FLAGS or a.startswith("-") for a in args):
+        return args
+    keys = [a.split("=", 1)[0].lstrip("+") for a in args]
+    if "hydra.run.dir" in keys or "run.out_dir" not in keys:
+        return args
+    value = [a.split("=", 1)[1] for a, k in zip(args, keys, strict=True) if k == "run.out_dir"][-1]
+    if value.strip() in ("", "null", "None", "~"):
+        return args
+    return [*args, f"hydra.run.dir={value}"]
+
+
 def _compose_config(overrides: list[str]):
     """The validated Config the app would get for ``overrides`` (Hydra's compose API)."""
     from hydra import compose, initialize_config_module
@@ -597,7 +632,12 @@ def _preflight(c) -> None:
 
     from precsim.engines import resolve_device, resolve_engine
 
-    resolve_engine(c.run.engine, resolve_device(c.run.device))
+    device = resolve_device(c.run.device)
+    resolve_engine(c.run.engine, device)
+    if not c.model.path:
+        from precsim.preflight import check_fits
+
+        check_fits(c)
     if c.workload.kind == "trace":
         from pathlib import Path
 
@@ -605,7 +645,10 @@ def _preflight(c) -> None:
         from precsim.workload import make_workload, recorded_layers
 
         c = copy.deepcopy(c)
-        if is_record_dir(c):  # every layer is replayed: check the first
+        if is_record_dir(c):  # every layer is replayed: each checked, then the first read
+            from precsim.layers import check_record
+
+            check_record(c)
             c.workload.layer = min(recorded_layers(Path(c.workload.path)), default=None)
         make_workload(c)  # reads and checks the file (and run.steps against it)
 
@@ -936,6 +979,10 @@ def _run_app(cfg) -> None:
         say(f"precsim: {out} already holds a complete result of this config; reused")
         summary = stored
     else:
+        if not c.model.path:  # a run that cannot fit: one line before any allocation
+            from precsim.preflight import check_fits  # (whole-model mode sizes its own)
+
+            check_fits(c)
         _join_warm_up()
         gc.freeze()  # the imports' objects: later collections skip them (no multi-ms pauses)
         gc.enable()  # off for the start-up (main)

@@ -24,6 +24,70 @@ def is_record_dir(cfg) -> bool:
             .is_file())
 
 
+def check_record(cfg) -> None:
+    """Every layer of the record directory ``cfg.workload.path``, before the first one runs:
+    each folder readable (every ``.npy`` whole: a truncated file fails here, memory-mapped,
+    nothing read), of the recording's family (``record.json``'s layers, else the first
+    layer's), with its inputs' shapes consistent (``record.json``'s shapes when it lists them)
+    and at least ``run.steps`` long. One-line PrecsimError naming the layer."""
+    import json
+
+    from .errors import PrecsimError
+    from .families import FAMILIES, family_of
+    from .workload import load_trace_arrays, recorded_layers, trace_dims
+
+    root = Path(cfg.workload.path)
+    where = f"workload.path={str(root)!r}"
+    try:
+        meta = json.loads((root / "record.json").read_text())
+    except (OSError, ValueError) as e:
+        raise PrecsimError(f"{where}: record.json is not readable ({type(e).__name__}); "
+                           "allowed: a complete precsim.record directory (record again)") from None
+    listed = {int(m["layer"]): m for m in (meta.get("layers") or []) if isinstance(m, dict)
+              and isinstance(m.get("layer"), int)} if isinstance(meta, dict) else {}
+    families = {m.get("family") for m in listed.values()} - {None}
+    want = families.pop() if len(families) == 1 else None
+    first = None
+    for layer, path in recorded_layers(root).items():
+        name = path.name
+        try:
+            data = load_trace_arrays(path)
+        except Exception as e:  # noqa: BLE001 - truncated, unreadable, not a .npy: the layer
+            why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            raise PrecsimError(f"{where}: {name} is not a readable trace ({type(e).__name__}: "
+                               f"{why}); allowed: a complete precsim.record directory (record "
+                               "again, or remove that layer)") from None
+        fam = family_of(data)
+        expect = listed.get(layer, {}).get("family") or want or first
+        if expect is not None and fam != expect:
+            raise PrecsimError(f"{where}: {name} holds a {fam} trace in a {expect} recording; "
+                               f"allowed: {expect} layers only (that folder is from another "
+                               "recording)")
+        first = first or fam
+        missing = [k for k in FAMILIES[fam].KEYS if k not in data]
+        if missing:
+            raise PrecsimError(f"{where}: {name} lacks {', '.join(missing)}; allowed: a complete "
+                               "precsim.record directory (record again)")
+        try:
+            H, P, N = trace_dims(data, fam)
+        except (IndexError, ValueError):
+            raise PrecsimError(f"{where}: {name} has inputs of the wrong rank; allowed: a "
+                               "precsim.record layer (docs/workloads.md)") from None
+        T = data[FAMILIES[fam].KEYS[0]].shape[0]
+        for k in FAMILIES[fam].KEYS:
+            a = data[k]
+            if a.shape[0] != T:
+                raise PrecsimError(f"{where}: {name}/{k} has {a.shape[0]} steps, "
+                                   f"{FAMILIES[fam].KEYS[0]} {T}; allowed: one length per layer")
+            shp = listed.get(layer, {}).get("shapes", {}).get(k)
+            if shp is not None and list(a.shape) != list(shp):
+                raise PrecsimError(f"{where}: {name}/{k} has shape {tuple(a.shape)}, record.json "
+                                   f"says {tuple(shp)}; allowed: the recording as written")
+        if cfg.run.steps > T:
+            raise PrecsimError(f"run.steps={cfg.run.steps} exceeds the trace length T={T} of "
+                               f"{name} in {root}; allowed: 1..{T}")
+
+
 def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     """Replay every layer of ``cfg.workload.path`` into ``out``; returns the combined summary."""
     from . import result as res
@@ -36,6 +100,7 @@ def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     if not layers:
         raise PrecsimError(f"workload.path={cfg.workload.path!r} holds no layer_XX traces; "
                            "allowed: a precsim.record directory")
+    check_record(cfg)  # every layer before the first runs
     per_layer, rows = {}, []
     for layer in layers:
         c = copy.deepcopy(cfg)

@@ -49,6 +49,9 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
     if out.exists() and not out.is_dir():
         raise PrecsimError(f"--out={str(out)!r} is not a directory; allowed: a new or existing "
                            "directory")
+    from .preflight import writable_dir
+
+    writable_dir("--out", out, "a new or existing directory it can write")  # before the model
     from .config import parse_device_map
 
     device_map = parse_device_map(device_map, "--device-map")

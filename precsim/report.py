@@ -1063,6 +1063,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.horizon is not None and a.horizon < 1:
         p.error(f"--horizon={a.horizon} must be a positive number of tokens")
     try:
+        from .errors import PrecsimError
+        from .preflight import readable_dir, writable_dir
+
+        try:  # an unreadable DIR, or one it cannot write its summary into: one line, no work
+            if a.dir.is_dir():  # (a missing one: collect's own line)
+                readable_dir("DIR", a.dir)
+                writable_dir("DIR", a.dir, "a directory of runs that precsim-report can write "
+                             "sweep_summary.csv and its plots into")
+        except PrecsimError as e:
+            raise ReportError(str(e)) from None
         jobs = collect(a.dir)
         if not jobs:
             raise ReportError(f"no run results (summary.json) under {a.dir}")
