@@ -100,7 +100,8 @@ if LM is not None:
             sch = parse_scheme(scheme, kw)
             self.label = "reference" if sch is None else str(scheme).replace(":", "_")
             d = {"model": {"path": str(path), "dtype": dtype},
-                 "schemes": {} if sch is None else {self.label: sch},
+                 "schemes": {self.label: {"kind": "conventional", "fmt": "fp32"}
+                             if sch is None else sch},
                  "run": {"steps": 8, "progress": False, "seed": int(seed), "device": device},
                  "metrics": {"window": 8}}
             if buffer_len is not None:
@@ -116,7 +117,7 @@ if LM is not None:
             self.tok = _tokenizer(path)
             self.batch_tokens = int(batch_tokens)
             # one group: the scheme's own run (or the float64 reference) as the pass's only rows
-            g = Group("reference", REFERENCE, reference=True) if sch is None else \
+            g = Group(self.label, REFERENCE, reference=True) if sch is None else \
                 Group(self.label, self.cfg.schemes[self.label])
             self._group = lambda: [dataclasses.replace(g, drift={}, dead_at=None)]
 

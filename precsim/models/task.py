@@ -197,7 +197,7 @@ def load_task(cfg, tok, vocab: int) -> tuple[list[Item], str]:
         raise PrecsimError(f"task.limit={t.limit!r}; allowed: an integer >= 1 or null")
     if t.name is not None:
         check_builtin(t)
-        v = vocab if tok is None else min(vocab, int(getattr(tok, "vocab_size", vocab) or vocab))
+        v = vocab if tok is None else min(vocab, int(getattr(tok, "vocab_size", 0) or vocab))
         return builtin_items(t, v), f"{t.name} (built in, seed {t.seed})"
     return read_items(t.path, tok, vocab, cfg.model.path, t.limit), Path(t.path).name
 
@@ -258,11 +258,16 @@ def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None)
 
 
 def _tokenizer(path):
+    """The checkpoint's tokenizer as :func:`.load.load_model` finds it (None without one)."""
+    p = Path(path)
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                           "tokenizer.model")):
+        return None
     try:
         import transformers as tf
 
-        return tf.AutoTokenizer.from_pretrained(str(path))
-    except Exception:  # noqa: BLE001 - none, or broken: token-id items only
+        return tf.AutoTokenizer.from_pretrained(str(p))
+    except Exception:  # noqa: BLE001 - a broken tokenizer: token-id items only
         return None
 
 

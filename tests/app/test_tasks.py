@@ -1,0 +1,296 @@
+"""experiment=task_eval (precsim.models.task, precsim.tasks, precsim.taskstats) and the lm-eval
+model (precsim.lm_eval_adapter) on a tiny Mamba-2 checkpoint built offline.
+
+The checkpoint is random (weights N(0, 1), slowly decaying heads, so that its SSM state matters),
+so its task accuracy is chance; the items are made *self-consistent*: each item's gold is the
+FP32-state baseline's own choice (its own greedy answer, for generative items), found by a first
+pass. The baseline is then right on every item by construction, and every item a scheme gets
+wrong is a flip the state format caused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("transformers")
+
+from precsim import taskstats  # noqa: E402
+from precsim.config import to_config  # noqa: E402
+from precsim.errors import PrecsimError  # noqa: E402
+from precsim.models.task import evaluate, write  # noqa: E402
+from precsim.tasks import Item, builtin_items, read_items  # noqa: E402
+
+C = {"kind": "conventional"}
+SCHEMES = {"fp32": {**C, "fmt": "fp32"}, "same": {**C, "fmt": "fp32"},
+           "fp16": {**C, "fmt": "fp16"}, "fp8": {**C, "fmt": "fp8_e4m3"},
+           "fp4": {**C, "fmt": "fp4_e2m1"}, "fp8sr": {**C, "fmt": "fp8_e4m3", "rounding": "sr"}}
+
+
+def _cfg(path, task: dict, schemes=None, **run):
+    return to_config({"model": {"path": str(path)}, "schemes": schemes or SCHEMES,
+                      "task": task, "run": {"steps": 8, "progress": False, **run},
+                      "metrics": {"window": 8}, "replay": {"buffer_len": 4}})
+
+
+def _task(**kw):
+    return to_config({"schemes": {"fp32": SCHEMES["fp32"]}, "task": kw}).task
+
+
+def _char_tokenizer():
+    """A character-level tokenizer of the 95 printable ASCII characters and <eos> (96 ids)."""
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {chr(i): i - 32 for i in range(32, 127)}
+    vocab["<eos>"] = 95
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.decoder = decoders.Fuse()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """The tiny Mamba-2 checkpoint, without a tokenizer (``bare``) and with one (``text``)."""
+    from test_models import build
+
+    root = tmp_path_factory.mktemp("task_ckpt")
+    m = build("Mamba2ForCausalLM", 1.0, slow_decay=True)
+    m.save_pretrained(root / "bare")
+    m.save_pretrained(root / "text")
+    _char_tokenizer().save_pretrained(root / "text")
+    return root
+
+
+def _jsonl(path, items):
+    path.write_text("".join(json.dumps(d) + "\n" for d in items))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mc(ckpt, tmp_path_factory):
+    """24 token-id items (a 16-token context, 8 single-token choices), gold = the baseline's
+    choice; evaluated under every scheme of SCHEMES (fp8sr over 2 SR seeds)."""
+    d = tmp_path_factory.mktemp("mc")
+    rng = np.random.default_rng(1)
+    items = [{"context": rng.integers(0, 96, 16).tolist(),
+              "choices": [[int(c)] for c in rng.choice(96, 8, replace=False)], "gold": 0}
+             for _ in range(24)]
+    f = _jsonl(d / "mc.jsonl", items)
+    first = evaluate(_cfg(ckpt / "bare", {"path": str(f)}, {"fp32": SCHEMES["fp32"]}),
+                     progress=False)
+    for it, p in zip(items, first["_per"]["fp32"]["acc:pred"], strict=True):
+        it["gold"] = int(p)
+    _jsonl(f, items)
+    s = evaluate(_cfg(ckpt / "bare", {"path": str(f)}, sr_seeds=2), progress=False)
+    return s, write(s, d / "out"), d / "out"
+
+
+def test_identity_scheme_no_flips_destructive_drops_and_flips_fall_with_bits(mc):
+    s, public, out = mc
+    r = s["schemes"]
+    assert r["fp32"]["role"] == "baseline" and r["fp32"]["acc"] == 1.0
+    same = r["same"]  # the FP32 state again under another name: identical to the baseline
+    assert (same["lost"], same["gained"], same["p_mcnemar"]) == (0, 0, 1.0)
+    assert same["delta"] == same["delta_lo"] == same["delta_hi"] == 0.0
+    assert r["reference"]["lost"] == r["noise_floor"]["lost"] == 0  # the floor flips nothing
+    fp4 = r["fp4"]  # 4-bit state without a scale: a significant drop
+    assert fp4["delta"] < 0 and fp4["delta_hi"] < 0 and fp4["p_mcnemar"] < 0.05
+    assert fp4["down"] == fp4["lost"] >= 6 and fp4["gained"] == 0
+    assert abs(fp4["delta"]) >= fp4["mdd"]  # detected, so at least the detectable change
+    assert r["fp16"]["lost"] <= r["fp8"]["lost"] <= fp4["lost"]
+    assert r["fp8sr"]["seeds"] == 2
+    # the files: one CSV line per item, the summary (no private keys), the plot
+    lines = (out / "items.csv").read_text().splitlines()
+    assert len(lines) == 25 and "fp4:correct" in lines[0]
+    stored = json.loads((out / "summary.json").read_text())
+    assert stored["schemes"]["fp4"]["lost"] == fp4["lost"] and "_items" not in stored
+    assert (out / "task_accuracy.png").stat().st_size > 1000
+
+
+def test_statistics_against_scipy():
+    from scipy import stats
+
+    for down, up in [(0, 0), (6, 0), (7, 2), (3, 11), (40, 25)]:
+        want = stats.binomtest(down, down + up, 0.5).pvalue if down + up else 1.0
+        assert taskstats.mcnemar_exact(down, up) == pytest.approx(want, rel=1e-12)
+    rng = np.random.default_rng(0)
+    b = (rng.random(200) < 0.7).astype(float)
+    s = np.where(rng.random(200) < 0.15, 1 - b, b)  # 15% of the items flipped
+    d, lo, hi = taskstats.paired_delta(s, b, B=4000)
+    ref = stats.bootstrap((s, b), lambda x, y: np.mean(x - y), paired=True, n_resamples=4000,
+                          method="percentile", vectorized=False,
+                          random_state=np.random.default_rng(1)).confidence_interval
+    assert d == pytest.approx(np.mean(s - b))
+    assert lo == pytest.approx(ref.low, abs=0.01) and hi == pytest.approx(ref.high, abs=0.01)
+    for k, n in [(0, 10), (7, 20), (20, 20), (55, 200)]:
+        ci = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert taskstats.wilson(k / n, n) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    # the minimum detectable change solves Connor's sample-size formula at its own value
+    za, zb = stats.norm.ppf(0.975), stats.norm.ppf(0.8)
+    for n, psi in [(500, 0.2), (2000, 0.05)]:
+        m = taskstats.mdd(n, psi)
+        need = (za * math.sqrt(psi) + zb * math.sqrt(psi - m * m)) ** 2 / m ** 2
+        assert need == pytest.approx(n, rel=1e-6)
+    assert taskstats.mdd(100, 0.3) > taskstats.mdd(400, 0.3) > taskstats.mdd(400, 0.05)
+    assert taskstats.mdd(10, 0.0) >= 0.6  # the exact test needs 6 discordant items of 10
+    assert taskstats.mdd(5, 0.0) == math.inf
+
+
+def test_generative_exact_match_is_the_greedy_decode(ckpt, tmp_path):
+    """Answers decoded greedily under the FP32 state (repeated teacher-forced passes) are, by
+    the teacher-forced check of task_eval, exact matches of the FP32 state: the two agree."""
+    from precsim.models.run import build_groups, prepare
+    from precsim.models.task import greedy, task_cfg
+
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 96, int(n)).tolist() for n in (5, 9, 12, 7)]
+    cfg = _cfg(ckpt / "bare", {"path": str(tmp_path / "gen.jsonl")},
+               {"fp32": SCHEMES["fp32"], "fp4": SCHEMES["fp4"]})
+    pcfg, tmp = task_cfg(cfg)
+    ld = prepare(pcfg)
+    gs = lambda: build_groups(cfg, next(ld.model.parameters()).dtype)  # noqa: E731
+    answers = greedy(ld, cfg, prompts, [3, 3, 2, 4], gs, "fp32", 4096)
+    assert [len(a) for a in answers] == [3, 3, 2, 4]
+    _jsonl(tmp_path / "gen.jsonl", [{"prompt": p, "answer": a}
+                                    for p, a in zip(prompts, answers, strict=True)])
+    s = evaluate(cfg, progress=False, ld=ld)
+    assert s["schemes"]["fp32"]["acc"] == 1.0
+    assert s["task"]["metric"] == "exact_match (greedy)"
+
+
+def test_passkey_items_and_accuracy_by_length(ckpt, tmp_path):
+    t = _task(name="passkey", lengths=[12, 24], items=3, key_len=2, depth=0.5, seed=0)
+    items = builtin_items(t, 96)
+    assert len(items) == 6 and [len(i.context) for i in items] == [12] * 3 + [24] * 3
+    it = items[4]
+    k = it.context.index(12)  # the key marker (vocab 96: the reserved ranges start at 12)
+    assert it.context[k + 1:k + 3] == it.choices[0] and abs(k - 0.5 * 20) <= 1
+    assert it.context[-1] == 13  # the query marker ends the prompt
+    assert [i.context for i in builtin_items(t, 96)] == [i.context for i in items]
+    t.seed = 1
+    assert [i.context for i in builtin_items(t, 96)] != [i.context for i in items]
+    mq = _task(name="mqar", lengths=[16], items=2, key_len=3)
+    q = builtin_items(mq, 96)[0]
+    pairs = q.context[q.context.index(12) + 1:][:6]
+    assert dict(zip(pairs[::2], pairs[1::2]))[q.context[-1]] == q.choices[0][0]
+    cfg = _cfg(ckpt / "bare", {"name": "passkey", "lengths": [12, 24], "items": 3,
+                               "key_len": 1}, {"fp32": SCHEMES["fp32"], "fp4": SCHEMES["fp4"]})
+    s = evaluate(cfg, progress=False)
+    assert set(s["schemes"]["fp4"]["by_length"]) == {"12", "24"}
+    public = write(s, tmp_path)
+    assert public["plot"] == "accuracy_vs_length.png" and (tmp_path / public["plot"]).is_file()
+
+
+BAD = [  # (line text, what the one-line error must say)
+    ('{"context": [1, 2], "choices": [[3], [4]], "gold": 0}\n{"context": [1, 2', ":2: not valid JSON"),
+    ('{"context": [1, 2], "choices": [[3]], "gold": 0}', ":1: field 'choices'"),
+    ('{"context": [1, 2], "choices": [[3], [4]], "gold": 2}', ":1: field 'gold'"),
+    ('{"context": [1, 2], "choices": [[3], [400]], "gold": 0}', ":1: field 'choices[1]'"),
+    ('{"context": "Hello", "choices": ["a", "b"], "gold": 0}', ":1: field 'context': is text"),
+    ('{"prompt": [1], "answer": "x"}', ":1: field 'answer'"),
+    ('{"question": 1}', ":1: has neither"),
+    ('[1, 2]', ":1: a JSON list"),
+]
+
+
+@pytest.mark.parametrize("text,says", BAD)
+def test_bad_items_name_the_file_line_and_field(tmp_path, text, says):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(text + "\n")
+    with pytest.raises(PrecsimError) as e:
+        read_items(f, None, 96, "CKPT")
+    msg = str(e.value)
+    assert "\n" not in msg and str(f) + says in msg and "allowed:" in msg
+
+
+def test_cli_runs_and_bad_input_is_one_line_exit_2(ckpt, tmp_path, capsys):
+    from precsim.cli import main
+
+    f = _jsonl(tmp_path / "t.jsonl", [{"context": [1, 2, 3], "choices": [[4], [5]], "gold": 0},
+                                      {"prompt": [6, 7], "answer": [8]}])
+    base = ["experiment=task_eval", f"model.path={ckpt / 'bare'}", "run.progress=false",
+            "schemes={fp32:{kind:conventional,fmt:fp32}}"]
+    assert main([*base, f"task.path={f}", f"hydra.run.dir={tmp_path / 'ok'}"]) == 0
+    assert "(baseline)" in capsys.readouterr().out
+    assert {p.name for p in (tmp_path / "ok").iterdir()} >= {"summary.json", "items.csv"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(f.read_text() + '{"context": [1], "choices": [[2]], "gold": 0}\n')
+    for over, says in ((f"task.path={bad}", f"{bad}:3: field 'choices'"),
+                       ("task.name=needle", "task.name='needle' is unknown")):
+        run = tmp_path / over.split("=")[0]
+        with pytest.raises(SystemExit) as e:
+            main([*base, over, f"hydra.run.dir={run}"])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and says in err and len(err.splitlines()) == 1
+        assert not run.exists()  # nothing half-written
+
+
+def test_text_items_follow_lm_evals_split(ckpt):
+    tok = tf.AutoTokenizer.from_pretrained(str(ckpt / "text"))
+    from precsim.tasks import encode_pair
+
+    assert encode_pair(tok, "Q: a ", "b") == encode_pair(tok, "Q: a", " b")
+    assert encode_pair(tok, "", "ab") == ([95], [65, 66])
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_lm_eval_adapter_equals_task_eval(ckpt, tmp_path):
+    lm_eval = pytest.importorskip("lm_eval")
+    import precsim.lm_eval_adapter  # noqa: F401 - registers the model "precsim"
+
+    rng = np.random.default_rng(3)
+    words = ["red", "blue", "green", "gray", "pink", "teal"]
+    docs = [{"context": " ".join(rng.choice(words, 4)) + " is",
+             "choices": list(rng.choice(words, 3, replace=False)), "gold": int(rng.integers(3))}
+            for _ in range(8)]
+    _jsonl(tmp_path / "docs.jsonl", docs)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tiny.yaml").write_text(
+        "task: precsim_tiny_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tmp_path / 'docs.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{gold}}'\n"
+        "metric_list:\n  - metric: acc\n")
+    # lm-eval puts " " (target_delimiter) between the context and each choice
+    f = _jsonl(tmp_path / "same.jsonl", [{**d, "choices": [" " + c for c in d["choices"]]}
+                                         for d in docs])
+    s = evaluate(_cfg(ckpt / "text", {"path": str(f)},
+                      {"fp32": SCHEMES["fp32"], "fp4": SCHEMES["fp4"]}), progress=False)
+    from lm_eval.tasks import TaskManager
+
+    for scheme, name in (("fp32", "fp32"), ("conventional:fp4_e2m1:rne", "fp4")):
+        res = lm_eval.simple_evaluate(
+            model="precsim", model_args=f"path={ckpt / 'text'},scheme={scheme},buffer_len=4",
+            tasks=["precsim_tiny_mc"], task_manager=TaskManager(include_path=str(tmp_path /
+                                                                                 "tasks")))
+        acc = res["results"]["precsim_tiny_mc"]["acc,none"]
+        assert acc == pytest.approx(s["schemes"][name]["acc"]), scheme
+
+
+def test_lm_eval_missing_is_one_line(monkeypatch, capsys):
+    from precsim import lm_eval_adapter as ad
+
+    monkeypatch.setattr(ad, "LM", None)
+    with pytest.raises(PrecsimError, match=r"pip install 'precsim\[eval\]'"):
+        ad.require()
+    assert ad.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["precsim: error: lm_eval is not installed; allowed: pip install "
+                   "'precsim[eval]'"]
+
+
+def test_item_rows_choose_by_summed_and_normalised_likelihood():
+    """Scoring on fixed row scores (no model): acc sums, acc_token divides by tokens,
+    acc_byte by bytes; a NaN score never wins; a generative item needs every argmax."""
+    from precsim.models.task import Rows, correctness
+
+    items = [Item("mc", [1], [[2], [3, 4, 5]], 1, nbytes=[1, 9]),
+             Item("mc", [1], [[2], [3]], 0), Item("gen", [1], [[2, 3]], 0)]
+    rows, first = Rows.of(items)
+    sc = {"lp": np.array([-2.0, -3.0, np.nan, -1.0, -4.0]),
+          "greedy": np.array([0, 0, 0, 0, 1.0])}
+    c = correctness(items, first, sc, rows)
+    assert c["acc"].tolist() == [0, 0, 1] and c["acc:pred"].tolist() == [0, 1, 0]
+    assert c["acc_token"].tolist() == [1, 0, 1]  # -3/3 > -2/1
+    assert c["acc_byte"][0] == 1 and math.isnan(c["acc_byte"][1])
