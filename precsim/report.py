@@ -581,6 +581,10 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         save = f", {top / b:.2g}x fewer bytes than the costliest" if top > b * 1.01 else ""
         lines.append(f"recommended: {info.get('label', name)} [{name}]: {b:,.0f} B/step/head"
                      f"{save}; {metric}={_g(v)}, {margin_text(v, budget)} the budget")
+        if (summary.get("info") or {}).get("workload") == "model":  # how to serve it
+            from .serving import next_step_line
+
+            lines.append(f"  {next_step_line(info)}")
         if floor and metric in ("kl",):
             fin = figs.get(name, {}).get("final", {})
             lines.append(f"  {confidence_note(fin, budget, metric)}")
@@ -620,6 +624,16 @@ def per_layer_lines(pl: dict) -> list[str]:
     lines = [f"per-layer assignment ({pl['template']}'s {pl['slot']} per layer, from "
              f"{', '.join(pl['formats'])}; sensitivity: {pl['sensitivity_runs']} one-layer runs, "
              f"{SENS_CSV}, {SENS_PNG}):"]
+    below = pl.get("below_floor") or {}
+    n_below = sum(bool(v) for per in below.values() for v in per.values())
+    if n_below:
+        which = "; ".join(
+            f"{f}: " + ", ".join(f"L{la} below floor ({_g(pl['added'][f][la])})"
+                                 for la, v in per.items() if v)
+            for f, per in below.items() if any(per.values()))
+        lines.append(f"  {n_below} of {n * len(pl['formats'])} sensitivities are below the "
+                     f"floor ({metric} {_g(pl['floor'])}, the model's own noise) and are taken "
+                     f"at it: {which}")
     for i, rd in enumerate(pl["rounds"], 1):
         lines.append(f"  verification {i}: {as_override(rd['layers'])}: "
                      f"{rd['bytes_per_token']:,.0f} B/token,"

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from .hook import Hook
-from .load import base_and_head
+from .load import base_and_head, vocab_size
+
+HEAD_ELEMS = 2 ** 27  # logits per group and head pass (1 GiB in float64)
 from .metrics import TOKEN_KEYS, own_metrics, result_rows, token_metrics
 from .scan import Chunks, scan
 
@@ -76,6 +78,9 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     K, N = ids.shape
     C = chunk_len(cfg, N, backend)
     base, head = base_and_head(model)
+    # positions per head pass: at most HEAD_ELEMS logits per group (three groups' float64
+    # logits are held at once: the reference, the baseline and the scheme)
+    head_chunk = max(16, min(head_chunk, HEAD_ELEMS // max(1, K * vocab_size(model))))
     kw, attr = cache_io(base)
     pos_kw = "position_ids" in inspect.signature(base.forward).parameters
     chunks = Chunks(horizon=N)

@@ -37,6 +37,17 @@ def final(result, name: str, metric: str) -> float:
     return math.inf if dead or v is None or not math.isfinite(v) else float(v)
 
 
+def floor_add(result, metric: str) -> float:
+    """The noise floor of a whole-model run in ``metric``'s additive unit (its interval's upper
+    end; 0 where the floor does not measure the metric)."""
+    fl = (result.info or {}).get("floor")
+    if not fl or metric != "kl":
+        return 0.0
+    n = fl["noise"]
+    hi = n.get("kl_hi")
+    return float(hi if hi is not None and math.isfinite(hi) else n["kl"])
+
+
 def with_layers(tmpl, layers: dict):
     return dataclasses.replace(tmpl, layers=dict(layers), label=None)
 
@@ -108,7 +119,12 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
                     f"sensitivity {i // n + 1}/{math.ceil(len(groups) / n)}")
         values.update({name: final(r, name, metric) for name in sch})
     base = values["base"]
-    delta = {la: {f: max(0.0, add(values[f"L{la}:{f}"]) - add(base)) for f in fmts}
+    raw = {la: {f: add(values[f"L{la}:{f}"]) - add(base) for f in fmts} for la in layers}
+    # below the floor (the model's own noise, docs/metrics.md): a layer's added error cannot be
+    # told from rounding noise there; the assignment takes it at the floor, not at 0
+    noise = floor_add(r, metric)
+    below = {la: {f: raw[la][f] <= noise for f in fmts} for la in layers}
+    delta = {la: {f: max(noise if below[la][f] else 0.0, raw[la][f]) for f in fmts}
              for la in layers}
     sens_s = time.perf_counter() - t0
 
@@ -140,7 +156,8 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
         "formats": fmts, "base_format": BASE, "base_value": base, "layers": layers,
         "layer_bytes_per_token": per_token,
         "sensitivity": {f: {la: values[f"L{la}:{f}"] for la in layers} for f in fmts},
-        "added": {f: {la: delta[la][f] for la in layers} for f in fmts},
+        "added": {f: {la: max(0.0, raw[la][f]) for la in layers} for f in fmts},
+        "floor": noise, "below_floor": {f: {la: below[la][f] for la in layers} for f in fmts},
         "rounds": rounds, "verified": bool(rounds and rounds[-1]["fits"]),
         "assignment": rounds[-1]["layers"] if rounds else None,
         "uniform": {f: {"scheme": f"{UNIFORM}{f}", "value": uni[f],

@@ -46,15 +46,17 @@ def seed_names(cfg) -> dict[str, list[str]]:
 def build_groups(cfg, mdtype) -> list:
     """The groups of a whole-model run, in the order the floor needs (a prefix run by every
     copy of a split run): the float64 reference; the FP32 state (a scheme of the config that is
-    it, else a group of its own); the noise run (the baseline's state with its SSM outputs
-    dithered at the model dtype's unit roundoff); then every scheme and its SR seeds. Each
+    it, else a group of its own); the noise run (the FP32 state with its SSM outputs dithered at
+    the model dtype's unit roundoff); then every scheme and its SR seeds. Each
     scheme is measured against ``metrics.baseline``; the FP32 state against the reference."""
     ref = Group("reference", REFERENCE, reference=True)
     fp32 = next((n for n, s in cfg.schemes.items() if is_fp32_state(s)), None)
     base = Group(fp32 or "fp32_state", FP32_STATE, vs=0, role="scheme" if fp32 else "baseline")
     b = 1 if cfg.metrics.baseline == "fp32" else 0
     groups = [ref, base]
-    noise = Group("noise_floor", groups[b].cfg, vs=b, role="noise",
+    # the noise run keeps the FP32 state (the kernels run a float64 state only as the truth):
+    # against the float64 baseline its figure includes the FP32 state's own distance
+    noise = Group("noise_floor", FP32_STATE, vs=b, role="noise",
                   dither=UNIT_ROUNDOFF.get(mdtype, 2.0 ** -24))
     groups.append(noise)
     for n, names in seed_names(cfg).items():
@@ -264,7 +266,8 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
                 bar.reset(total=N)
             tok_m = run_decode(model, ld.ids, groups, cfg, ld.compute, bar)
     except torch.OutOfMemoryError:
-        rows = f"{K} document(s) x {len(groups)} rows (the reference and each scheme)"
+        rows = (f"{K} document(s) x {len(groups)} rows (the reference, the floor's and each "
+                "scheme's)")
         fix = (f"a smaller model.chunk (now {chunk:,} positions a pass; attention layers hold "
                "a chunk x everything before it), fewer run.seqs or fewer schemes"
                if m.mode == "parallel" else "fewer run.seqs or fewer schemes")

@@ -40,6 +40,7 @@ TINY_RUN = ["run.steps=64", "run.seqs=1", "metrics.window=32", "metrics.vocab=32
 TINY_TRACE = ["run.steps=8", "run.seqs=1", "metrics.window=8", "metrics.vocab=32",
               "run.progress=false"]
 TINY_MODEL_KL = ["run.steps=6", "run.seqs=1", "metrics.window=3", "run.progress=false"]
+TINY_TASK = ["task.items=2", "task.lengths=[16,32]", "task.limit=2"]  # experiment=task_eval
 # swept lists replaced by one value each, so the 24-job preset runs one tiny job
 FEWER_JOBS = {"experiment=precision_sweep": ["schemes.candidate.fmt=fp32",
                                              "schemes.candidate.rounding=rne",
@@ -136,7 +137,11 @@ def model_fixtures(tmp_path_factory):
     assert record.main(["--model", str(root / "ckpt"), "--tokens", "8", "--out",
                         str(root / "rec")]) == 0
     (root / "placement.yaml").write_text("backbone: cpu\nlm_head: cpu\n")  # an explicit map
-    return {"ckpt": root / "ckpt", "rec": root / "rec", "map": root / "placement.yaml"}
+    (root / "task.jsonl").write_text(  # experiment=task_eval's task file: token-id items
+        '{"context": [5, 6, 7], "choices": [[8], [9]], "gold": 0}\n'
+        '{"prompt": [10, 11], "answer": [12]}\n')
+    return {"ckpt": root / "ckpt", "rec": root / "rec", "map": root / "placement.yaml",
+            "task": root / "task.jsonl"}
 
 
 def char_tokenizer():
@@ -166,7 +171,7 @@ class Fixtures(dict):
 # its positional argument): every value there is an example the user replaces
 ROLES = {"--model": "ckpt", "model.path": "ckpt", "workload.path": "trace", "--text-file": "text",
          "--prompt-file": "text", "--ids-file": "ids", "model.text": "text", "model.ids": "ids",
-         "--out": "out", "model.device_map": "map", "--device-map": "map"}
+         "--out": "out", "model.device_map": "map", "--device-map": "map", "task.path": "task"}
 NAMED_MAPS = ("auto", "balanced")  # device_map values that are not a map file
 
 
@@ -201,8 +206,11 @@ def _cli_argv(argv: list[str], out: Path) -> tuple[list[str], bool, Path]:
         argv = [NO_CUDA.get(a, a) for a in argv]
     argv = [NO_SLURM.get(a, a) for a in argv if not a.startswith(SLURM_ONLY_KEYS)]
     extra = []
-    if "experiment=model_kl" in argv or "experiment=per_layer" in argv:
-        extra += TINY_MODEL_KL
+    if "experiment=model_kl" in argv or "experiment=per_layer" in argv \
+            or "experiment=task_eval" in argv:
+        extra += TINY_MODEL_KL + (TINY_TASK if "experiment=task_eval" in argv else [])
+        if "model.mode=generate" in argv:
+            extra.append("model.new_tokens=4")
     elif "workload=trace" in argv:
         extra += TINY_TRACE
     else:
@@ -307,6 +315,8 @@ def test_documented_command_runs(doc, line, cmd, tmp_path, capfd, request):
             results = [where / "summary.json", where / "metrics.csv"]
         if "experiment=per_layer" in argv:
             results += [where / "sensitivity.csv", where / "sensitivity.png"]
+        if "experiment=task_eval" in argv:
+            results = [where / "summary.json", where / "items.csv"]
     assert "Traceback" not in text, f"{doc}:{line}: {cmd}\n{text[-3000:]}"
     if rc != 0:
         first = DOCUMENTED_ERRORS.get(cmd)

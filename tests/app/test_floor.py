@@ -219,6 +219,10 @@ def test_generate_mode_through_the_command_line(m2, tmp_path, capsys, monkeypatc
                              "run.progress=false", f"hydra.run.dir={tmp_path / 'g'}"], capsys)
     assert rc == 0, err
     assert "generation (6 greedy tokens after each prompt" in out
+    rec = out.splitlines().index(next(ln for ln in out.splitlines()
+                                      if ln.startswith("recommended:")))
+    nxt = out.splitlines()[rec + 1]  # the next step: the engines' setting, or that none ships
+    assert "to serve it: " in nxt or "no serving engine ships this state format yet" in nxt
     txt = (tmp_path / "g" / "generations.txt").read_text()
     assert "baseline [conventional_fp32]:" in txt and "split_fp32_nvfp4 (" in txt
     s = json.loads((tmp_path / "g" / "summary.json").read_text())

@@ -661,14 +661,16 @@ def test_chunked_parallel_mode_equals_one_pass(kl_ckpt, arch):
     """``model.chunk``: the documents through the model in chunks of positions (its cache and
     every layer's group states carried on; the last chunk a one-token step) give the one-pass
     metrics to float32 reduction-order noise (attention over a cache, the conv from its state):
-    measured on these models <= 3.4e-5 of the largest KL (Zamba2) and <= 4.3e-7 in rel_err."""
+    measured on these models <= 1.4e-4 of the largest KL (Zamba2, with the floor's groups in
+    the batch: its float32 attention's reduction order depends on the batch) and <= 4.3e-7 in
+    rel_err."""
     r0 = run_model_kl(_kl_cfg(kl_ckpt[arch], SCHEMES, 25, model__chunk=0), "cpu", progress=False)
     r1 = run_model_kl(_kl_cfg(kl_ckpt[arch], SCHEMES, 25, model__chunk=8), "cpu", progress=False)
     assert r0.info["chunk"] == 25 and r1.info["chunk"] == 8
     for name, v in r0.per_step_rel_err.items():
         w = r1.per_step_rel_err[name]
         if name.endswith(":kl"):
-            assert np.abs(w - v).max() <= 1e-4 * np.abs(v).max() + 1e-12, name
+            assert np.abs(w - v).max() <= 3e-4 * np.abs(v).max() + 1e-12, name
         elif name.endswith(":top1"):
             assert (w == v).mean() >= 0.96, name  # a near-tie may flip
         else:

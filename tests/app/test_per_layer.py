@@ -222,7 +222,7 @@ def test_out_of_memory_mid_run_is_one_line(ckpts, monkeypatch):
 
     monkeypatch.setattr(parallel, "run_parallel", oom)
     with pytest.raises(PrecsimError, match=r"the whole-model run ran out of cpu memory \(1 "
-                                           r"document\(s\) x 2 rows .*, 32 tokens each\); "
+                                           r"document\(s\) x 4 rows .*, 32 tokens each\); "
                                            r"allowed: a smaller model.chunk \(now 32 positions"):
         run_model_kl(_cfg(ckpts, {"s": SPLIT}), "cpu", progress=False)
 
