@@ -20,10 +20,10 @@ import torch
 
 from .hook import Hook
 from .load import base_and_head, vocab_size
-
-HEAD_ELEMS = 2 ** 27  # logits per group and head pass (1 GiB in float64)
 from .metrics import TOKEN_KEYS, own_metrics, result_rows, token_metrics
 from .scan import Chunks, scan
+
+HEAD_ELEMS = 2 ** 27  # logits per group and head pass (1 GiB in float64)
 
 
 class ScanHandler:
