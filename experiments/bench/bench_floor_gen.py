@@ -64,7 +64,7 @@ def main() -> int:
                f"model.ids={work / 'ids.npy'}", f"run.seqs={a.docs}", "run.device=cuda",
                "hydra.job.chdir=false", "run.progress=false", f"hydra.run.dir={d}", *extra]
         t = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1500,
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=work,
                            env={**os.environ, **(env or {})})
         wall = time.perf_counter() - t
         s = d / "summary.json"
