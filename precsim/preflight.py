@@ -28,14 +28,17 @@ from pathlib import Path
 from .errors import PrecsimError
 
 GiB = 1 << 30
-BASE_HOST = 0.6 * GiB  # the process before any array: interpreter, torch, numba (peak RSS of a
-# 4,096-step card run: 0.51 GiB on the torch engine, 0.79 GiB on numba's, 2-core VM)
+# the process before any array: interpreter, torch, numba's compiled code (peak RSS of a
+# 4,096-step card run: 0.51 GiB on the torch engine, 0.79 GiB on numba's; a 262,144-step run
+# of a 1 x 4 x 16 layer: 0.40 and 0.48 GiB; 2-core VM, 2026-12-03)
+BASE_HOST = {"numba": 0.6 * GiB, "triton": 0.8 * GiB}
+BASE_OTHER = 0.4 * GiB
 WINDOW_RECORD = 2048  # bytes per metrics window and scheme: its figures (small arrays, a dict)
 # state elements x steps x (schemes + 1) per second, the order of magnitude (docs/performance.md:
 # the card's shape over 32K steps in 3.9 s of numba on 2 cores, the 128-head 32K study in 0.79 s
 # on one H200), and seconds per step of each engine's own overhead
 SPEED = {"numba": 1.0e10, "torch": 1.5e9, "numpy": 3.0e7, "triton": 1.0e12}
-PER_STEP_S = {"numba": 1.5e-5, "torch": 1.0e-4, "numpy": 1.0e-4, "triton": 1.0e-6}
+PER_STEP_S = {"numba": 1.5e-5, "torch": 1.0e-3, "numpy": 1.0e-3, "triton": 1.0e-6}
 
 
 @dataclass
@@ -110,12 +113,13 @@ def estimate(cfg, device: str = "cpu", engine: str = "torch") -> Estimate:
     outputs = n * SH * P * (8 + 4 * ns) + rows * W * (ns + 1) * 20
     kl = rows * V * (4 * ns + 48)
     window = (inputs + segs + outputs + kl) * (2 if fused else 1)
-    if device == "cuda":
-        e.host = {"process": BASE_HOST, "per-step figures": per_step, "states": state * 8}
+    base = BASE_HOST.get(engine, BASE_OTHER)
+    if device == "cuda":  # (the host keeps the per-step figures and the states' copies)
+        e.host = {"process": base, "per-step figures": per_step, "states": state * 8}
         e.device = {"states": states, "per-step keys": steps * 4 * (ns + 1),
                     "windows": 8 * window}  # a batch of up to 8 launch windows in flight
     else:
-        e.host = {"process": BASE_HOST, "states": states, "per-step figures": per_step,
+        e.host = {"process": base, "states": states, "per-step figures": per_step,
                   "windows": window}
     e.seconds = steps * (state * (ns + 1) / SPEED.get(engine, 1e9)
                          + PER_STEP_S.get(engine, 1e-4))
