@@ -729,8 +729,9 @@ def _budget_line(ax, budget: tuple[str, float]) -> None:
 def _mark_recommended(ax, x: float, y: float, hollow: bool = False,
                       others: list[tuple[float, float]] = ()) -> None:
     """A star on the recommended point and a "recommended" label with a leader line, placed at
-    the offset (of four around the point) farthest from the other points ``others`` (data
-    coordinates; the axes' limits must be final)."""
+    the first offset (of seven around the point, the nearer first) that leaves 30 points of
+    room to the other points ``others`` (data coordinates; the axes' limits must be final), else
+    at the one with the most room, inside the axes."""
     ax.scatter([x], [y], marker="*", s=260, zorder=4.5, linewidths=1.2, edgecolors="k",
                facecolors="none" if hollow else "gold")
     to_px = ax.transData.transform
@@ -738,12 +739,18 @@ def _mark_recommended(ax, x: float, y: float, hollow: bool = False,
     x0, y0 = to_px((x, y))
     dpi = ax.figure.dpi / 72  # points -> pixels
 
+    box = ax.get_window_extent()
+
     def room(off):  # the distance from the label's centre to the nearest other point
         cx, cy = x0 + (off[0] + 30 * (1 if off[0] > 0 else -0.2)) * dpi, y0 + off[1] * dpi
+        if not (box.x0 + 34 * dpi <= cx <= box.x1 - 34 * dpi
+                and box.y0 + 8 * dpi <= cy <= box.y1 - 8 * dpi):
+            return -1.0  # (outside the axes: over the ticks or the title)
         return min((max(abs(px - cx) - 34 * dpi, 0) + max(abs(py - cy) - 8 * dpi, 0)
                     for px, py in pts), default=math.inf)
 
-    off = max([(-58, 26), (12, 26), (12, -30), (-58, -30)], key=room)
+    off = max([(-58, 26), (12, 26), (12, -30), (-58, -30), (40, -70), (-70, -70), (60, 40)],
+              key=lambda o: min(room(o), 30 * dpi))  # (beyond 30 pt of room: the nearest)
     ax.annotate("recommended", (x, y), xytext=off, textcoords="offset points",
                 fontsize=8, weight="bold", zorder=7,
                 bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.3", "lw": 0.6},
@@ -885,7 +892,8 @@ def plot_pareto(jobs: list[Job], path: Path, budget: tuple[str, float] | None = 
     per = {m: [(g, _drawable(cs)) for g, cs, _ in decide(done, m, None, horizon)]
            for m in panels}
     fronts = {m: [(g, pareto_front(cs)) for g, cs in per[m]] for m in panels}
-    n_lines = max(sum(len(f) + (len(fronts[m]) > 1) for _, f in fronts[m]) for m in panels)
+    n_lines = max(sum(2 * len(f) + (len(fronts[m]) > 1) for _, f in fronts[m])
+                  for m in panels)  # (a front point may take a "same point" line)
     extra = 0.17 * n_lines + 0.5
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5.2 + extra),
                              squeeze=False)
@@ -915,16 +923,17 @@ def plot_pareto(jobs: list[Job], path: Path, budget: tuple[str, float] | None = 
                 lines.append(f"group {gi + 1}: {g.title}")
             for c in front:
                 placed += 1
+                star = bool(budget and budget[0] == m and (c.label, c.bytes_per_step) in rec_keys)
                 ax.text(c.bytes_per_step, c.value, str(placed), ha="center", va="center",
-                        fontsize=6.5, color="white", weight="bold", zorder=5,
+                        fontsize=6.5, color="k" if star else "white", weight="bold", zorder=5,
                         clip_on=True)  # (one below the axis would stretch the figure)
                 same = [o.label for o in off if _coincide(o, c)]
                 lines.append(f"{placed:>2}. {c.bytes_per_step:>9,.0f} B  {m}={_g(c.value):<8} "
                              f"{c.label}" + (f" [{c.tag}]" if c.tag and n_label[c.label] > 1
-                                             else "")
-                             + (f"  (same point: {'; '.join(same[:2])})" if same else "")
-                             + ("   <- recommended" if budget and budget[0] == m and
-                                (c.label, c.bytes_per_step) in rec_keys else ""))
+                                             else "") + ("   <- recommended" if star else ""))
+                if same:  # on a line of its own: the list stays within its panel
+                    more = f" (+{len(same) - 2} more)" if len(same) > 2 else ""
+                    lines.append(f"{'':>17}same point: {'; '.join(same[:2])}{more}")
         vals = [c.value for c in cs]
         if budget and budget[0] == m:
             _budget_line(ax, budget)
