@@ -174,7 +174,7 @@ def test_passkey_items_and_accuracy_by_length(ckpt, tmp_path):
     mq = _task(name="mqar", lengths=[16], items=2, key_len=3)
     q = builtin_items(mq, 96)[0]
     pairs = q.context[q.context.index(12) + 1:][:6]
-    assert dict(zip(pairs[::2], pairs[1::2]))[q.context[-1]] == q.choices[0][0]
+    assert dict(zip(pairs[::2], pairs[1::2], strict=True))[q.context[-1]] == q.choices[0][0]
     cfg = _cfg(ckpt / "bare", {"name": "passkey", "lengths": [12, 24], "items": 3,
                                "key_len": 1}, {"fp32": SCHEMES["fp32"], "fp4": SCHEMES["fp4"]})
     s = evaluate(cfg, progress=False)
@@ -184,7 +184,8 @@ def test_passkey_items_and_accuracy_by_length(ckpt, tmp_path):
 
 
 BAD = [  # (line text, what the one-line error must say)
-    ('{"context": [1, 2], "choices": [[3], [4]], "gold": 0}\n{"context": [1, 2', ":2: not valid JSON"),
+    ('{"context": [1, 2], "choices": [[3], [4]], "gold": 0}\n{"context": [1, 2',
+     ":2: not valid JSON"),
     ('{"context": [1, 2], "choices": [[3]], "gold": 0}', ":1: field 'choices'"),
     ('{"context": [1, 2], "choices": [[3], [4]], "gold": 2}', ":1: field 'gold'"),
     ('{"context": [1, 2], "choices": [[3], [400]], "gold": 0}', ":1: field 'choices[1]'"),
