@@ -844,12 +844,17 @@ def plot_error_vs_length(jobs: list[Job], path: Path, budget: tuple[str, float] 
                     markevery=(i % every, every), ms=5 if i in on_top else 3.5,
                     mfc="none" if i in on_top else None)
         vals = [r.get(m) for *_, rs, _r in series for r in rs]
+        exact = not any(_pos(v) for v in vals)  # every value 0: a linear axis (log has none)
         if budget and budget[0] == m:
             _budget_line(ax, budget)
             vals.append(budget[1])
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        plain_ticks(ax)
+        steps = [r["step"] for *_, rs, _r in series for r in rs if r.get("step")]
+        if steps:  # (curves of NaN alone set no x range: the log axis would get 0..1)
+            ax.set_xlim(min(steps) / 1.1, max(steps) * 1.1)
+        if not exact:
+            ax.set_yscale("log")
+        plain_ticks(ax, y_log=not exact)
         _clip_low(ax, vals, [(lab, rs[-1].get(m), "C0") for _k, lab, rs, _r in series if rs])
         ax.set_xlabel("decode steps (tokens)")
         ax.set_ylabel({"rel_err": "‖y − y_ref‖ / ‖y_ref‖", "kl": "KL per token (nats)"}[m])

@@ -427,3 +427,13 @@ def test_sweep_plots_carry_the_decision(sweep, monkeypatch):
     twin = next(n for n in names if "split(fp16 update" in n)
     assert twin.endswith("(lies on #1)"), names
     plt.close("all")
+
+
+def test_plots_of_exact_schemes_with_a_budget(tmp_path):
+    """Every value 0 (a tiny whole-model sweep whose schemes are all exact) with the sweep's
+    budget: both plots are written (the budget line alone once left a log axis of 0..1)."""
+    write_job(tmp_path / "a", 16, {"conventional_fp32": (65536, 0.0),
+                                   "split_fp32_nvfp4": (16042, 0.0)})
+    agg = report.aggregate(tmp_path, budget=("rel_err", 0.0625))
+    assert [p.name for p in agg.plots] == [report.ERROR_PLOT, report.PARETO_PLOT]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in agg.plots)
