@@ -31,9 +31,13 @@ state float32; teacher-forced along the answer, an item is right iff the argmax 
 position is the answer's token, i.e. greedy decoding produces it: ``task_eval``'s rule), per
 task, and the per-head decay half-lives (``experiments/trained/train.py``'s ``half_lives``).
 
-GPU (one H200, both models, a few minutes):  python experiments/recall/train_recall.py --gpu --out OUT
-CPU (the small Mamba-2 on MQAR):             python experiments/recall/train_recall.py --cpu --size small --models mamba2 --tasks mqar --out OUT
-Determinism check (seconds):                 python experiments/recall/train_recall.py --cpu --tiny --steps 4 --seed 3 --out OUT
+GPU (one H200, both models, a few minutes):
+    python experiments/recall/train_recall.py --gpu --out OUT
+CPU (the small Mamba-2 on MQAR):
+    python experiments/recall/train_recall.py --cpu --size small --models mamba2 --tasks mqar \
+        --steps 4000 --eval-during --eval-every 500 --out OUT
+Determinism check (seconds):
+    python experiments/recall/train_recall.py --cpu --tiny --steps 4 --seed 3 --out OUT
 
 Writes OUT/NAME/ (config.json, model.safetensors in float32, train_log.json) per model and
 OUT/accuracy.json (accuracy per model, task and length).
@@ -413,7 +417,7 @@ def main(argv=None) -> int:
         ap.error(f"--models={args.models!r}; allowed: a comma list of mamba2, gdn")
     args.tasks = [t for t in args.tasks.split(",") if t]
     if not args.tasks or set(args.tasks) - {"mqar", "passkey"}:
-        ap.error(f"--tasks; allowed: a comma list of mqar, passkey")
+        ap.error("--tasks; allowed: a comma list of mqar, passkey")
     args.eval_lengths = ([int(v) for v in args.eval_lengths.split(",")]
                          if args.eval_lengths else None)
     if not args.cpu and not torch.cuda.is_available():
