@@ -68,6 +68,10 @@ def filler_half_lives(R, model, windows: torch.Tensor, mask: np.ndarray) -> dict
 
 def measure(path: Path, length: int, items: int, seed: int) -> dict:
     R = TR.recipe()
+    import transformers.models.mamba2.modeling_mamba2 as mm
+
+    R.check_ssd_scan(mm)
+    mm.mamba2_chunk_scan = R.ssd_scan  # the einsum form (memory): the same scan
     model = load(path)
     vocab = model.config.vocab_size
     alph = TR.alphabets(vocab)
