@@ -25,6 +25,7 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -59,8 +60,9 @@ def watchdog(signum: int, after: float = WATCHDOG_S, end=None):
     ended by itself. An interrupt that lands inside an import lock's callback is printed as
     "Exception ignored" and lost, and the main thread then waits on that lock for ever (seen
     under load: SIGINT in the first second of a run, later SIGTERMs ignored); this daemon timer
-    runs beside it. ``end`` (tests): called instead of ``os._exit``."""
-    import threading
+    runs beside it. ``end`` (tests): called instead of ``os._exit``. (``threading`` is
+    imported with this module, whole before a handler runs: a signal during its first import,
+    the warm-up's, found ``threading.Timer`` missing, a traceback: tests/app/test_resume.py)"""
 
     def fire():
         if not _STOP.get("said"):  # the command's own line was never printed
@@ -78,8 +80,6 @@ def _on_signal(signum, frame) -> None:
     """While an engine runs, the first signal waits for its next window boundary (a whole
     state to save); a second one, or one outside the engine, stops at once."""
     if _STOP["defer"] and _STOP["signum"] is None:
-        import threading
-
         _STOP["signum"] = signum  # a window longer than 2 s: say why nothing happens yet
         _STOP["notice"] = threading.Timer(2.0, print, (
             f"precsim: {signal.Signals(signum).name}: stopping at the next window boundary "

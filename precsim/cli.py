@@ -187,16 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     from precsim.checkpoint import Interrupted, install_handlers, restore_handlers
 
-    old_handlers = install_handlers()  # SIGINT/SIGTERM: one line and 130/143, no traceback
-    keep_freed_memory()
     collecting = gc.isenabled()
-    # no cyclic garbage collection while the imports run (the collections they set off took
-    # 0.37 s of a 1.7 s start-up on the 2-core machine): on again, the imports' objects frozen
-    # out of it, before the engine (_run_app) and on the way out. The few cycles the imports
-    # leave unreachable (~10,000 objects, a few MB) are frozen too and kept till the exit: a
-    # full collection first would cost 0.18 s of the 0.37
-    gc.disable()
+    # SIGINT/SIGTERM: one line and 130/143, no traceback; the try starts at once (a signal
+    # during keep_freed_memory's ctypes import was a traceback: tests/app/test_resume.py)
+    old_handlers = install_handlers()
     try:
+        keep_freed_memory()
+        # no cyclic garbage collection while the imports run (the collections they set off took
+        # 0.37 s of a 1.7 s start-up on the 2-core machine): on again, the imports' objects
+        # frozen out of it, before the engine (_run_app) and on the way out. The few cycles the
+        # imports leave unreachable (~10,000 objects, a few MB) are frozen too and kept till the
+        # exit: a full collection first would cost 0.18 s of the 0.37
+        gc.disable()
         if "--version" in args:  # precsim's own (Hydra's option printed Hydra's)
             from precsim import __version__
 
