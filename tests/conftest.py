@@ -127,3 +127,30 @@ def load_script(path, name: str | None = None):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+# -- no test writes inside the repository ------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+# what a command run from the repository leaves there: Hydra's default run and sweep directories
+# (outputs/NAME/DATE_ID, multirun/NAME/DATE_ID)
+_HYDRA_DEFAULTS = ("outputs", "multirun")
+
+
+def _left_in_repo() -> set[str]:
+    return {p.relative_to(REPO).as_posix() for d in _HYDRA_DEFAULTS
+            for p in (REPO / d).glob("*/*")}
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_in_the_repository():
+    """Fail a test that leaves a run or sweep directory in the repository's outputs/ or
+    multirun/ (a stat of two folders per test): it must write under tmp_path (hydra.run.dir=,
+    hydra.sweep.dir=, run.out_dir= or cwd=tmp_path). Under pytest-xdist another worker's test
+    running at the same moment may be the one to blame."""
+    before = _left_in_repo()
+    yield
+    new = sorted(_left_in_repo() - before)
+    if new:
+        pytest.fail(f"the test left {', '.join(new)} in the repository ({REPO}); write under "
+                    "tmp_path: hydra.run.dir=, hydra.sweep.dir=, run.out_dir= or cwd=tmp_path",
+                    pytrace=False)
