@@ -982,9 +982,11 @@ def _run_app(cfg) -> None:
         summary = stored
     else:
         if not c.model.path:  # a run that cannot fit: one line before any allocation
-            from precsim.preflight import check_fits  # (whole-model mode sizes its own)
-
-            check_fits(c)
+            from precsim.preflight import check_fits, long_run_note  # (whole-model mode
+            # sizes its own)
+            note = long_run_note(check_fits(c))
+            if note and not multirun:
+                print(note, file=sys.stderr, flush=True)
         _join_warm_up()
         gc.freeze()  # the imports' objects: later collections skip them (no multi-ms pauses)
         gc.enable()  # off for the start-up (main)

@@ -255,6 +255,16 @@ def check_fits(cfg, device: str | None = None, engine: str | None = None) -> Est
     return e
 
 
+def long_run_note(e: Estimate, over_s: float = 3600.0) -> str | None:
+    """A line saying what a run over ``over_s`` seconds (estimated) will take, else None."""
+    if e.seconds < over_s:
+        return None
+    dev = f", {_size(e.device_total)} of GPU memory" if e.device else ""
+    return (f"precsim: this run takes ~{_duration(e.seconds)} on {e.engine}/{e.device_kind} and "
+            f"about {_size(e.host_total)} of host memory{dev} (an estimate; run.steps, run.seqs, "
+            "model.heads and the schemes set it; it checkpoints: docs/resume.md)")
+
+
 def _device_free() -> tuple[float, str]:
     import torch
 

@@ -86,7 +86,7 @@ def test_the_estimate_grows_with_what_the_engines_keep():
     """The parts follow the shapes: per-step figures linear in run.steps, the windows' in
     metrics.window and metrics.vocab (the KL's logits), the states in run.seqs."""
     from precsim.config import to_config
-    from precsim.preflight import estimate
+    from precsim.preflight import estimate, long_run_note
 
     def est(**over):
         cfg = {"schemes": {"a": {"kind": "conventional", "fmt": "fp16"},
@@ -105,6 +105,10 @@ def test_the_estimate_grows_with_what_the_engines_keep():
     assert est(metrics__vocab=4096).host["windows"] > 3 * a.host["windows"]
     assert est(metrics__kl=False).host["windows"] < a.host["windows"]
     assert est(run__seqs=8).host["states"] == pytest.approx(4 * a.host["states"])
+    # a run of hours says so before it starts (a short one says nothing)
+    assert long_run_note(a) is None
+    note = long_run_note(est(run__steps=10**9))
+    assert note.startswith("precsim: this run takes ~") and " on numba/cpu " in note
 
 
 @pytest.mark.slow
