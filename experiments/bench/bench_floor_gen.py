@@ -39,6 +39,9 @@ def main() -> int:
     ap.add_argument("--docs", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=4096)
     ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=1024, help="model.chunk (64 x 4,352 tokens "
+                    "of the 1.3B shape in one pass ran out of the H200's memory, before the "
+                    "floor too)")
     ap.add_argument("--skip", default="", help="comma-separated rows to skip: old,new,gen")
     a = ap.parse_args()
     out, work = Path(a.out), Path(a.work)
@@ -48,7 +51,7 @@ def main() -> int:
 
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "host": platform.node(), "gpu": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "docs": a.docs, "prompt": a.prompt, "new": a.new}
+            "torch": torch.__version__, "docs": a.docs, "prompt": a.prompt, "new": a.new, "chunk": a.chunk}
     ck = work / "mamba2_1b3"
     t0 = time.perf_counter()
     build("mamba2_1b3", ck, "cuda")
@@ -62,7 +65,8 @@ def main() -> int:
         d = work / f"{label}_{time.time_ns()}"
         cmd = [PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
                f"model.ids={work / 'ids.npy'}", f"run.seqs={a.docs}", "run.device=cuda",
-               "hydra.job.chdir=false", "run.progress=false", f"hydra.run.dir={d}", *extra]
+               "hydra.job.chdir=false", "run.progress=false", f"hydra.run.dir={d}",
+               f"model.chunk={a.chunk}", *extra]
         t = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=work,
                            env={**os.environ, **(env or {})})

@@ -12,7 +12,9 @@ baseline's continuation (a test checks the two agree); from there it runs free.
 
 One-token steps end inside ReplaySSM segments: the scans keep the unfinished segment's inputs
 and evaluate it again at the next step (:class:`precsim.models.scan.Chunks`), as decode mode
-does. The scans run on the torch backend.
+does. The steps run on the torch backend; the prompt too, unless the run's scans are the Triton
+kernels and the prompt ends a ReplaySSM segment: then the kernels read the prompt and their
+states (every group's, at a flush) become the torch schemes' (:func:`to_torch`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ SHOWN_DOCS = 4  # documents written to GENERATIONS_FILE
 
 
 def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, bar=None,
-                 phases: dict | None = None) -> tuple[dict, dict]:
+                 phases: dict | None = None, backend: str = "torch") -> tuple[dict, dict]:
     """``(per-token metrics over the prompts, as run_parallel's; generation)``: generation's
     ``tokens`` and ``margin`` (top-1 minus top-2 logit of each written token) per group name,
     arrays ``(K, new_tokens)``."""
@@ -41,8 +43,12 @@ def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, 
     phases = {} if phases is None else phases
     K, P = ids.shape
     tail: dict = {}
-    out = run_parallel(model, ids, groups, cfg, compute, "torch", bar, phases=phases, tail=tail)
+    backend = "triton" if backend == "triton" and P % cfg.replay.buffer_len == 0 else "torch"
+    out = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases, tail=tail)
     t0 = time.perf_counter()
+    if backend == "triton":
+        to_torch(tail["chunks"], groups, K, cfg, compute, P)
+        tail["handler"].backend = "torch"
     base, head = base_and_head(model)
     kw, attr = cache_io(base)
     pos_kw = "position_ids" in inspect.signature(base.forward).parameters
@@ -72,6 +78,39 @@ def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, 
     gen = {g.name: {"tokens": toks[i * K:(i + 1) * K], "margin": margin[i * K:(i + 1) * K]}
            for i, g in enumerate(groups)}
     return out, gen
+
+
+def to_torch(chunks, groups, K: int, cfg, compute, pos: int) -> None:
+    """Every layer's Triton states in ``chunks`` (at a flush, after ``pos`` tokens) as the torch
+    backend's schemes, in place: the float64 truth slot becomes the reference's state, each
+    scheme slot its group's master (``st``), read copy (``rd``, split) and error-feedback
+    residual (``ef``); the event counts (tokens for conventional schemes, flushes for replay
+    ones) continue the SR streams where the kernels left them (the same keys)."""
+    from ..schemes import SCHEMES, format_options
+
+    L = cfg.replay.buffer_len
+    for layer, k in list(chunks.layers.items()):
+        SH, P, N = k["S64"].shape
+        shape = (K, SH // K, P, N)
+        objs = []
+        for gi, g in enumerate(groups):
+            sc = g.at(layer)
+            s = SCHEMES[sc.kind](name=f"{g.name}@layer{layer}", cfg=sc, seed=cfg.run.seed,
+                                 fmt_options=format_options(cfg),
+                                 tensor_scope=cfg.formats.tensor_scope)
+            if g.reference:
+                s.state = s.read = k["S64"].view(shape).clone()
+                s.resid = torch.zeros_like(s.state)
+            else:
+                i = gi - 1
+                s.state = k["st"][i].view(shape).to(compute).clone()
+                s.read = k["rd"][i].view(shape).to(compute).clone() if sc.kind == "split" \
+                    else s.state
+                s.resid = k["ef"][i].view(shape).to(compute).clone()
+            s.events = pos if sc.kind == "conventional" else pos // L
+            s.dead_at = g.dead_at
+            objs.append(s)
+        chunks.layers[layer] = objs
 
 
 def first_divergence(mine: np.ndarray, base: np.ndarray) -> list[int | None]:

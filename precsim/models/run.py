@@ -198,7 +198,7 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None, split_ok: bool =
     every = every_layer_scheme(cfg, layers, also)
     backend, why = "torch", None
     kind = "cuda" if dev.startswith("cuda") else "cpu"
-    if m.mode == "parallel" and compute == torch.float32:
+    if m.mode in ("parallel", "generate") and compute == torch.float32:
         backend = backend_for(every, kind)
     if kind == "cuda" and backend == "torch":  # say why the kernels do not run it
         from ..engines import triton as tri
@@ -253,12 +253,12 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             from .generate import run_generate
             from .parallel import chunk_len
 
-            chunk = chunk_len(cfg, N, "torch")
+            chunk = chunk_len(cfg, N, ld.backend)
             if bar is not None:
                 bar.reset(total=len(ld.layers) * -(-N // chunk) + m.new_tokens)
                 bar.set_description(f"{bar_desc} x chunks, then tokens")
             tok_m, gen = run_generate(model, ld.ids, groups, cfg, ld.compute, m.new_tokens,
-                                      bar, phases)
+                                      bar, phases, ld.backend)
         else:
             from .decode import run_decode
 
@@ -270,7 +270,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
                 "scheme's)")
         fix = (f"a smaller model.chunk (now {chunk:,} positions a pass; attention layers hold "
                "a chunk x everything before it), fewer run.seqs or fewer schemes"
-               if m.mode == "parallel" else "fewer run.seqs or fewer schemes")
+               if m.mode in ("parallel", "generate") else "fewer run.seqs or fewer schemes")
         raise PrecsimError(f"the whole-model run ran out of {ld.device} memory ({rows}, "
                            f"{N:,} tokens each); allowed: {fix}") from None
     run_s = time.perf_counter() - t_run

@@ -248,3 +248,52 @@ def test_bad_floor_and_generation_inputs_are_one_line(m2, tmp_path, capsys, monk
           "model.new_tokens=9"], "model.new_tokens=9 after run.steps=8 prompt tokens is beyond"),
     ], capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bamba"]
+
+
+def test_generation_after_a_triton_prompt_equals_the_torch_run(tmp_path, monkeypatch):
+    """With the Triton kernels (here in the interpreter) the prompt is read by the kernels and
+    their states (at a flush) become the torch schemes' for the one-token steps: every scheme
+    writes the same continuation as the all-torch run, and the prompt's per-token KL agrees to
+    float32 noise (the interpreter test of the Triton scan's own tolerance)."""
+    import precsim.kernels.mamba2 as m2_k
+    from precsim.models import parallel
+    from precsim.models import run as run_mod
+    from precsim.models.scan import scan as real_scan
+    from precsim.models.scan_triton import scan_triton
+
+    build("Mamba2ForCausalLM", 0.2, slow_decay=True).save_pretrained(tmp_path / "m")
+    np.save(tmp_path / "ids.npy", np.random.default_rng(4).integers(0, 96, (2, 16)))
+    schemes = {"fp32": SCHEMES["fp32"], "shared": {"kind": "shared", "fmt": "fp8_e4m3",
+                                                   "rounding": "sr"},
+               "split": SCHEMES["split"]}
+
+    def cfg():
+        return _kl_cfg(tmp_path / "m", schemes, 16, model__ids=str(tmp_path / "ids.npy"),
+                       run__seqs=2, model__mode="generate", model__new_tokens=6,
+                       replay__buffer_len=8, metrics__window=8, metrics__baseline="fp32")
+
+    want = run_model_kl(cfg(), "cpu", progress=False)
+    monkeypatch.setattr(run_mod, "backend_for", lambda *a, **k: "triton")
+    monkeypatch.setattr("precsim.models.scan_triton.DRIFT_EVERY", 8)
+    monkeypatch.setattr(m2_k, "TRUTH_ROWS", 8)
+    calls = []
+
+    def scan(step, groups, K, cfg_, compute, backend, chunks):
+        calls.append(backend)
+        if backend == "triton":
+            return scan_triton(step, groups, K, cfg_, chunks=chunks)
+        return real_scan(step, groups, K, cfg_, compute, backend, chunks=chunks)
+
+    monkeypatch.setattr(parallel, "scan", scan)
+    got = run_model_kl(cfg(), "cpu", progress=False)
+    assert "triton" in calls and "torch" in calls
+    gw, gg = want.info["generation"]["schemes"], got.info["generation"]["schemes"]
+    for name in schemes:
+        assert gg[name]["first_divergence"] == gw[name]["first_divergence"], name
+    tw = [ln for ln in want.info["generations_text"].splitlines() if "(" in ln]
+    tg = [ln for ln in got.info["generations_text"].splitlines() if "(" in ln]
+    assert tg == tw
+    for name in ("shared", "split"):
+        v = want.per_step_rel_err[f"{name}:kl"]
+        np.testing.assert_allclose(got.per_step_rel_err[f"{name}:kl"], v, rtol=1e-3,
+                                   atol=max(1e-3 * np.abs(v).max(), 1e-12))
