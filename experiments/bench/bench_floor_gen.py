@@ -51,7 +51,8 @@ def main() -> int:
 
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "host": platform.node(), "gpu": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "docs": a.docs, "prompt": a.prompt, "new": a.new, "chunk": a.chunk}
+            "torch": torch.__version__, "docs": a.docs, "prompt": a.prompt, "new": a.new,
+            "chunk": a.chunk}
     ck = work / "mamba2_1b3"
     t0 = time.perf_counter()
     build("mamba2_1b3", ck, "cuda")

@@ -256,6 +256,7 @@ def test_generation_after_a_triton_prompt_equals_the_torch_run(tmp_path, monkeyp
     writes the same continuation as the all-torch run, and the prompt's per-token KL agrees to
     float32 noise (the interpreter test of the Triton scan's own tolerance)."""
     import precsim.kernels.mamba2 as m2_k
+
     from precsim.models import parallel
     from precsim.models import run as run_mod
     from precsim.models.scan import scan as real_scan
