@@ -379,7 +379,12 @@ def validate(cfg: Config) -> None:
     lengths = list(mc.lengths)
     check(len(lengths) > 0 and all(isinstance(v, int) and v > 0 for v in lengths),
           "metrics.lengths", lengths, "a non-empty list of positive integers (decode steps)")
-    check_choice("metrics.budget_metric", mc.budget_metric, ("kl", "rel_err", "state_drift"))
+    check_choice("metrics.budget_metric", mc.budget_metric,
+                 ("kl", "rel_err", "state_drift", "accuracy"))
+    if mc.budget_metric == "accuracy" and not (cfg.task.path or cfg.task.name):
+        raise PrecsimError("metrics.budget_metric=accuracy needs a task; allowed: task.path="
+                           "FILE.jsonl or task.name=passkey|mqar (experiment=per_layer over a "
+                           "task), or metrics.budget_metric=kl|rel_err")
     if mc.budget_metric == "kl":
         check(mc.kl, "metrics.kl", mc.kl, "true while metrics.budget_metric=kl (the budget "
               "needs the KL)")
@@ -458,7 +463,11 @@ def _check_per_layer(cfg: Config) -> None:
               f"the template scheme's name (this config has {', '.join(names)})")
     else:
         check_choice("per_layer.scheme", pl.scheme, names)
-    check_choice("metrics.budget_metric", cfg.metrics.budget_metric, ("kl", "rel_err"))
+    check_choice("metrics.budget_metric", cfg.metrics.budget_metric, ("kl", "rel_err", "accuracy"))
+    if (cfg.task.path or cfg.task.name) and cfg.metrics.budget_metric != "accuracy":
+        raise PrecsimError(f"metrics.budget_metric={cfg.metrics.budget_metric} with a task "
+                           "(task.path or task.name) in experiment=per_layer; allowed: "
+                           "metrics.budget_metric=accuracy (an accuracy drop as metrics.budget)")
     check(isinstance(pl.rounds, int) and pl.rounds >= 1, "per_layer.rounds", pl.rounds,
           "an integer >= 1")
     check(isinstance(pl.groups_per_pass, int) and pl.groups_per_pass >= 1,

@@ -90,6 +90,10 @@ def run_per_layer(cfg, device: str = "cpu", progress: bool = True):
     from .run import measure, prepare
 
     pl, mc = cfg.per_layer, cfg.metrics
+    if mc.budget_metric == "accuracy":  # over a task: its own summary, not a Result
+        raise PrecsimError("metrics.budget_metric=accuracy runs over a task; allowed: the "
+                           "command line (experiment=per_layer task.path=FILE.jsonl) or "
+                           "precsim.models.per_layer_task.run(cfg)")
     tname = pl.scheme or next(iter(cfg.schemes))
     if cfg.schemes[tname].layers is not None:
         raise PrecsimError(f"schemes.{tname}.layers is set in the per-layer template; allowed: "

@@ -213,31 +213,35 @@ def task_cfg(cfg):
     return dataclasses.replace(cfg, model=m, run=dataclasses.replace(cfg.run, seqs=1)), d
 
 
-def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None) -> dict:
-    """Run ``cfg``'s task under every group; the summary (``scores`` per item and group under
-    ``_items``)."""
+def load(cfg, device: str = "cpu", also: dict | None = None):
+    """The checkpoint of ``cfg`` loaded for a task (:func:`task_cfg`, ``also`` as
+    :func:`precsim.models.run.prepare`'s) and its tokenizer (None without one)."""
     import shutil
 
-    from ..engines.base import progress_bar
-    from .run import build_groups, prepare
+    from .run import prepare
 
-    t0 = time.perf_counter()
-    if ld is None:
-        pcfg, tmp = task_cfg(cfg)
-        try:
-            ld = prepare(pcfg, device)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        tok = _tokenizer(cfg.model.path)
-    vocab = int(ld.model.get_output_embeddings().weight.shape[0])
-    items, source = load_task(cfg, tok, vocab)
+    pcfg, tmp = task_cfg(cfg)
+    try:
+        ld = prepare(pcfg, device, also)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ld, _tokenizer(cfg.model.path)
+
+
+def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task rows"):
+    """Every group of ``cfg``'s run (:func:`precsim.models.run.build_groups` of its schemes)
+    on ``items``: the groups, each group's :func:`correctness` by name, and the model's
+    seconds. A run out of device memory is a one-line PrecsimError."""
+    from ..engines.base import progress_bar
+    from .run import build_groups
+
     rows, first = Rows.of(items)
     mdtype = next(ld.model.parameters()).dtype
     groups = build_groups(cfg, mdtype)
     bar = progress_bar(cfg, progress)
     if bar is not None:
         bar.reset(total=len(rows.ids))
-        bar.set_description("task rows")
+        bar.set_description(desc)
     phases: dict = {}
     t1 = time.perf_counter()
     try:
@@ -250,8 +254,19 @@ def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None)
     finally:
         if bar is not None:
             bar.close()
-    run_s = time.perf_counter() - t1
     per = {g.name: correctness(items, first, sc[g.name], rows) for g in groups}
+    return groups, per, time.perf_counter() - t1
+
+
+def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None) -> dict:
+    """Run ``cfg``'s task under every group; the summary (``scores`` per item and group under
+    ``_items``)."""
+    t0 = time.perf_counter()
+    if ld is None:
+        ld, tok = load(cfg, device)
+    vocab = int(ld.model.get_output_embeddings().weight.shape[0])
+    items, source = load_task(cfg, tok, vocab)
+    groups, per, run_s = score(cfg, ld, items, progress)
     return summarize(cfg, items, groups, per, source, ld, {"model_s": round(run_s, 3),
                                                            "wall_s": round(time.perf_counter()
                                                                            - t0, 3)})
@@ -454,6 +469,10 @@ def run_task_cli(c, out: Path, say, progress: bool = True) -> dict:
     """``experiment=task_eval`` from the command line: evaluate, write, print the table."""
     from .. import engines
 
+    if c.per_layer.formats is not None:  # experiment=per_layer over a task (per_layer_task.py)
+        from .per_layer_task import run_cli
+
+        return run_cli(c, out, say, progress)
     summary = evaluate(c, engines.resolve_device(c.run.device), progress=progress)
     public = write(summary, out, c.metrics.plot is not False)
     say(format_table(public))
