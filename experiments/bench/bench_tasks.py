@@ -1,0 +1,185 @@
+"""What task accuracy costs against a whole-model run over the same tokens: whole
+``python -m precsim`` processes, side by side in one run, on a Mamba-2 1.3B-shape checkpoint
+(random bf16 weights), ``schemes=split_nvfp4``.
+
+    python experiments/bench/bench_tasks.py                      # ~4 min on one H200
+    python experiments/bench/bench_tasks.py --items 500 --ctx 2048 --passkey-len 32768 \\
+        --passkey-items 100                                      # the issue's full sizes
+    python experiments/bench/bench_tasks.py --cpu --tiny         # a tiny Mamba-2 on the CPU
+
+Rows (each the wall time of a whole process, start-up, load and files included):
+1. ``experiment=task_eval`` over ``--items`` multiple-choice items (a ``--ctx``-token context and
+   4 choices of ``--choice-len`` tokens each, token ids drawn from ``--seed``, written as JSONL):
+   ``items x 4`` rows (token-sequences) of ``ctx + choice-len`` tokens;
+2. ``experiment=model_kl`` over the same rows as documents (the same token ids, ``run.steps =
+   ctx + choice-len``), ``--kl-seqs`` rows a process (a model_kl run holds all its documents x
+   groups in each forward pass; the Triton scans make a pass at least 2,048 positions), the
+   processes' seconds summed;
+3. ``experiment=task_eval task.name=passkey`` at ``--passkey-len`` tokens, ``--passkey-items``
+   items (generative: one row each).
+Figures: token-sequences per second of (1) and (2), by the whole process and by the model's own
+seconds (``model_s``), and their ratio (target: task_eval >= 0.8 of model_kl); the passkey run's
+time. Writes ``bench_tasks.json`` into ``--out`` after every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_models import build  # noqa: E402
+
+PY = sys.executable
+CHOICES = 4
+TINY = {"items": 4, "ctx": 32, "choice_len": 2, "passkey_len": 128, "passkey_items": 2,
+        "chunk": 64, "kl_seqs": 8}
+
+
+def write_items(path: Path, items: int, ctx: int, choice_len: int, vocab: int, seed: int):
+    """``items`` multiple-choice items of token ids (a ``ctx``-token context, 4 distinct choices of
+    ``choice_len`` tokens) as JSONL, and their rows (each choice after its context) as an array
+    ``(items x 4, ctx + choice_len)``, item-major."""
+    rng = np.random.default_rng(seed)
+    rows, lines = [], []
+    for _ in range(items):
+        c = rng.integers(0, vocab, ctx)
+        ch = rng.integers(0, vocab, (CHOICES, choice_len))
+        ch[:, 0] = rng.choice(vocab, CHOICES, replace=False)  # distinct choices
+        lines.append(json.dumps({"context": c.tolist(), "choices": ch.tolist(),
+                                 "gold": int(rng.integers(CHOICES))}))
+        rows += [np.concatenate([c, x]) for x in ch]
+    path.write_text("\n".join(lines) + "\n")
+    return np.stack(rows).astype(np.int64)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="/tmp/bench_tasks")
+    ap.add_argument("--work", default="/tmp/bench_tasks_work")
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU (run.device=cpu)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny Mamba-2 (vocab 256) and tiny "
+                    f"sizes ({', '.join(f'{k}={v}' for k, v in TINY.items())}) unless given")
+    ap.add_argument("--items", type=int, default=None, help="multiple-choice items (64)")
+    ap.add_argument("--ctx", type=int, default=None, help="context tokens per item (1,024)")
+    ap.add_argument("--choice-len", type=int, default=None, help="tokens per choice (4)")
+    ap.add_argument("--passkey-len", type=int, default=None, help="passkey prompt tokens (8,192)")
+    ap.add_argument("--passkey-items", type=int, default=None, help="passkey items (16)")
+    ap.add_argument("--chunk", type=int, default=None, help="model_kl's model.chunk (256; the "
+                    "Triton scans round it up to 2,048 positions: rows of up to 2K tokens go in "
+                    "one pass)")
+    ap.add_argument("--kl-seqs", type=int, default=None, help="model_kl rows (documents) per "
+                    "process (128: 128 x 1,028 tokens x 5 groups in one pass; 64 x 2,048 x 6 "
+                    "ran in bench_floor_gen, one pass of 64 x 4,352 did not fit the H200); more "
+                    "rows: several processes, their seconds summed")
+    ap.add_argument("--batch-tokens", type=int, default=None,
+                    help="task.batch_tokens of the task runs (default: the config's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", default="", help="comma-separated rows to skip: task,kl,passkey")
+    a = ap.parse_args()
+    full = {"items": 64, "ctx": 1024, "choice_len": 4, "passkey_len": 8192,
+            "passkey_items": 16, "chunk": 256, "kl_seqs": 128}
+    for k, v in (TINY if a.tiny else full).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    out, work = Path(a.out), Path(a.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    dev = "cpu" if a.cpu else "cuda"
+    kind = "tiny_mamba2" if a.tiny else "mamba2_1b3"
+    vocab = 256 if a.tiny else 50288
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "host": platform.node(), "device": dev,
+            "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None,
+            "torch": torch.__version__, "model": kind, "items": a.items, "ctx": a.ctx,
+            "choices": CHOICES, "choice_len": a.choice_len, "rows": a.items * CHOICES,
+            "row_tokens": a.ctx + a.choice_len, "passkey_len": a.passkey_len,
+            "passkey_items": a.passkey_items, "chunk": a.chunk, "kl_seqs": a.kl_seqs,
+            "batch_tokens": a.batch_tokens,
+            "schemes": "split_nvfp4"}
+    ck = work / f"{kind}_{dev}"
+    t0 = time.perf_counter()
+    build(kind, ck, dev)
+    info["build_s"] = round(time.perf_counter() - t0, 1)
+    N = a.ctx + a.choice_len
+    tag = f"{a.items}x{a.ctx}+{a.choice_len}_s{a.seed}"
+    ids = write_items(work / f"mc_{tag}.jsonl", a.items, a.ctx, a.choice_len, vocab, a.seed)
+    rows: list = []
+    skip = set(filter(None, a.skip.split(",")))
+    hyd = ["hydra.job.chdir=false", "run.progress=false", f"run.device={dev}",
+           "schemes=split_nvfp4", "metrics.plot=false"]
+    bt = [f"task.batch_tokens={a.batch_tokens}"] if a.batch_tokens else []
+
+    def save():
+        (out / "bench_tasks.json").write_text(json.dumps({"info": info, "rows": rows},
+                                                         indent=1))
+
+    def run(label, args):
+        d = work / f"{label}_{time.time_ns()}"
+        cmd = [PY, "-m", "precsim", *args, f"model.path={ck}", *hyd, f"hydra.run.dir={d}"]
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=work)
+        wall = time.perf_counter() - t
+        s = d / "summary.json"
+        j = json.loads(s.read_text()) if s.is_file() else {}
+        model_s = (j.get("timing_s") or {}).get("model_s") or (j.get("info") or {}).get(
+            "model_s")
+        rows.append({"what": label, "wall_s": round(wall, 2), "rc": p.returncode,
+                     "model_s": model_s, "phases_s": (j.get("info") or {}).get("phases_s"),
+                     "timing_s": j.get("timing_s"), "cmd": " ".join(cmd[1:]),
+                     "tail": (p.stdout + p.stderr).strip().splitlines()[-12:]})
+        print(f"{label:<34} {wall:8.1f} s rc={p.returncode} model_s={model_s}", flush=True)
+        if p.returncode:
+            print("\n".join(rows[-1]["tail"]), flush=True)
+        save()
+        return (wall, model_s) if p.returncode == 0 and model_s else None
+
+    R = a.items * CHOICES
+    w = {}
+    if "task" not in skip:
+        w["task"] = run("task_eval", ["experiment=task_eval",
+                                      f"task.path={work / f'mc_{tag}.jsonl'}", *bt])
+    if "kl" not in skip:  # --kl-seqs rows a process (one pass over them: see --kl-seqs)
+        parts = []
+        for i in range(0, R, a.kl_seqs):
+            part = ids[i:i + a.kl_seqs]
+            f = work / f"rows_{tag}_{i}.npy"
+            np.save(f, part)
+            parts.append(run(f"model_kl rows {i}..{i + len(part) - 1}",
+                             ["experiment=model_kl", f"model.ids={f}", f"run.seqs={len(part)}",
+                              f"run.steps={N}", f"metrics.window={min(N, 256)}",
+                              f"model.chunk={a.chunk}"]))
+        info["kl_processes"] = len(parts)
+        if all(parts):
+            w["kl"] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
+    for k in ("task", "kl"):
+        if w.get(k):
+            info[f"{k}_rows_per_s"] = round(R / w[k][0], 3)
+            info[f"{k}_rows_per_model_s"] = round(R / w[k][1], 3)
+    if w.get("task") and w.get("kl"):
+        info["task_over_kl"] = round(w["kl"][0] / w["task"][0], 3)  # rows/s ratio, whole runs
+        info["task_over_kl_model_s"] = round(w["kl"][1] / w["task"][1], 3)
+        info["target_0.8_met"] = info["task_over_kl"] >= 0.8
+    if "passkey" not in skip:
+        r = run("passkey", ["experiment=task_eval", "task.name=passkey",
+                            f"task.lengths=[{a.passkey_len}]", f"task.items={a.passkey_items}",
+                            f"task.seed={a.seed}", *bt])
+        if r:
+            info["passkey_wall_s"], info["passkey_model_s"] = round(r[0], 2), r[1]
+            info["passkey_tokens_per_model_s"] = round(a.passkey_len * a.passkey_items / r[1])
+    save()
+    print(json.dumps(info, indent=1))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
