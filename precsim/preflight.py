@@ -277,11 +277,9 @@ def _device_engine(cfg) -> tuple[str, str]:
     engine's own choice may still fall back: torch's needs are the smaller)."""
     import importlib.util
 
-    device = cfg.run.device
-    if device == "auto":
-        import torch
+    from .engines import resolve_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(cfg.run.device)  # (cuda without one: its own one-line error)
     engine = cfg.run.engine
     if engine == "auto":
         if device == "cuda":
