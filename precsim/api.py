@@ -10,7 +10,35 @@ from .config import Config, to_config
 from .result import Result, load_result, reusable, write_outputs
 
 
-def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> Result:
+class RunResult(Result):
+    """The :class:`~precsim.result.Result` of :func:`simulate` and :func:`run`, with the
+    verdict the command line prints at the end of a run."""
+
+    def verdict(self, metric: str | None = None, budget: float | None = None) -> str:
+        """Each scheme against the budget, the recommended one and its margin
+        (:func:`precsim.report.run_verdict`); the config's ``metrics.budget_metric`` /
+        ``metrics.budget`` unless given."""
+        from .report import run_verdict
+
+        summary = self.summary()
+        m = self.config.metrics
+        return run_verdict(summary, metric or m.budget_metric,
+                           m.budget if budget is None else float(budget),
+                           self.run_dir if self.run_dir is not None else "RUN_DIR")
+
+
+def _judged(result: Result, cfg: Config, run_dir: Path | None = None) -> RunResult:
+    """``result`` as a :class:`RunResult` of ``cfg`` (same fields, the same objects)."""
+    import dataclasses
+
+    out = RunResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(Result)})
+    out.config = cfg
+    if run_dir is not None:
+        out.run_dir = run_dir
+    return out
+
+
+def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> RunResult:
     """Run every scheme of ``cfg`` against the float64 truth; write files when ``out_dir``.
 
     ``cfg`` is a :class:`precsim.config.Config`, a dict or an OmegaConf node (validated here).
@@ -30,9 +58,7 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
     if out_dir is not None:  # a complete result is reused, a checkpoint resumed
         stored = reusable(cfg, Path(out_dir))
         if stored is not None:
-            result = load_result(Path(out_dir), stored)
-            result.config, result.run_dir = cfg, Path(out_dir)
-            return result
+            return _judged(load_result(Path(out_dir), stored), cfg, Path(out_dir))
         ck = Checkpoint(cfg, Path(out_dir))
         ck.load()
     result = run(cfg, progress=progress, ckpt=ck)
@@ -43,7 +69,7 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
     return result
 
 
-def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
+def run(cfg: Config, progress: bool = True, ckpt=None) -> RunResult:
     """Run a validated config: a layer on its engine (:func:`precsim.engines.run`), or with
     ``model.path`` a whole checkpoint (:func:`precsim.models.run_model_kl`)."""
     if cfg.model.path:
@@ -58,8 +84,7 @@ def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
             result = run_model_kl(cfg, dev, progress=progress, ckpt=ckpt)
     else:
         result = engines.run(at_layer(cfg), progress=progress, ckpt=ckpt)
-    result.config = cfg  # Result.summary() and .verdict()
-    return result
+    return _judged(result, cfg)  # (its summary() and verdict())
 
 
 def at_layer(cfg: Config) -> Config:

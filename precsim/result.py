@@ -52,18 +52,8 @@ class Result:
                                "or precsim.api.run (they set it)")
         return build_summary(self.config, self)
 
-    def verdict(self, metric: str | None = None, budget: float | None = None) -> str:
-        """The verdict the command line prints at the end of a run
-        (:func:`precsim.report.run_verdict`): each scheme against the budget, the recommended
-        one and its margin; the config's ``metrics.budget_metric`` / ``metrics.budget`` unless
-        given."""
-        from .report import run_verdict
-
-        summary = self.summary()
-        m = self.config.metrics
-        return run_verdict(summary, metric or m.budget_metric,
-                           m.budget if budget is None else float(budget),
-                           self.run_dir if self.run_dir is not None else "RUN_DIR")
+    # (``verdict()``: precsim.api.RunResult, the Result the API returns; the report module
+    # that judges it builds on this one)
 
 
 def make_result(cfg, acc, dead_at: dict, *, engine: str, device: str, t_start: float,
