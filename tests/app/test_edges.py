@@ -102,7 +102,7 @@ def test_an_overridden_preset_is_starred_and_an_inverted_split_is_noted(tmp_path
             assert name_matches(name, s), (f.name, name)
 
 
-def test_progress_lines_when_stderr_is_not_a_terminal(capsys):
+def test_progress_lines_when_stderr_is_not_a_terminal(monkeypatch):
     """A piped run printed nothing till its end (tqdm turns itself off without a TTY): now one
     plain line every few seconds, none for a run shorter than that."""
     from precsim.config import to_config
@@ -110,7 +110,10 @@ def test_progress_lines_when_stderr_is_not_a_terminal(capsys):
 
     cfg = to_config(tiny_cfg(steps=96))
     cfg.run.progress = True
-    assert isinstance(progress_bar(cfg, True), ProgressLines)  # (capsys: not a TTY)
+    import sys
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # piped: not a TTY
+    assert isinstance(progress_bar(cfg, True), ProgressLines)
     assert progress_bar(cfg, False) is None
     now = [0.0]
     buf = io.StringIO()
