@@ -51,3 +51,19 @@ def test_gpu_sweep_single_rows_smoke(tmp_path):
     assert rows["bad_trace_path"]["rc"] == 2
     for tag in ("split_nvfp4_fresh", "split_nvfp4_fresh_one_launch", "engines_fresh"):
         assert rows[tag]["rc"] == 0 and rows[tag]["engine_wall_s"] > 0, rows[tag]
+
+
+@pytest.mark.slow
+def test_bench_tasks_tiny_cpu(tmp_path):
+    """``experiments/bench/bench_tasks.py --cpu --tiny``: task_eval, model_kl over the same rows
+    (two processes: --kl-seqs 8 of 16 rows) and passkey run through, the JSON has the ratio."""
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "bench_tasks.py"),
+                        "--cpu", "--tiny", "--out", str(tmp_path / "out"), "--work",
+                        str(tmp_path / "work")], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    data = json.loads((tmp_path / "out" / "bench_tasks.json").read_text())
+    assert [row["rc"] for row in data["rows"]] == [0, 0, 0, 0]
+    info = data["info"]
+    assert info["rows"] == 16 and info["kl_processes"] == 2 and info["task_over_kl"] > 0
+    assert info["passkey_model_s"] > 0
