@@ -970,6 +970,8 @@ def _run_app(cfg) -> None:
     if c.task.path or c.task.name or hc.runtime.choices.get("experiment") == "task_eval":
         from precsim.models.task import run_task_cli  # experiment=task_eval (docs/tasks.md)
 
+        if c.per_layer.formats is not None:  # experiment=per_layer over a task's accuracy
+            from precsim.models.per_layer_task import run_cli as run_task_cli
         _join_warm_up()
         gc.enable()  # off for the start-up (main)
         run_task_cli(c, out, say, progress=not multirun)

@@ -186,7 +186,7 @@ def _verify(cfg, ld, items, schemes: dict, source: str, progress: bool, desc: st
 
 
 def run_cli(c, out: Path, say, progress: bool = True) -> dict:
-    """From the command line (``precsim.models.task.run_task_cli``): run, write the run
+    """From the command line (``precsim.cli``, a per_layer config with a task): run, write the run
     directory (``sensitivity.csv`` and its heatmap, then the verification's ``items.csv``, plot
     and ``summary.json``, last), print the task table and the assignment."""
     from .. import engines

@@ -469,10 +469,6 @@ def run_task_cli(c, out: Path, say, progress: bool = True) -> dict:
     """``experiment=task_eval`` from the command line: evaluate, write, print the table."""
     from .. import engines
 
-    if c.per_layer.formats is not None:  # experiment=per_layer over a task (per_layer_task.py)
-        from .per_layer_task import run_cli
-
-        return run_cli(c, out, say, progress)
     summary = evaluate(c, engines.resolve_device(c.run.device), progress=progress)
     public = write(summary, out, c.metrics.plot is not False)
     say(format_table(public))
