@@ -83,7 +83,7 @@ def command(ckpt: Path, task: str, args, run_dir: Path, sch: dict) -> list[str]:
             f"task.depth={args.depth}", f"task.seed={args.seed}",
             f"task.batch_tokens={args.batch_tokens}", f"run.device={args.device}",
             f"run.sr_seeds={args.sr_seeds}", f"replay.buffer_len={args.buffer_len}",
-            "run.progress=false", f"run.out_dir={run_dir}", *overrides(sch)]
+            f"run.out_dir={run_dir}", *overrides(sch)]
 
 
 def collect(out: Path) -> list[dict]:
@@ -219,12 +219,13 @@ def main(argv=None) -> int:
             cmd = command(ck, t, args, run_dir, sch)
             t1 = time.perf_counter()
             print(f"[{model_name(ck)} {t}] {' '.join(cmd[1:])}", flush=True)
-            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+            log = run_dir / "study_stdout.txt"  # live: precsim's progress line every 5 s
+            with log.open("w") as f:
+                p = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True)
             dt = time.perf_counter() - t1
-            (run_dir / "study_stdout.txt").write_text(p.stdout + p.stderr)
             if p.returncode != 0:
                 raise SystemExit(f"study.py: {model_name(ck)} {t} failed (exit {p.returncode}):"
-                                 f"\n{(p.stdout + p.stderr)[-3000:]}")
+                                 f"\n{log.read_text()[-3000:]}")
             (run_dir / "study_meta.json").write_text(json.dumps(
                 {"model": model_name(ck), "task": t, "checkpoint": str(ck)}) + "\n")
             info["runs"].append({"model": model_name(ck), "task": t, "seconds": round(dt, 1),

@@ -101,3 +101,27 @@ def test_eval_items_are_task_evals_own():
     k = it.context.index(mk)
     pairs = it.context[k + 1:k + 9]
     assert dict(zip(pairs[::2], pairs[1::2], strict=True))[it.context[-1]] == it.choices[0][0]
+
+
+def test_study_commands_compose_to_the_schemes_it_names(tmp_path):
+    """study.py's overrides give task_eval exactly its schemes (FP32 + the engines' formats)."""
+    spec = importlib.util.spec_from_file_location("recall_study", SCRIPT.parent / "study.py")
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    from precsim.cli import _compose_config, register_configs
+
+    register_configs()
+
+    ck = tmp_path / "m"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"state_size": 32}))
+    sch = st.schemes(st.row_block(ck))
+    args = st.argparse.Namespace(lengths=[64, 128], items=3, key_len=4, depth=0.5, seed=0,
+                                 batch_tokens=4096, device="cpu", sr_seeds=1, buffer_len=16)
+    cmd = st.command(ck, "mqar", args, tmp_path / "run", sch)
+    cfg = _compose_config(cmd[cmd.index("-m") + 2:])
+    assert list(cfg.schemes) == ["fp32", *sch] and len(sch) == 16
+    assert cfg.schemes["conv_int8row_sr"].fmt == "int8_b32"
+    assert cfg.schemes["conv_int8row_sr"].rounding == "sr"
+    assert cfg.schemes["split_fp32_nvfp4"].read_fmt == "nvfp4"
+    assert cfg.task.name == "mqar" and cfg.task.lengths == [64, 128]
