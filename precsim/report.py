@@ -801,7 +801,7 @@ def plot_error_vs_length(jobs: list[Job], path: Path, budget: tuple[str, float] 
     # the configurations on a Pareto front (bytes vs final rel_err, per comparable group) are
     # drawn in colour; the others are faded, without a legend entry, so 25 stay readable
     front_labels = set()
-    for g, cs, _ in decide(done, panels[0], None, horizon):
+    for _g, cs, _ in decide(done, panels[0], None, horizon):
         front = pareto_front(_drawable(cs))  # (and what coincides with it: not hidden)
         front_labels |= {(c.tag + ": " if c.tag and n_label[c.label] > 1 else "") + c.label
                          for c in _drawable(cs) if any(_coincide(c, f) for f in front)}

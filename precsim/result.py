@@ -107,6 +107,7 @@ METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
 PER_STEP_FILE = "per_step.npz"
 PLOT_FILE = "error_vs_length.png"
+GENERATIONS_FILE = "generations.txt"  # model.mode=generate: the continuations, readable
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -418,8 +419,6 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
         write_sensitivity(result.info["per_layer"], out, cfg.metrics.plot is not False)
     text = summary.get("info", {}).pop("generations_text", None)
     if text is not None:  # model.mode=generate: both continuations, readable
-        from .models.generate import GENERATIONS_FILE
-
         atomic_write_text(out / GENERATIONS_FILE, text)
     if "phases_s" in summary.get("info", {}):  # the files before summary.json (it is written last)
         summary["info"]["phases_s"]["files"] = round(time.perf_counter() - t0, 4)

@@ -27,8 +27,7 @@ import torch
 from .hook import Hook
 from .load import base_and_head, cache_io, input_device
 
-GENERATIONS_FILE = "generations.txt"  # both continuations of the first documents, readable
-SHOWN_DOCS = 4  # documents written to GENERATIONS_FILE
+SHOWN_DOCS = 4  # documents written to result.GENERATIONS_FILE
 
 
 def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, bar=None,

@@ -156,7 +156,7 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
 def floor_group(g, groups) -> bool:
     """Whether group ``g`` belongs to the floor: the baseline others compare with, or the
     noise run."""
-    return g.role != "scheme" or any(o.vs is not None and groups[o.vs] is g for o in groups[1:])
+    return g.role != "scheme" or any(groups[o.vs] is g for o in groups[1:])
 
 
 def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, compute,
@@ -178,8 +178,8 @@ def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, com
     # the floor's groups (the baseline, the noise run: a prefix of ``groups`` after the
     # reference, so that every group's ``vs`` index holds in each copy) run in every copy;
     # the first copy's are kept
-    nf = 1 + next((i for i, g in enumerate(groups[1:]) if not floor_group(g, groups)),
-                  len(groups) - 1)
+    nf = 1 + max((i for i, g in enumerate(groups[1:], 1) if floor_group(g, groups)),
+                 default=0)
     floor = groups[1:nf]
     stopped: list[int] = []
 
@@ -188,7 +188,7 @@ def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, com
         mine = floor if i == 0 else [dataclasses.replace(g, drift={}, dead_at=None)
                                      for g in floor]
         gs = [Group(ref.name, ref.cfg, reference=True), *mine,
-              *(by_name[n] for n in names if by_name[n] not in floor)]
+              *(by_name[n] for n in names if not any(by_name[n] is f for f in floor))]
         ph: dict = {}
         ck = Checkpoint(cfg, None)
         ck.start(f"model/{backend}", dev, time.perf_counter())

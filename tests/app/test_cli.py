@@ -159,7 +159,8 @@ def test_run_into_hydras_directory_flushes_everything_and_times_its_phases(tmp_p
     assert r.returncode == 0, r.stderr
     runs = list((tmp_path / "outputs" / "split_nvfp4").iterdir())
     assert len(runs) == 1
-    assert r.stdout.rstrip().splitlines()[-1].startswith("to compare with other runs: python -m precsim.report")
+    assert r.stdout.rstrip().splitlines()[-1].startswith(
+        "to compare with other runs: python -m precsim.report")
     ph = json.loads((runs[0] / "summary.json").read_text())["info"]["phases_s"]
     assert 0 <= ph["files"] < 600 and (0 < ph["startup"] < 600 or sys.platform != "linux"), ph
     bad = tmp_path / "bad"

@@ -87,8 +87,8 @@ def test_verdict_statuses_margin_knob_and_report_command():
     near = next(ln for ln in lines if "near miss" in ln)
     assert "shared" in near and "replay.buffer_len=32" in near
     assert "what could make it fit (at more bytes: rerun to compare)" in near
-    assert lines[-1] == ("to compare with other runs: python -m precsim.report '/x/my run' --metric rel_err "
-                         "--budget 0.0625")
+    assert lines[-1] == ("to compare with other runs: python -m precsim.report '/x/my run' "
+                         "--metric rel_err --budget 0.0625")
 
 
 def test_verdict_when_nothing_fits_names_the_knob():

@@ -92,10 +92,11 @@ def test_an_overridden_preset_is_starred_and_an_inverted_split_is_noted(tmp_path
     assert len(notes) == 1 and notes[0].startswith(
         "precsim: note: schemes.split_fp32_nvfp4 is an inverted split: its master (fmt=nvfp4, "
         "4.5 bits/element) is narrower than its read copy (read_fmt=fp32, 32)")
-    from precsim.result import name_matches
+    from importlib.resources import files
 
     import yaml
-    from importlib.resources import files
+
+    from precsim.result import name_matches
 
     for f in files("precsim.conf").joinpath("schemes").iterdir():
         for name, s in (yaml.safe_load(f.read_text()) or {}).items():
