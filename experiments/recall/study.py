@@ -144,6 +144,7 @@ def plot(out: Path, rows: list[dict]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
 
     keys = [(m, t) for m in sorted({r["model"] for r in rows}) for t in TASKS
             if any(r["model"] == m and r["task"] == t for r in rows)]
@@ -159,6 +160,7 @@ def plot(out: Path, rows: list[dict]) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=n, **style)
         ax.set(xscale="log", xlabel="context length (tokens)", ylabel="accuracy", ylim=(-0.02,
                1.02), title=f"{m}: {t}")
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xticks(sorted({r["length"] for r in rs}))
         ax.set_xticklabels([f"{L:,}" for L in sorted({r["length"] for r in rs})], fontsize=7)
     axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
