@@ -99,7 +99,7 @@ TRAIN = {
                  lr=3e-3, warmup=0.1, max_k=2, filler_iid=0.25, log_every=2,
                  eval_lengths=[32, 64], eval_items=4, hl_items=2),
     "small": dict(vocab=128, lengths=[64, 128, 256], tokens=2048,
-                  steps={"mamba2": 3000, "gdn": 3000}, lr=3e-3, warmup=0.03, max_k=4,
+                  steps={"mamba2": 4000, "gdn": 4000}, lr=3e-3, warmup=0.03, max_k=4,
                   filler_iid=0.0, log_every=100, eval_lengths=[256, 512, 1024], eval_items=50,
                   hl_items=8),
     "full": dict(vocab=256, lengths=[256, 512, 1024, 2048], tokens=32768,
