@@ -19,6 +19,7 @@ from precsim import formats as pf
 from ..checkpoint import Checkpoint, restore_acc
 from ..config import Config
 from ..families import decays
+from ..families.base import step_dots
 from ..metrics import Accumulator, Readout
 from ..result import make_result
 from ..schemes import build_schemes
@@ -165,9 +166,10 @@ def _buffer_terms(dt32, la32, x, B, C, lens, Sq: int, H: int):
 
 def _gdn_terms(la32, q, k, lens, L: int, Sq: int, H: int):
     """Input-only ReplaySSM terms of a GDN window (torch, float32, families.gdn.segment's
-    operations): ``gam (n, SH)`` = exp(Lc_t), per segment ``A (nseg, SH, L, L)`` the strictly
-    lower ``decay * (k_t . k_j)``, ``M`` the lower ``decay * (q_t . k_j)`` and ``wl (nseg, SH,
-    L)`` the last row of ``decay``. Segments of lengths ``lens`` (at most L) from the window's
+    operations, its dot products by ``step_dots``: the same bits with the segments batched):
+    ``gam (n, SH)`` = exp(Lc_t), per segment ``A (nseg, SH, L, L)`` the strictly lower
+    ``decay * (k_t . k_j)``, ``M`` the lower ``decay * (q_t . k_j)`` and ``wl (nseg, SH, L)``
+    the last row of ``decay``. Segments of lengths ``lens`` (at most L) from the window's
     start."""
     n = la32.shape[0]
     SH = Sq * H
@@ -180,8 +182,8 @@ def _gdn_terms(la32, q, k, lens, L: int, Sq: int, H: int):
     for segs, sl, kk, m, Lc, decay in _segment_decays(la32, lens, Sq, H):
         ks = k[sl].reshape(kk, m, Sq, H, Kd)
         qs = q[sl].reshape(kk, m, Sq, H, Kd)
-        KK = torch.einsum("ktshc,kjshc->kshtj", ks, ks)
-        QK = torch.einsum("ktshc,kjshc->kshtj", qs, ks)
+        KK = step_dots(ks, ks)  # (k, S, H, t, j): families.gdn.segment's, bit for bit
+        QK = step_dots(qs, ks)
         A[segs, :, :m, :m] = (decay * KK).tril(-1).reshape(kk, SH, m, m)
         M[segs, :, :m, :m] = (decay * QK).reshape(kk, SH, m, m)
         wl[segs, :, :m] = decay[..., -1, :].reshape(kk, SH, m)

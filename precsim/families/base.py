@@ -1,5 +1,5 @@
 """What the family modules share: the causal decay matrices of a ReplaySSM segment and the
-fixed-order key-axis dot product."""
+fixed-order key-axis dot products."""
 
 from __future__ import annotations
 
@@ -53,3 +53,16 @@ def key_dot(S, x):
             top = torch.cat((top, mid), -1) if torch_ else np.concatenate((top, mid), -1)
         p, n = top, h
     return p[..., 0]
+
+
+def step_dots(x, k):
+    """``x_t . k_j`` over the key axis for every pair of a segment's steps, in
+    :func:`key_dot`'s order: ``x, k (..., m, S, H, K)`` -> ``(..., S, H, t, j)``. Not an einsum:
+    a BLAS product's summation order depends on the CPU's kernels and on the batch shape (on an
+    AVX2-only AMD EPYC, MKL gave another order for 8 segments batched than for each one alone,
+    where an AVX-512 Xeon gave the same), so the torch engine (one segment) and the numba
+    engine's host (a window's segments batched) would not share the bits; elementwise products
+    and adds are exactly rounded on every ISA. float64 keeps the einsum (as :func:`key_dot`)."""
+    if x.dtype == (torch.float64 if torch.is_tensor(x) else np.float64):
+        return (torch if torch.is_tensor(x) else np).einsum("...tshc,...jshc->...shtj", x, k)
+    return key_dot(k.movedim(-4, -2), x.movedim(-4, 0)).movedim(0, -2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import decay_matrices, key_dot
+from .base import decay_matrices, key_dot, step_dots
 
 name = "gdn"
 KEYS = ("g", "beta", "q", "k", "v")
@@ -54,15 +54,16 @@ def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
     the key axis by :func:`key_dot`; over the segment's steps ``j = 0, 1, ...`` in order, each
     ``u_j``, once known, added to the later steps' corrections, to the outputs and to the fold
     (``0 + t_0 + t_1 + ...``, separate products and adds). The input-only matrices (``k_t . k_j``,
-    ``q_t . k_j``) are einsums, which the numba engine's host computes with the same calls."""
+    ``q_t . k_j``) by :func:`step_dots` (key_dot's order), as the numba engine's host computes
+    them for a window's segments at once."""
     beta, q, v = inp["beta"], inp["q"], inp["v"]
     k = buffer_round(inp["k"])
     m = beta.shape[0]
     Lc, D = decay_matrices(inp["la"])
     decay = torch.exp(D)  # (S,H,t,j), j <= t
     # the input-only coefficients of u_j in step t's correction (strictly lower) and output
-    KK = torch.einsum("tshk,jshk->shtj", k, k)
-    QK = torch.einsum("tshk,jshk->shtj", q, k)
+    KK = step_dots(k, k)  # (S,H,t,j)
+    QK = step_dots(q, k)
     AM = torch.stack(((decay * KK).tril(-1), decay * QK)).permute(0, 3, 4, 1, 2)
     gam = torch.exp(Lc)  # (m,S,H)
     w_last = decay[..., -1, :].permute(2, 0, 1)[..., None]  # (m,S,H,1)
