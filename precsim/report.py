@@ -376,7 +376,7 @@ def _group_of(summary: dict) -> tuple[tuple, str]:
         path = (summary.get("info") or {}).get("model_path") or m.get("path")
         name = Path(str(path)).name if path else "?"
         return (kind, str(path)), (f"whole-model runs of {name} (the metric measures the "
-                                   "model's logits against the float64-state reference)")
+                                   "model's logits against its baseline, metrics.baseline)")
     layer = " ".join(x for x in (fam, "layer" if fam else None, shape and f"({shape})") if x)
     if kind == "trace":
         src = w.get("path")
@@ -441,7 +441,52 @@ def format_decision(decision, metric: str, horizon: int | None, top: int = 3) ->
     for g, cs, _ in decision:
         if not cs:
             lines.append(f"({g.title}: no reported length <= the horizon; not compared)")
+    lines += relation_lines(decision)
     return "\n".join(lines)
+
+
+def _recording_model(src) -> str | None:
+    """The checkpoint a recording directory was made from (its record.json), else None."""
+    import json
+
+    try:
+        meta = json.loads((Path(str(src)) / "record.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return meta.get("model_path")
+
+
+def relation_lines(decision) -> list[str]:
+    """Where the runs hold both layer replays of a recording and whole-model runs of the
+    checkpoint it was recorded from: how the two verdicts relate, and which to trust for what."""
+    def same(a, b) -> bool:
+        try:
+            return Path(str(a)).resolve() == Path(str(b)).resolve()
+        except OSError:
+            return False
+
+    def best(rec) -> str:
+        return rec.best.label if rec is not None and rec.best is not None else "nothing"
+
+    out = []
+    for i, (gm, cm, rm) in enumerate(decision, 1):
+        if gm.key[0] != "model" or not cm:
+            continue
+        for j, (gt, ct, rt) in enumerate(decision, 1):
+            if gt.key[0] != "trace" or not ct or not same(_recording_model(gt.key[1]),
+                                                         gm.key[1]):
+                continue
+            agree = best(rm) == best(rt)
+            out.append(
+                f"note: group {j} replays layers of a recording of group {i}'s checkpoint: the "
+                f"replays recommend {best(rt)} (each layer's own output error against the "
+                f"float64 truth), the whole model {best(rm)} (its next-token distributions "
+                f"against its baseline){'' if agree else ': they differ'}. For the deployment "
+                "decision trust the whole-model verdict (it weighs what the rest of the model "
+                "does with each layer's error, against the model's own floor); the replays "
+                "show which layers are sensitive and reach long horizons cheaply "
+                "(docs/real-models.md)")
+    return out
 
 
 def _cand_line(rank: int, c: Candidate, metric: str) -> str:

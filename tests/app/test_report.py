@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from precsim import report
@@ -437,3 +438,42 @@ def test_plots_of_exact_schemes_with_a_budget(tmp_path):
     agg = report.aggregate(tmp_path, budget=("rel_err", 0.0625))
     assert [p.name for p in agg.plots] == [report.ERROR_PLOT, report.PARETO_PLOT]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in agg.plots)
+
+
+def test_report_relates_layer_replays_to_the_whole_model_run(tmp_path, capsys):
+    """A recording's layer replay and a whole-model run of the checkpoint it was recorded from:
+    the report keeps them in two groups and says how their verdicts relate and which to trust
+    for what; a replay of another checkpoint's recording gets no such note."""
+    pytest.importorskip("transformers")
+    from test_models import build
+
+    from precsim.cli import main as cli_main
+    from precsim.record import main as record_main
+
+    build("Mamba2ForCausalLM", 0.2, slow_decay=True).save_pretrained(tmp_path / "ckpt")
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 96, (1, 16)))
+    assert record_main(["--model", str(tmp_path / "ckpt"), "--ids-file",
+                        str(tmp_path / "ids.npy"), "--layers", "0",
+                        "--out", str(tmp_path / "rec")]) == 0
+    out = tmp_path / "outputs"
+    assert cli_main(["workload=trace", f"workload.path={tmp_path / 'rec'}", "workload.layer=0",
+                     "run.steps=16", "metrics.window=8", "metrics.vocab=32",
+                     "run.progress=false", "metrics.plot=false", "run.engine=torch",
+                     f"hydra.run.dir={out / 'replay'}"]) == 0
+    assert cli_main(["experiment=model_kl", f"model.path={tmp_path / 'ckpt'}",
+                     f"model.ids={tmp_path / 'ids.npy'}", "run.steps=16", "metrics.window=8",
+                     "run.progress=false", "metrics.plot=false",
+                     f"hydra.run.dir={out / 'whole'}"]) == 0
+    capsys.readouterr()
+    assert report.main([str(out), "--budget", "0.0625", "--no-plots"]) == 0
+    text = capsys.readouterr().out
+    note = [ln for ln in text.splitlines() if ln.startswith("note: group")]
+    assert len(note) == 1, text
+    assert "replays layers of a recording of group" in note[0]
+    assert "trust the whole-model verdict" in note[0]
+    # the recording made from another checkpoint: no relation
+    meta = json.loads((tmp_path / "rec" / "record.json").read_text())
+    meta["model_path"] = str(tmp_path / "elsewhere")
+    (tmp_path / "rec" / "record.json").write_text(json.dumps(meta))
+    assert report.main([str(out), "--budget", "0.0625", "--no-plots"]) == 0
+    assert "note: group" not in capsys.readouterr().out
