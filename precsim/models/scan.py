@@ -14,7 +14,6 @@ the reference in the kernels' float64 truth slot).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,10 +192,9 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
             i64 = {k: v[lo:, gi * K:(gi + 1) * K] for k, v in seg64.items()}
             inp = {k: v.to(dt) for k, v in i64.items()}
             inp.update(decays(fam.name, i64, p64, dt, cfg.model.decay_exp))
-            if s.dead_at is not None:
-                shape = inp["x" if fam.name == "mamba2" else "v"][skip - lo:].shape
-                out.append(torch.full(shape, math.nan, dtype=dt, device=dev))
-                continue
+            # a group whose output went non-finite runs on (as the Triton scan does): its
+            # non-finite rows stay so, the other documents' rows (other task items) are not
+            # made NaN with them; dead_at still marks the group from its first such token
             if s.replay:
                 y = s.run_segment(fam, inp, pc, full, out_from_fold=full, buffer_round=br,
                                   u_from_master=u_master)

@@ -862,7 +862,20 @@ def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(f
                   *(Group(n, sc) for n, sc in cfg.schemes.items())]
         chunks = Chunks(horizon=T)
         if name == "torch":
-            _scan_torch(step, groups, K, cfg, torch.float32, chunks=chunks)
+            y = _scan_torch(step, groups, K, cfg, torch.float32, chunks=chunks)
+            # the dead document's rows only: the group's other document runs on, as without
+            # the NaN (a task's other items in the same pass are not lost with it)
+            clean = {k: v.clone() for k, v in inp.items()}
+            clean[val][5:, 2 * K + 1] = clean[val][5:, 2 * K]
+            y0 = _scan_torch(Step(layer=0, family=family, inp=clean, const=const, state=None,
+                                  recurrent=False),
+                             [Group("reference", SchemeConfig(kind="shared", fmt="fp64"),
+                                    reference=True),
+                              *(Group(n, sc) for n, sc in cfg.schemes.items())],
+                             K, cfg, torch.float32, chunks=Chunks(horizon=T))
+            assert torch.isfinite(y[:, 2 * K]).all()
+            assert torch.equal(y[:, 2 * K], y0[:, 2 * K])
+            assert not torch.isfinite(y[5:, 2 * K + 1]).any()
         else:
             scan_triton(step, groups, K, cfg, chunks=chunks)
             assert all(g.dead_at is None and not g.drift for g in groups)  # not yet read back
