@@ -31,41 +31,6 @@ def load(path: Path):
     return cls.from_pretrained(str(path), torch_dtype=torch.float32).eval()
 
 
-@torch.no_grad()
-def filler_half_lives(R, model, windows: torch.Tensor, mask: np.ndarray) -> dict:
-    """As ``R.half_lives`` but the median over the tokens where ``mask`` is true only (the
-    decay's per-token rate recomputed from the same projections)."""
-    import torch.nn.functional as F
-
-    raw: dict[int, list] = {}
-    hooks = []
-    for layer, mixer, fam in R.decay_mixers(model):
-        proj = mixer.in_proj if fam == "mamba2" else mixer.in_proj_a
-        H = mixer.num_heads if fam == "mamba2" else mixer.num_v_heads
-
-        def grab(_m, _i, out, layer=layer, H=H):
-            raw.setdefault(layer, []).append(out[..., -H:].float().reshape(-1, H))
-
-        hooks.append(proj.register_forward_hook(grab))
-    try:
-        model(windows[:, :-1], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    keep = torch.from_numpy(mask[:, :-1].reshape(-1))
-    layers = {}
-    for layer, mixer, fam in R.decay_mixers(model):
-        x = torch.cat(raw[layer])[keep] + mixer.dt_bias.float()
-        dt = F.softplus(x)
-        if fam == "mamba2":
-            lo, hi = mixer.time_step_limit
-            dt = dt.clamp(min=lo, max=hi)
-        rate = dt * mixer.A_log.float().exp()
-        layers[str(layer)] = (R.LN2 / rate).median(dim=0).values.tolist()
-    return {"per_layer": layers,
-            "summary": R.summarise([v for hs in layers.values() for v in hs])}
-
-
 def measure(path: Path, length: int, items: int, seed: int) -> dict:
     R = TR.recipe()
     import transformers.models.mamba2.modeling_mamba2 as mm
@@ -84,7 +49,7 @@ def measure(path: Path, length: int, items: int, seed: int) -> dict:
         w = torch.tensor([it.context + it.choices[0] for it in its])
         mask = np.isin(w.numpy(), list(fill))
         out[task] = {"all_tokens": R.half_lives(model, w, "cpu", amp),
-                     "filler_tokens": filler_half_lives(R, model, w, mask)}
+                     "filler_tokens": R.half_lives(model, w, "cpu", amp, mask=mask)}
     return out
 
 

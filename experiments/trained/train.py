@@ -224,8 +224,9 @@ def decay_mixers(model) -> list[tuple[int, torch.nn.Module, str]]:
 
 
 @torch.no_grad()
-def half_lives(model, windows: torch.Tensor, device, amp) -> dict:
-    """Per head, the median over the windows' tokens of the decay half-life in tokens,
+def half_lives(model, windows: torch.Tensor, device, amp, mask=None) -> dict:
+    """Per head, the median over the windows' tokens (``mask`` ``(windows, length)``: only
+    where it is true) of the decay half-life in tokens,
     ``ln 2 / -log(decay)``: Mamba-2 ``log decay = dt * A``, ``dt = softplus(dt_proj(x) + dt_bias)``
     clamped to the layer's ``time_step_limit``, ``A = -exp(A_log)``; GDN ``log decay = g =
     -exp(A_log) softplus(a_proj(x) + dt_bias)``. Computed from the projections' outputs (forward
@@ -248,8 +249,10 @@ def half_lives(model, windows: torch.Tensor, device, amp) -> dict:
         for h in hooks:
             h.remove()
     layers = {}
+    keep = None if mask is None else torch.as_tensor(mask[:, :-1].reshape(-1))
     for layer, mixer, fam in decay_mixers(model):
-        x = torch.cat(raw[layer]) + mixer.dt_bias.float()
+        x = torch.cat(raw[layer])
+        x = (x if keep is None else x[keep.to(x.device)]) + mixer.dt_bias.float()
         dt = F.softplus(x)
         if fam == "mamba2":
             lo, hi = mixer.time_step_limit
