@@ -132,14 +132,14 @@ def teacher_forced_divergence(arg: np.ndarray, prompt_len: int,
     return first_divergence(pred.astype(np.int64), cont)
 
 
-def generation_figures(gen: dict, rows_groups, base_name: str, seeds: dict) -> dict:
-    """Per scheme: the share of documents (and SR seeds) whose continuation is identical to the
-    baseline's, each first divergence (1-based; None: identical), and at each divergence the
-    baseline's and the scheme's margins (top-1 minus top-2 logit)."""
+def generation_figures(gen: dict, runs: dict[str, list[str]], base_name: str) -> dict:
+    """Per row (``runs``: its name -> the groups it pools, e.g. a scheme's SR seeds): the share
+    of documents (and SR seeds) whose continuation is identical to the baseline's, each first
+    divergence (1-based; None: identical), and at each divergence the baseline's and the row's
+    margins (top-1 minus top-2 logit)."""
     base = gen[base_name]
     out = {}
-    for g in rows_groups[1:]:
-        names = [g.name] + [f"{g.name}~seed{k}" for k in range(1, seeds.get(g.name, 1))]
+    for row, names in runs.items():
         first, m_base, m_own = [], [], []
         for nm in names:
             d = first_divergence(gen[nm]["tokens"], base["tokens"])
@@ -150,7 +150,7 @@ def generation_figures(gen: dict, rows_groups, base_name: str, seeds: dict) -> d
                     m_own.append(float(gen[nm]["margin"][k, f - 1]))
         same = [f is None for f in first]
         div = [f for f in first if f is not None]
-        out[g.name] = {
+        out[row] = {
             "identical_rate": float(np.mean(same)), "first_divergence": first,
             "first_divergence_median": float(np.median(div)) if div else None,
             "margin_at_divergence_baseline": m_base, "margin_at_divergence_scheme": m_own}

@@ -70,6 +70,7 @@ def run(cfg, device: str = "cpu", progress: bool = True) -> dict:
     from ..errors import PrecsimError
     from .load import layer_shape
     from .per_layer import ASSIGNED, BASE, UNIFORM, cheapest, compact, with_layers
+    from .run import baseline_index
     from .task import load, load_task, score
 
     pl, mc = cfg.per_layer, cfg.metrics
@@ -91,7 +92,7 @@ def run(cfg, device: str = "cpu", progress: bool = True) -> dict:
                                 buffer_len=cfg.replay.buffer_len,
                                 buffer_dtype=cfg.replay.buffer_dtype)["bytes_per_step"] * heads
                  for f in fmts}  # one layer's bytes per token in each format
-    b = 1 if mc.baseline == "fp32" else 0
+    b = baseline_index(cfg)
 
     # 1. sensitivity: one layer lowered at a time, the others at BASE; each figure is a drop
     # against its own pass's baseline

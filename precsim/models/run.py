@@ -43,6 +43,12 @@ def seed_names(cfg) -> dict[str, list[str]]:
             for n, s in cfg.schemes.items()}
 
 
+def baseline_index(cfg) -> int:
+    """Where :func:`build_groups` puts the group the schemes are measured against: 1, the FP32
+    state (``metrics.baseline=fp32``), or 0, the float64 reference."""
+    return 1 if cfg.metrics.baseline == "fp32" else 0
+
+
 def build_groups(cfg, mdtype) -> list:
     """The groups of a whole-model run, in the order the floor needs (a prefix run by every
     copy of a split run): the float64 reference; the FP32 state (a scheme of the config that is
@@ -52,7 +58,7 @@ def build_groups(cfg, mdtype) -> list:
     ref = Group("reference", REFERENCE, reference=True)
     fp32 = next((n for n, s in cfg.schemes.items() if is_fp32_state(s)), None)
     base = Group(fp32 or "fp32_state", FP32_STATE, vs=0, role="scheme" if fp32 else "baseline")
-    b = 1 if cfg.metrics.baseline == "fp32" else 0
+    b = baseline_index(cfg)
     groups = [ref, base]
     # the noise run keeps the FP32 state (the kernels run a float64 state only as the truth):
     # against the float64 baseline its figure includes the FP32 state's own distance
@@ -284,12 +290,12 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     if m.mode == "generate":
         from .generate import generation_figures, generations_text
 
-        base_name = groups[1 if cfg.metrics.baseline == "fp32" else 0].name
+        base_name = groups[baseline_index(cfg)].name
+        noise = next(g.name for g in groups if g.role == "noise")
         extra = {"generation": {"baseline": base_name, "new_tokens": m.new_tokens,
-                                "schemes": generation_figures(gen, rows_groups, base_name,
-                                                              seeds),
-                                "noise": generation_figures(
-                                    gen, [groups[0], groups[2]], base_name, {})["noise_floor"]},
+                                "schemes": generation_figures(gen, seed_names(cfg), base_name),
+                                "noise": generation_figures(gen, {noise: [noise]},
+                                                            base_name)[noise]},
                  "generations_text": generations_text(gen, ld.ids, rows_groups, base_name,
                                                       ld.tokenizer)}
     name = type(model).__name__
@@ -322,7 +328,7 @@ def merge_seeds(tok: dict, groups, cfg):
     names = seed_names(cfg)
     by = {g.name: g for g in groups}
     out, rows, seeds = {}, [groups[0]], {}
-    b = 1 if cfg.metrics.baseline == "fp32" else 0
+    b = baseline_index(cfg)
     for n, runs in names.items():
         t = {k: np.concatenate([tok[r][k] for r in runs]) for k in tok[runs[0]]}
         g = by[n]
@@ -360,7 +366,7 @@ def floor_figures(tok: dict, rows_tok: dict, groups, cfg, mdtype, rows_groups) -
     base = groups[1]
     noise = next(g for g in groups if g.role == "noise")
     out = {"baseline": cfg.metrics.baseline,
-           "baseline_name": base.name if cfg.metrics.baseline == "fp32" else "reference",
+           "baseline_name": groups[baseline_index(cfg)].name,
            "model_dtype": str(mdtype).replace("torch.", ""), "dither": noise.dither,
            "fp32_vs_fp64": _final(tok[base.name], W, N), "noise": _final(tok[noise.name], W, N),
            "schemes": {}}

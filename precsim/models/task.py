@@ -290,10 +290,10 @@ def summarize(cfg, items, groups, per: dict, source: str, ld, timing: dict) -> d
     """The summary of a task run: per row of the table (the reference, the baseline, the noise
     floor, each scheme with its SR seeds pooled) the paired figures against the baseline, for
     the whole task and (built-in tasks) per length."""
-    from .run import seed_names
+    from .run import baseline_index, seed_names
 
     t = cfg.task
-    b = 1 if cfg.metrics.baseline == "fp32" else 0
+    b = baseline_index(cfg)
     base = groups[b]
     names = seed_names(cfg)
     table = [(g.name, [g.name], "fp32" if g.role == "baseline" else g.role)
