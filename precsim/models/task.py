@@ -408,18 +408,29 @@ def plot(summary: dict) -> tuple[str, bytes] | None:
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     if t.get("lengths"):
         Ls = t["lengths"]
-        for name, r in summary["schemes"].items():
+        rows = list(summary["schemes"].items())
+        markers = "osD^vP*Xh<>p"
+        seen: dict[tuple, str] = {}
+        for i, (name, r) in enumerate(rows):
             bl = [r["by_length"][str(L)] for L in Ls]
             acc = [b["acc"] for b in bl]
-            line, = ax.plot(Ls, acc, marker="o", label=name,
-                            ls="--" if r["role"] in ("reference", "noise") else "-")
-            ax.fill_between(Ls, [b["acc_lo"] for b in bl], [b["acc_hi"] for b in bl],
-                            color=line.get_color(), alpha=0.15)
+            # each row a little aside (in log2 length) and its own marker, so that rows with
+            # the same accuracies stay visible; a row equal to an earlier one says so
+            x = [L * 2 ** (0.04 * (i - (len(rows) - 1) / 2)) for L in Ls]
+            same = seen.setdefault(tuple(acc), name)
+            label = name if same == name else f"{name} (= {same})"
+            line, = ax.plot(x, acc, marker=markers[i % len(markers)], label=label,
+                            ls="--" if r["role"] in ("reference", "noise") else "-",
+                            mfc="none" if same != name else None)
+            ax.fill_between(x, [b["acc_lo"] for b in bl], [b["acc_hi"] for b in bl],
+                            color=line.get_color(), alpha=0.08)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(Ls, [f"{L:,}" for L in Ls])
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("accuracy (95% Wilson)")
         ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"{t['source']}: {t['items']} items")
+        per = t["items"] // max(1, len(Ls))
+        ax.set_title(f"{t['source']}: {per} items a length")
         ax.legend(fontsize=8)
         name = PLOT_LENGTH
     else:
