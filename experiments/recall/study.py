@@ -151,18 +151,31 @@ def plot(out: Path, rows: list[dict]) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.2), squeeze=False)
     for ax, (m, t) in zip(axes[0], keys, strict=True):
         rs = [r for r in rows if r["model"] == m and r["task"] == t]
-        for i, n in enumerate(dict.fromkeys(r["scheme"] for r in rs)):
-            pts = sorted((r["length"], r["acc"]) for r in rs if r["scheme"] == n)
+        names = list(dict.fromkeys(r["scheme"] for r in rs))
+        seen: dict[tuple, str] = {}
+        for i, n in enumerate(names):
+            pts = sorted((float(r["length"]), float(r["acc"]), float(r["acc_lo"]),
+                          float(r["acc_hi"])) for r in rs if r["scheme"] == n)
             role = next(r["role"] for r in rs if r["scheme"] == n)
             style = dict(ls="--", lw=2, c="k") if role in ("baseline", "reference") else dict(
                 ls=":" if n.startswith("shared") else ("-." if n.startswith("split") else "-"),
                 c=f"C{i % 10}")
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=n, **style)
-        ax.set(xscale="log", xlabel="context length (tokens)", ylabel="accuracy", ylim=(-0.02,
+            # set a little aside with a marker of its own, so that equal curves stay visible; a
+            # curve equal to an earlier one says so; the Wilson interval as an error bar
+            x = [p[0] * 2 ** (0.02 * (i - (len(names) - 1) / 2)) for p in pts]
+            acc = tuple(p[1] for p in pts)
+            same = seen.setdefault(acc, n)
+            ax.errorbar(x, acc, yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
+                        marker="osD^vP*Xh<>p"[i % 11], ms=4, capsize=0, elinewidth=0.6,
+                        mfc="none" if same != n else None,
+                        label=n if same == n else f"{n} (= {same})", **style)
+        ax.set(xscale="log", xlabel="context length (tokens)",
+               ylabel="accuracy (95% Wilson)", ylim=(-0.02,
                1.02), title=f"{m}: {t}")
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xticks(sorted({r["length"] for r in rs}))
-        ax.set_xticklabels([f"{L:,}" for L in sorted({r["length"] for r in rs})], fontsize=7)
+        Ls = sorted({int(r["length"]) for r in rs})
+        ax.set_xticks(Ls)
+        ax.set_xticklabels([f"{L:,}" for L in Ls], fontsize=7)
     axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(out / "accuracy_vs_length.png", dpi=100)
