@@ -97,6 +97,7 @@ if LM is not None:
                 raise PrecsimError(f"model_args {unknown[0]}=...: unknown; allowed: path, "
                                    "scheme, device, dtype, buffer_len, seed, batch_tokens, "
                                    f"{', '.join(sorted(SCHEME_FIELDS))}")
+            device = lm_eval_device(device)
             sch = parse_scheme(scheme, kw)
             self.label = "reference" if sch is None else str(scheme).replace(":", "_")
             d = {"model": {"path": str(path), "dtype": dtype},
@@ -192,8 +193,24 @@ if LM is not None:
             return out
 
 
+def lm_eval_device(device) -> str:
+    """lm-eval's ``--device`` as ``run.device``: ``cuda:N`` is ``cuda``; lm-eval's CUDA default
+    on a machine without CUDA runs on the CPU (said on stderr)."""
+    import torch
+
+    dev = str(device or "auto")
+    if dev.startswith("cuda"):
+        if not torch.cuda.is_available():
+            print(f"precsim: note: --device {dev} (lm-eval's default) without a CUDA device: "
+                  "running on the CPU (--device cpu says so)", file=sys.stderr)
+            return "cpu"
+        return "cuda"
+    return dev
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``precsim-lm-eval``: lm-eval's command line with the ``precsim`` model registered."""
+    """``precsim-lm-eval``: lm-eval's command line with the ``precsim`` model registered; a
+    precsim error (a bad model_args value, a checkpoint it cannot run) is one line, exit 2."""
     if LM is None:
         print(f"precsim: error: {MISSING}", file=sys.stderr)
         return 2
@@ -201,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except PrecsimError as e:
+        print(f"precsim: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

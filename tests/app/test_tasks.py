@@ -236,11 +236,9 @@ def test_text_items_follow_lm_evals_split(ckpt):
     assert encode_pair(tok, "", "ab") == ([95], [65, 66])
 
 
-@pytest.mark.filterwarnings("ignore")
-def test_lm_eval_adapter_equals_task_eval(ckpt, tmp_path):
-    lm_eval = pytest.importorskip("lm_eval")
-    import precsim.lm_eval_adapter  # noqa: F401 - registers the model "precsim"
-
+def _tiny_lm_eval_task(tmp_path) -> list[dict]:
+    """A local lm-eval multiple-choice task ``precsim_tiny_mc`` in ``tmp_path/tasks`` over 8
+    items written to ``tmp_path/docs.jsonl``; its items."""
     rng = np.random.default_rng(3)
     words = ["red", "blue", "green", "gray", "pink", "teal"]
     docs = [{"context": " ".join(rng.choice(words, 4)) + " is",
@@ -253,6 +251,44 @@ def test_lm_eval_adapter_equals_task_eval(ckpt, tmp_path):
         f"    test: {tmp_path / 'docs.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
         "doc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{gold}}'\n"
         "metric_list:\n  - metric: acc\n")
+    return docs
+
+
+def test_documented_lm_eval_command_runs(ckpt, tmp_path):
+    """docs/tasks.md's ``precsim-lm-eval --model precsim --model_args path=DIR,scheme=... --tasks
+    NAME --include_path TASKDIR``, through the command line (``python -m
+    precsim.lm_eval_adapter``, the entry point's module), offline on a local task."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("lm_eval")
+    _tiny_lm_eval_task(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "precsim.lm_eval_adapter", "--model", "precsim",
+                        "--model_args", f"path={ckpt / 'text'},scheme=conventional:fp8_e4m3:rne",
+                        "--tasks", "precsim_tiny_mc", "--include_path", str(tmp_path / "tasks")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                       env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "precsim_tiny_mc" in r.stdout and "acc" in r.stdout
+    assert "Traceback" not in r.stderr
+    # a bad scheme: precsim's one line at the end, exit 2, no traceback
+    bad = subprocess.run([sys.executable, "-m", "precsim.lm_eval_adapter", "--model", "precsim",
+                          "--model_args", f"path={ckpt / 'text'},scheme=bogus", "--tasks",
+                          "precsim_tiny_mc", "--include_path", str(tmp_path / "tasks")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                         env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("precsim: error: ") and "'bogus'" in last and "allowed:" in last
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_lm_eval_adapter_equals_task_eval(ckpt, tmp_path):
+    lm_eval = pytest.importorskip("lm_eval")
+    import precsim.lm_eval_adapter  # noqa: F401 - registers the model "precsim"
+
+    docs = _tiny_lm_eval_task(tmp_path)
     # lm-eval puts " " (target_delimiter) between the context and each choice
     f = _jsonl(tmp_path / "same.jsonl", [{**d, "choices": [" " + c for c in d["choices"]]}
                                          for d in docs])
