@@ -326,6 +326,7 @@ def summarize(cfg, items, groups, per: dict, source: str, ld, timing: dict) -> d
                  "lengths": lengths or None, "alpha": t.alpha, "power": t.power},
         "baseline": {"setting": cfg.metrics.baseline, "name": base.name},
         "model": {"path": str(cfg.model.path), "class": type(ld.model).__name__,
+                  "dtype": str(next(ld.model.parameters()).dtype).replace("torch.", ""),
                   "device": ld.device, "scan_backend": ld.backend, "ssm_layers": ld.layers},
         "schemes": rows, "timing_s": timing,
         "sr_seeds": cfg.run.sr_seeds,
@@ -367,7 +368,9 @@ def format_table(summary: dict) -> str:
     [95% paired bootstrap], items lost/gained, exact McNemar p, minimum detectable change."""
     t, base = summary["task"], summary["baseline"]["name"]
     lines = [f"task {t['source']}: {t['items']} items ({', '.join(t['kinds'])}), "
-             f"{t['metric']}; baseline {base}; {summary['model']['class']}"]
+             f"{t['metric']}; baseline {base}; {summary['model']['class']}"
+             + (f" ({summary['model']['dtype']} weights)" if summary["model"].get("dtype")
+                else "")]
     hdr = (f"{'scheme':<22} {'acc':>6} {'95% CI':>15} {'change':>8} {'95% CI':>17} "
            f"{'lost':>6} {'gained':>6} {'p':>9} {'MDD':>6}")
     lines += [hdr, "-" * len(hdr)]
