@@ -73,6 +73,7 @@ def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, 
                 extra["position_ids"] = torch.full((n * K, 1), P + t, device=dev)
             o = base(input_ids=nxt[:, None].to(dev), **extra)
             cache, h = getattr(o, attr), o.last_hidden_state
+    chunks.settle()  # the steps' non-finite checks (each step's top-2 read-back waited already)
     phases["generate_s"] = round(time.perf_counter() - t0, 3)
     gen = {g.name: {"tokens": toks[i * K:(i + 1) * K], "margin": margin[i * K:(i + 1) * K]}
            for i, g in enumerate(groups)}

@@ -181,6 +181,7 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
     inp_all = step.inp if not P else {k: torch.cat([prev[k], v]) for k, v in step.inp.items()}
     off -= P
     ys = []
+    finite: list[list[torch.Tensor]] = [[] for _ in groups]
     for pos in range(0, T + P, L):
         m = min(L, T + P - pos)
         full = m == L or (carry and pos + m == T + P)
@@ -203,10 +204,8 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
             if D is not None:
                 y = y + D.to(dt)[:, None] * inp["x"]
             y = y[skip - lo:]
-            finite = torch.isfinite(y).reshape(y.shape[0], -1).all(dim=1)
-            if not bool(finite.all()):
-                s.dead_at = off + pos + skip + int((~finite).nonzero()[0, 0]) + 1
-                g.dead_at = min(g.dead_at or s.dead_at, s.dead_at)
+            # (each position's finiteness stays on the device until :func:`_dead_check`)
+            finite[gi].append(torch.isfinite(y).reshape(y.shape[0], -1).all(dim=1))
             out.append(y)
         if drift_due(off + pos, m, L, W):
             ref = runs[0][0].state
@@ -219,6 +218,33 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
         ys.append(torch.cat([o.to(wide) for o in out], dim=1))
         if chunks is not None and not full:  # left unfinished: the next chunk continues it
             chunks.partial[step.layer] = {k: v[pos:pos + m] for k, v in inp_all.items()}
+    check = _dead_check(groups, [r[0] for r in runs], finite, off + P)
+    if chunks is not None and not carry:
+        chunks.pending.append(check)  # read back after the forward pass (Chunks.settle)
+    else:
+        check()
     if carry:
         return torch.cat(ys), runs[0][0].state
     return torch.cat(ys)
+
+
+def _dead_check(groups, schemes, finite, first_pos: int):
+    """A closure marking each group's first non-finite output (``dead_at``, 1-based, the
+    earliest over the layers) from ``finite`` (per group, the call's per-position flags on the
+    device, the call's first output position ``first_pos``). Its one read-back runs when the
+    closure is called: once per forward pass (:meth:`Chunks.settle`), not once per segment and
+    group, which would make the host wait for the device at every segment."""
+    flags = torch.stack([torch.cat(f) for f in finite])  # (groups, positions)
+    bad = ~flags
+    anyb, first = bad.any(dim=1), bad.to(torch.uint8).argmax(dim=1)
+
+    def check() -> None:
+        hit = anyb.cpu().numpy()
+        if not hit.any():
+            return
+        at = first.cpu().numpy()
+        for g, s, h, i in zip(groups, schemes, hit, at, strict=True):
+            if h:
+                s.dead_at = first_pos + int(i) + 1
+                g.dead_at = min(g.dead_at or s.dead_at, s.dead_at)
+    return check

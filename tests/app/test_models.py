@@ -823,8 +823,8 @@ def test_triton_scan_in_the_interpreter_matches_the_torch_scan(arch, tmp_path, m
 def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(family,
                                                                               monkeypatch):
     """A scheme group whose inputs turn NaN at token 6 of a document (in a whole model: a layer
-    below died there): the torch scan and the Triton scan (in the interpreter; its check read
-    back at ``Chunks.settle``) both report ``dead_at`` 6 for that group only, and the same drift
+    below died there): the torch scan and the Triton scan (in the interpreter; each scan's check is
+    read back at ``Chunks.settle``) both report ``dead_at`` 6 for that group only, and the same drift
     samples. Before the torch scan kept its ReplaySSM segment causal for non-finite inputs, the
     NaN reached token 5 through the Mamba-2 segment's masked products (0 * NaN) and it said 5
     (GDN's segment, a sequential loop over the steps, was causal already)."""
@@ -876,10 +876,11 @@ def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(f
             assert torch.isfinite(y[:, 2 * K]).all()
             assert torch.equal(y[:, 2 * K], y0[:, 2 * K])
             assert not torch.isfinite(y[5:, 2 * K + 1]).any()
+            assert all(g.dead_at is None for g in groups)  # not yet read back
         else:
             scan_triton(step, groups, K, cfg, chunks=chunks)
             assert all(g.dead_at is None and not g.drift for g in groups)  # not yet read back
-            chunks.settle()
+        chunks.settle()
         got[name] = {g.name: (g.dead_at, [t for t, *_ in g.drift.get(0, [])])
                      for g in groups[1:]}
     assert got["torch"] == {"fp32": (None, [8, 16]), "shared": (6, [8, 16]),
