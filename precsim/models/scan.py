@@ -188,7 +188,7 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
         skip = max(0, P - pos)  # positions of this segment the previous chunk returned
         seg64 = expand_groups({k: v[pos:pos + m].double() for k, v in inp_all.items()}, H)
         out = []
-        for gi, (g, (s, dt, br, pc)) in enumerate(zip(groups, runs, strict=True)):
+        for gi, (s, dt, br, pc) in enumerate(runs):
             lo = 0 if s.replay else skip
             i64 = {k: v[lo:, gi * K:(gi + 1) * K] for k, v in seg64.items()}
             inp = {k: v.to(dt) for k, v in i64.items()}

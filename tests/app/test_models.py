@@ -825,9 +825,10 @@ def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(f
     """A scheme group whose inputs turn NaN at token 6 of a document (in a whole model: a layer
     below died there): the torch scan and the Triton scan (in the interpreter; each scan's
     check is read back at ``Chunks.settle``) both report ``dead_at`` 6 for that group only,
-    and the same drift samples. Before the torch scan kept its ReplaySSM segment causal for non-finite inputs, the
-    NaN reached token 5 through the Mamba-2 segment's masked products (0 * NaN) and it said 5
-    (GDN's segment, a sequential loop over the steps, was causal already)."""
+    and the same drift samples. Before the torch scan kept its ReplaySSM segment causal for
+    non-finite inputs, the NaN reached token 5 through the Mamba-2 segment's masked products
+    (0 * NaN) and it said 5 (GDN's segment, a sequential loop over the steps, was causal
+    already)."""
     from precsim.config import SchemeConfig, to_config
     from precsim.models.hook import Step
     from precsim.models.scan import Chunks, Group, _scan_torch
