@@ -48,8 +48,9 @@ def row_block(ckpt: Path) -> int:
     return math.gcd(int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"]))
 
 
-def schemes(block: int) -> dict[str, dict]:
-    """name -> scheme fields (the order of the table)."""
+def schemes(block: int, ef: bool = False) -> dict[str, dict]:
+    """name -> scheme fields (the order of the table); ``ef``: two error-feedback schemes too
+    (INT8 row-scaled + an INT8 residual, FP8 E4M3 + an FP16 residual)."""
     out: dict[str, dict] = {}
     for fmt, tag in (("fp16", "fp16"), ("bf16", "bf16"), ("fp8_e4m3", "fp8"),
                      (f"int8_b{block}", "int8row"), ("nvfp4", "nvfp4")):
@@ -61,6 +62,11 @@ def schemes(block: int) -> dict[str, dict]:
     out["split_fp32_nvfp4"] = dict(kind="split", fmt="fp32", rounding="rne", read_fmt="nvfp4")
     out["split_fp16sr_nvfp4"] = dict(kind="split", fmt="fp16", rounding="sr", read_fmt="nvfp4")
     out["split_fp32_fp8"] = dict(kind="split", fmt="fp32", rounding="rne", read_fmt="fp8_e4m3")
+    if ef:  # error feedback (vLLM RFC #55196): each write's residual carried into the next
+        out["conv_int8row_ef"] = dict(kind="conventional", fmt=f"int8_b{block}", rounding="rne",
+                                      error_feedback=f"int8_b{block}")
+        out["conv_fp8_ef"] = dict(kind="conventional", fmt="fp8_e4m3", rounding="rne",
+                                  error_feedback="fp16")
     return out
 
 
