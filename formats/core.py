@@ -306,6 +306,20 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
+def register(fmt):
+    """Add a format object to :data:`REGISTRY` under its (new, lower-case) name and return it:
+    what a new format takes (docs/design.md, "Adding a format"). Every generic test runs over
+    the registry, and the kernels' ids and limits (``formats.ids``) are read off it."""
+    if not isinstance(fmt, _Format):
+        raise FormatError(f"register: expected a format object, got {fmt!r}")
+    name = fmt.name
+    if name != name.lower() or name in REGISTRY or name in ALIASES or _scaled(name, name):
+        raise FormatError(f"register: format name {name!r} is taken or not a plain lower-case "
+                          f"name; known: {', '.join(REGISTRY)}")
+    REGISTRY[name] = fmt
+    return fmt
+
+
 _SCALED: dict[str, ScaledFormat] = {}
 
 

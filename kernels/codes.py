@@ -12,7 +12,9 @@ decode lines against :func:`fields`, so the two cannot drift apart.
 
 from __future__ import annotations
 
-KIND_BITS, FMT_BITS, RND_BITS, OVF_BITS, SRB_BITS = 2, 5, 1, 1, 6  # formats: quant.FMT_IDS
+from precsim.formats import ids
+
+KIND_BITS, FMT_BITS, RND_BITS, OVF_BITS, SRB_BITS = 2, 5, 1, 1, 6  # formats: formats.ids
 KIND_SHIFT = 0
 FMT_SHIFT = KIND_SHIFT + KIND_BITS
 RFMT_SHIFT = FMT_SHIFT + FMT_BITS
@@ -20,14 +22,14 @@ RND_SHIFT = RFMT_SHIFT + FMT_BITS
 OVF_SHIFT = RND_SHIFT + RND_BITS
 SRB_SHIFT = OVF_SHIFT + OVF_BITS
 CODE_BITS = SRB_SHIFT + SRB_BITS
-KINDS = {"conventional": 0, "shared": 1, "split": 2}
+KINDS = ids.KIND_IDS  # scheme kinds (formats.ids)
 MAX_SLOTS = 8  # schemes per launch (plus the truth)
 
 
 def pack(kind: int, fmt: int, read_fmt: int = 0, rnd: int = 0, ovf: int = 0,
          srb: int = 0) -> int:
     """A slot code from its fields (kind 0 conventional / 1 shared / 2 split; format ids of
-    ``quant.FMT_IDS``; rounding 0 RNE / 1 SR; overflow 0 satfinite / 1 ieee; SR bits)."""
+    ``formats.ids``; rounding 0 RNE / 1 SR; overflow 0 satfinite / 1 ieee; SR bits)."""
     vals = (kind, fmt, read_fmt, rnd, ovf, srb)
     widths = (KIND_BITS, FMT_BITS, FMT_BITS, RND_BITS, OVF_BITS, SRB_BITS)
     shifts = (KIND_SHIFT, FMT_SHIFT, RFMT_SHIFT, RND_SHIFT, OVF_SHIFT, SRB_SHIFT)
@@ -57,7 +59,7 @@ def slot_cost(code: int | None) -> int:
     f = fields(code)
     if f["kind"] != 0:
         return 4
-    block = 6 <= f["fmt"] <= 8 or f["fmt"] >= 16  # nvfp4, mxfp4, mxfp8, row-scaled
+    block = ids.is_block(f["fmt"])  # nvfp4, mxfp4, mxfp8, row-scaled
     return 6 + f["rnd"] if block else (3 + f["rnd"] if f["fmt"] > 0 else 1)
 
 

@@ -9,7 +9,10 @@ results are bit-identical to the torch/NumPy paths (tests check).
 NVFP4's per-matrix FP32 scale (``amax / 2688``) is the max over the whole tile: the engines give a
 program a whole head, so the reduction stays inside the program.
 
-Format ids (``FMT_IDS``) are small ints so a scheme can be passed as constexprs.
+Formats come as ids (``precsim.formats.ids``: one table read off the registry, with each id's
+class and limits), so a scheme can be passed as constexprs; the chains below that pick a format's
+constants are unrolled over that table (``tl.static_range``), so a format added to the registry
+compiles here with no edit, and the table is a constexpr global, part of every kernel's cache key.
 """
 
 from __future__ import annotations
@@ -17,27 +20,45 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from precsim.formats import ids
 
 from precsim import formats as pf
 
 from .rng import SRC_IDS, sr_increment
 
-# element formats first; ids are kernel constexprs
-FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
-           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8, "int8": 9, "int16": 10}
-# a row-scaled format <elem>_b<B> is SCALED_BASE + the id of its element (5 bits of a slot code)
-SCALED_BASE = 16
 RNE, SR = 0, 1
 SATFINITE, IEEE = 0, 1
 SCOPE_MATRIX, SCOPE_NONE = 0, 1
 SFLOOR_NORMAL, SCALE_DIVIDE = 1, 2  # bits of the SFLOOR constexpr (see scale_flags)
+# the kernels' format table (formats.ids.kernel_table) as constexprs: the number of ids, and per
+# id its class, its element limits and (block formats) its block parameters
+TABLE = tl.constexpr(ids.kernel_table())
+N_IDS = tl.constexpr(len(ids.kernel_table()))
+FP32_MAX = tl.constexpr(ids.FP32_MAX)
+ROW = tl.constexpr(ids.ROW_SCALED)  # a row-scaled format <elem>_b<B>: ROW + its element's id
+
+
+@triton.constexpr_function
+def id_class(k):
+    """The class of id ``k`` (``formats.ids``: FLOAT, INT, TWO_LEVEL, MX)."""
+    return TABLE.value[k][0]
+
+
+@triton.constexpr_function
+def limit(k, i):
+    """Column ``i`` of id ``k``'s element limits (``formats.ids.limits_table``)."""
+    return TABLE.value[k][1][i]
+
+
+@triton.constexpr_function
+def block_param(k, key):
+    """Block format id ``k``'s parameter ``key`` (``formats.ids.block_params``)."""
+    return dict(TABLE.value[k][2])[key]
 
 
 def fmt_id(name: str) -> int:
-    f = pf.get(name)
-    if isinstance(f, pf.ScaledFormat):
-        return SCALED_BASE + FMT_IDS[f.element.name]
-    return FMT_IDS[f.name]
+    """A format's id (``formats.ids.fmt_id``)."""
+    return ids.fmt_id(name)
 
 
 def scale_flags(scale_floor: str = "subnormal", scale_mode: str = "reciprocal") -> int:
@@ -145,30 +166,29 @@ def round_float(x, MB, EMIN, MAXV, HAS_INF, IS_INT, RND, SRB, OVF, k0, k1, base_
 
 
 @triton.jit
+def elem_params(F):
+    """Element format id F's constants for :func:`round_float`: mantissa bits, emin, largest
+    value, Inf or not, integer or not (``formats.ids``; id 0: fp32's largest value, nothing else
+    used). A constexpr F keeps the one branch of its id; a runtime F selects among all."""
+    z = F * 0  # (each constant in F's kind: a constexpr chain, or scalars chosen at run time)
+    zf = z * 0.0
+    MB, EMIN, MAXV, HINF, ISI = z, z, zf + FP32_MAX, z, z
+    for k in tl.static_range(1, N_IDS):
+        if (id_class(k) == 1) | (id_class(k) == 2):  # ids.FLOAT, ids.INT
+            if F == k:
+                MB, EMIN, MAXV = z + limit(k, 0), z + limit(k, 1), zf + limit(k, 2)
+                HINF, ISI = z + limit(k, 3), z + limit(k, 4)
+    return MB, EMIN, MAXV, HINF, ISI
+
+
+@triton.jit
 def round_elem(x, F, RND, SRB, OVF, k0, k1, base_lo, base_hi, off, SRC: tl.constexpr = 0):
-    """Round to element format id F (1 bf16, 2 fp16, 3 e4m3, 4 e5m2, 5 e2m1, 9 int8, 10 int16;
-    0 = fp32 as is). F a constexpr compiles one format; a runtime F one body for all of them."""
+    """Round to element format id F (``formats.ids``; 0 = fp32 as is). F a constexpr compiles
+    one format; a runtime F one body for all of them."""
     if F == 0:
         out = x
     else:
-        # the format's parameters (a constexpr chain, or scalars selected at run time: ``z``
-        # keeps each constant in F's kind)
-        z = F * 0
-        zf = z * 0.0
-        if F == 1:
-            MB, EMIN, MAXV, HINF, ISI = z + 7, z - 126, zf + 3.3895313892515355e38, z + 1, z
-        elif F == 2:
-            MB, EMIN, MAXV, HINF, ISI = z + 10, z - 14, zf + 65504.0, z + 1, z
-        elif F == 3:
-            MB, EMIN, MAXV, HINF, ISI = z + 3, z - 6, zf + 448.0, z, z
-        elif F == 4:
-            MB, EMIN, MAXV, HINF, ISI = z + 2, z - 14, zf + 57344.0, z + 1, z
-        elif F == 5:
-            MB, EMIN, MAXV, HINF, ISI = z + 1, z, zf + 6.0, z, z
-        elif F == 9:
-            MB, EMIN, MAXV, HINF, ISI = z, z, zf + 127.0, z, z + 1
-        else:  # 10: int16
-            MB, EMIN, MAXV, HINF, ISI = z, z, zf + 32767.0, z, z + 1
+        MB, EMIN, MAXV, HINF, ISI = elem_params(F)
         out = round_float(x, MB, EMIN, MAXV, HINF, ISI, RND, SRB, OVF, k0, k1, base_lo, base_hi,
                           off, SRC)
     return out
@@ -178,34 +198,52 @@ def round_elem(x, F, RND, SRB, OVF, k0, k1, base_lo, base_hi, off, SRC: tl.const
 def quantize(x, F, RND, SRB, OVF, SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0, k1, base_lo,
              base_hi, off, SRC: tl.constexpr = 0):
     """Fake-quantise a float32 tile ``[R, NB, BLK]`` to format id F (0: unchanged):
-    element formats through :func:`round_elem`, block formats (F: 6 nvfp4, 7 mxfp4, 8 mxfp8,
-    SCALED_BASE + element id: a row-scaled format) as formats.core.quantize_block.
+    element formats through :func:`round_elem`, block formats (``formats.ids``: two-level,
+    MX, ROW_SCALED + element id: row-scaled) as formats.core.quantize_block.
 
-    NVFP4: s_t = amax(tile)/2688 (SCOPE 0, "matrix") or none (SCOPE 1); block scale
-    (bmax/6)/s_t clamped to 448 (and to 2^-6 if SFLOOR bit 0), RNE to E4M3; the elements are
-    multiplied by (1/s_t)/bs (reciprocal) or divided by s_t*bs (SFLOOR bit 1, "divide"). MX:
+    Two-level (NVFP4): s_t = amax(tile)/tensor_max (2688; SCOPE 0, "matrix") or none (SCOPE
+    1); block scale (bmax/element_max)/s_t clamped to the scale's max (448; and to its smallest
+    normal, 2^-6, if SFLOOR bit 0), RNE to the scale format (E4M3); the elements are multiplied
+    by (1/s_t)/bs (reciprocal) or divided by s_t*bs (SFLOOR bit 1, "divide"). MX:
     2^(floor(log2 bmax) - emax(element)) clamped to [-127, 127]. Row-scaled: one float32 scale
     bmax / element max, elements divided by it. One element rounding serves both kinds, so a
-    runtime F compiles it once.
+    runtime F compiles it once. The constants are the format table's (``block_param``).
     """
     z = F * 0
-    if (F == 6) | (F == 7) | (F == 8) | (F >= 16):
+    zf = z * 0.0
+    BLOCKY = F >= ROW  # a block format: two-level, MX or row-scaled
+    TWO = F < 0  # a two-level format
+    for k in tl.static_range(1, N_IDS):
+        if (id_class(k) == 3) | (id_class(k) == 4):  # ids.TWO_LEVEL, ids.MX
+            BLOCKY = BLOCKY | (F == k)
+        if id_class(k) == 3:
+            TWO = TWO | (F == k)
+    if BLOCKY:
         # max of |x| as int32 bit patterns: same order for x >= 0, and NaN (> Inf) propagates
         # as in torch's amax (a float max reduction may drop NaN)
         bmax_i = tl.max(tl.abs(x).to(tl.int32, bitcast=True), axis=2)
         bmax = bmax_i.to(tl.float32, bitcast=True)  # [R, NB]
-        if F == 6:
-            bs = tl.math.div_rn(bmax, tl.full(bmax.shape, 6.0, tl.float32))
+        if TWO:
+            EL, SID, EMX, TMX, SMN = z, z, zf, zf, zf
+            for k in tl.static_range(1, N_IDS):
+                if id_class(k) == 3:
+                    if F == k:
+                        EL, SID = z + block_param(k, "element"), z + block_param(k, "scale")
+                        EMX = zf + block_param(k, "element_max")
+                        TMX = zf + block_param(k, "tensor_max")
+                        SMN = zf + block_param(k, "scale_min_normal")
+            SMB, SEMIN, SMAX, SHINF, _ = elem_params(SID)
+            zeros = tl.zeros(bmax.shape, tl.float32)
+            bs = tl.math.div_rn(bmax, zeros + EMX)
             if SCOPE == 0:
                 tmax = tl.max(tl.max(bmax_i, axis=1), axis=0).to(tl.float32, bitcast=True)
-                s_t = tl.math.div_rn(tl.full(bmax.shape, 1.0, tl.float32) * tmax,
-                                     tl.full(bmax.shape, 2688.0, tl.float32))
+                s_t = tl.math.div_rn(tl.full(bmax.shape, 1.0, tl.float32) * tmax, zeros + TMX)
                 s_t = tl.where(s_t == 0, 1.0, s_t)
                 bs = tl.math.div_rn(bs, s_t)
-            bs = tl.minimum(bs, 448.0, propagate_nan=tl.PropagateNan.ALL)
+            bs = tl.minimum(bs, SMAX, propagate_nan=tl.PropagateNan.ALL)
             if SFLOOR % 2 == 1:
-                bs = tl.maximum(bs, 0.015625, propagate_nan=tl.PropagateNan.ALL)
-            bs = round_float(bs, 3, -6, 448.0, False, False, 0, 0, 0, 0, 0, 0, 0, bmax_i)
+                bs = tl.maximum(bs, SMN, propagate_nan=tl.PropagateNan.ALL)
+            bs = round_float(bs, SMB, SEMIN, SMAX, False, False, 0, 0, 0, 0, 0, 0, 0, bmax_i)
             one = tl.full(bmax.shape, 1.0, tl.float32)
             bs1 = tl.where(bs > 0, bs, 1.0)
             if SCOPE == 0:
@@ -214,47 +252,29 @@ def quantize(x, F, RND, SRB, OVF, SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0,
             else:
                 total = bs
                 inv = tl.math.div_rn(one, bs1)
-            EL = z + 5
-        elif F >= 16:
-            EL = F - 16
+        elif F >= ROW:
+            EL = F - ROW
             total = bmax
             inv = bmax
         else:
-            if F == 7:
-                EL = z + 5
-                EMAXE = z + 2
-            else:
-                EL = z + 3
-                EMAXE = z + 8
+            EL, EMAXE = z, z
+            for k in tl.static_range(1, N_IDS):
+                if id_class(k) == 4:
+                    if F == k:
+                        EL, EMAXE = z + block_param(k, "element"), z + block_param(k, "emax")
             e = tl.minimum(tl.maximum(exponent_f32(bmax) - EMAXE, -127), 127)
             total = pow2_f32(e)
             inv = pow2_f32(-e)  # exact reciprocal of a power of two
         # largest finite value of the element format (the clamp before rounding)
-        zf = z * 0.0
-        if EL == 1:
-            MAXE = zf + 3.3895313892515355e38
-        elif EL == 2:
-            MAXE = zf + 65504.0
-        elif EL == 3:
-            MAXE = zf + 448.0
-        elif EL == 4:
-            MAXE = zf + 57344.0
-        elif EL == 5:
-            MAXE = zf + 6.0
-        elif EL == 9:
-            MAXE = zf + 127.0
-        elif EL == 10:
-            MAXE = zf + 32767.0
-        else:
-            MAXE = zf + 3.4028234663852886e38
-        if F >= 16:  # row-scaled: one float32 scale bmax / element max
+        _, _, MAXE, _, _ = elem_params(EL)
+        if F >= ROW:  # row-scaled: one float32 scale bmax / element max
             total = tl.math.div_rn(bmax, bmax * 0.0 + MAXE)
         total = tl.where((bmax - bmax) == 0, total, float("nan"))
         t3 = total[:, :, None]
         safe = tl.where(t3 > 0, t3, 1.0)
-        if (F == 6) & (SFLOOR // 2 == 0):  # NVFP4, reciprocal: x * ((1/s_t)/bs)
+        if TWO & (SFLOOR // 2 == 0):  # two-level, reciprocal: x * ((1/s_t)/bs)
             xs = x * inv[:, :, None]
-        elif (F == 6) | (F >= 16):
+        elif TWO | (F >= ROW):
             xs = tl.math.div_rn(x, tl.broadcast_to(safe, x.shape))
         else:  # MX: x / 2^e == x * 2^-e exactly
             xs = x * inv[:, :, None]
@@ -267,7 +287,7 @@ def quantize(x, F, RND, SRB, OVF, SFLOOR: tl.constexpr, SCOPE: tl.constexpr, k0,
         t3 = tl.zeros([x.shape[0], x.shape[1], 1], tl.float32)
         OV = OVF
     qe = round_elem(xs, EL, RND, SRB, OV, k0, k1, base_lo, base_hi, off, SRC)
-    if (F == 6) | (F == 7) | (F == 8) | (F >= 16):
+    if BLOCKY:
         out = tl.where(t3 > 0, qe * t3, x * 0.0)
         out = tl.where(t3 == t3, out, float("nan"))
     else:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PrecsimError, check, check_choice
+from .formats.ids import SCHEME_KINDS
 
 FAMILIES = ("mamba2", "gdn")
-SCHEME_KINDS = ("conventional", "shared", "split")
 ENGINES = ("auto", "numpy", "torch", "triton", "numba")
 DEVICES = ("auto", "cpu", "cuda")
 DEVICE_MAPS = ("auto", "balanced")  # model.device_map, besides none and an explicit map

@@ -488,9 +488,6 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-_KINDS = ("conventional", "shared", "split")
-
-
 def name_matches(name: str, info: dict) -> bool:
     """Whether a scheme's name (a preset's key such as ``split_fp32_nvfp4``) agrees with what it
     runs: every kind, format and ``sr`` the name spells is the scheme's (a name that spells none
@@ -498,11 +495,12 @@ def name_matches(name: str, info: dict) -> bool:
     import re
 
     from . import formats as pf
+    from .formats.ids import SCHEME_KINDS
 
     if not info:
         return True
     low = name.lower()
-    if low.split("_")[0] in _KINDS and info.get("kind") and low.split("_")[0] != info["kind"]:
+    if low.split("_")[0] in SCHEME_KINDS and info.get("kind") and low.split("_")[0] != info["kind"]:
         return False
     fmts = [str(f).lower() for f in (info.get("fmt"), info.get("read_fmt"),
                                      info.get("error_feedback")) if f]

@@ -38,6 +38,7 @@ import functools
 import numpy as np
 
 from precsim import formats as pf
+from precsim.formats import ids
 from precsim.formats.rng import event_keys  # noqa: F401 - re-exported (the host, tests)
 
 from ..config import Config, ef_fmt
@@ -53,18 +54,25 @@ try:  # numba is optional (extra ``cpu``)
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-# format ids (compile-time constants of a scheme's task, scheme_consts); a row-scaled format
-# <element>_b<B> is the id of its element + SCALED * B (see fmt_code)
-FMT_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4,
-           "fp4_e2m1": 5, "nvfp4": 6, "mxfp4": 7, "mxfp8": 8, "int8": 9, "int16": 10}
-SCALED = 32
-KINDS = {"conventional": 0, "shared": 1, "split": 2}
-# element formats 1..5 and 9..10 (rows 6..8, the block formats, unused): mantissa bits, emin,
-# max (qmax for the integers), has Inf
-_EL = np.array([[0, 0, 0.0, 0], [7, -126, 3.3895313892515355e38, 1], [10, -14, 65504.0, 1],
-                [3, -6, 448.0, 0], [2, -14, 57344.0, 1], [1, 0, 6.0, 0], [0, 0, 0.0, 0],
-                [0, 0, 0.0, 0], [0, 0, 0.0, 0], [0, 0, 127.0, 0], [0, 0, 32767.0, 0]],
-               dtype=np.float64)
+# formats and scheme kinds as the compiled code knows them: precsim.formats.ids (a format's code,
+# ids.fmt_code, is a compile-time constant of a scheme's task, scheme_consts; its limits come in
+# as the array limits() at run time)
+KINDS = ids.KIND_IDS
+
+
+def table_key() -> int:
+    """``formats.ids.table_key`` as a 48-bit int: a closure constant of every compiled task, so
+    numba's on-disk cache (keyed on this file and a closure's constants) never serves code
+    compiled for another format table."""
+    return int(ids.table_key()[:12], 16)
+
+
+def limits() -> np.ndarray:
+    """The element limits the compiled quantisers read (``formats.ids.limits_table``: per format
+    id mantissa bits, emin, largest value, Inf, integer)."""
+    return ids.limits_table()
+
+
 # scheme code columns (C_EF: the error-feedback residual's format, -1 without)
 C_KIND, C_FMT, C_RND, C_BITS, C_IEEE, C_RFMT, C_EF = range(7)
 NCODE = 7
@@ -93,7 +101,7 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     for name, s in cfg.schemes.items():
         for fo in (pf.get(f) for f in (s.fmt, s.read_fmt) if f is not None):
             base = fo.element if isinstance(fo, pf.ScaledFormat) else fo
-            if base.name not in FMT_IDS:
+            if not ids.covered(base.name):
                 return f"schemes.{name}: format {fo.name} is not covered by the numba engine"
             if fo.kind == "block":
                 if fo.two_level and cfg.formats.tensor_scope == "tensor":
@@ -105,12 +113,9 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
 
 
 def fmt_code(name: str) -> int:
-    """The kernel's id of a format: :data:`FMT_IDS`, or for a row-scaled ``<element>_b<B>``
-    the element's id + ``SCALED * B``."""
-    f = pf.get(name)
-    if isinstance(f, pf.ScaledFormat):
-        return FMT_IDS[f.element.name] + SCALED * f.block
-    return FMT_IDS[f.name]
+    """The compiled code's constant for a format: ``formats.ids.fmt_code`` (its id, plus
+    ``SCALED_STRIDE`` x the block of a row-scaled ``<element>_b<B>``)."""
+    return ids.fmt_code(name)
 
 
 def scheme_codes(sc) -> np.ndarray:
@@ -338,13 +343,14 @@ if numba is not None:
                 x[i] = _round_int(x[i], qmax, ieee, False, sc, _F0)
 
     @njit(cache=True, inline="always")
-    def _scaled(x, B, ef, ub, ush, sr, bits, el):
+    def _scaled(x, B, ef, isint, ub, ush, sr, bits, el):
         """A row-scaled format ``<element>_b<B>`` over flat ``x``, in place, as
         ``formats.ScaledFormat``: per block of ``B`` elements the FP32 scale ``max|x| / emax``
         (one float32 division; NaN if the block holds NaN or Inf), the elements divided by it
         (1 for a zero scale) and clipped to +-emax, rounded (element format ``ef``, satfinite;
         lanes as :func:`_elements`) and multiplied back. Three passes that each vectorise (one
-        pass with the rounding inside the block loop ran 4-10x slower)."""
+        pass with the rounding inside the block loop ran 4-10x slower). ``isint``: the element
+        is an integer format."""
         emax = np.float32(el[ef, 2])
         nb = x.shape[0] // B
         tot = np.empty(nb, dtype=np.float32)
@@ -364,7 +370,7 @@ if numba is not None:
             for j in range(B):
                 x2[g, j] = min(max(x2[g, j] / safe, -emax), emax)
         mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
-        if ef >= 9:
+        if isint:
             _ints(x, ub, ush, sr, emax, False, sc)
         else:
             _elements(x, ub, ush, sr, mb, emin, maxv, ovf, sc, emin - mb < -126)
@@ -491,9 +497,20 @@ if numba is not None:
         branches before typing: a run compiles the paths of the formats it uses (one quantiser
         with the format a runtime argument compiled all of them at each lane width, ~45 s of
         the first process of ``experiment=split_nvfp4`` on 2 cores)."""
-        BLK, EF = divmod(F, SCALED)  # a row-scaled format's block and element format
+        # the format's constants, read off formats.ids: its class, a row-scaled format's block
+        # (BLK) and element (EF, EFI: an integer), a block format's block (BLKF), element (ef),
+        # element max, MX exponent offset (emaxe) and two-level scale (SID: its id; TMX: the
+        # per-matrix scale's divisor; SMN: the smallest normal scale)
+        FID, BLK = ids.split_code(F)
+        CLS = ids.id_class(FID) if F > 0 else ids.NONE
+        TWO, ELEM, ROWF = CLS == ids.TWO_LEVEL, CLS in (ids.FLOAT, ids.INT), CLS == ids.ROW
+        EF = ids.element_id(FID) if CLS != ids.NONE else 0
+        EFI = CLS != ids.NONE and ids.id_class(EF) == ids.INT
+        bp = ids.block_params(FID) if CLS in (ids.TWO_LEVEL, ids.MX) else {}
+        BLKF, EMX = bp.get("block", 32), bp.get("element_max", 1.0)
+        EMAXE, SID = bp.get("emax", 0), bp.get("scale", 0)
+        TMX, SMN = bp.get("tensor_max", 1.0), bp.get("scale_min_normal", 0.0)
         SR, LN = LANE > 0, LANE or 8
-        BLKF = 16 if F == FMT_IDS["nvfp4"] else 32  # a block format's block
         UT = {8: np.uint8, 16: np.uint16, 32: np.uint32}[LN]
 
         def qin(X, f, lane, bits, ieee, floor, scope_none, recip, base, k0, k1, el):
@@ -507,21 +524,21 @@ if numba is not None:
             if SR:
                 _words(W, base // lanes, k0, k1)
             ush = LN - bits
-            if F >= SCALED:  # <element>_b<B>: one FP32 scale per B elements
-                _scaled(x, BLK, EF, W.view(UT)[uoff:], ush, SR, bits, el)
+            if ROWF:  # <element>_b<B>: one FP32 scale per B elements
+                _scaled(x, BLK, EF, EFI, W.view(UT)[uoff:], ush, SR, bits, el)
                 return
-            if F >= 9:  # the integers -qmax..qmax
+            if ELEM and EFI:  # the integers -qmax..qmax
                 qmax, sc = np.float32(el[F, 2]), np.float32(2.0 ** bits)
                 _ints(x, W.view(UT)[uoff:], ush, SR, qmax, ieee, sc)
                 return
-            if F <= 5:
+            if ELEM:
                 mb, emin, maxv, ovf, sc = _consts(F, bits, ieee, el)
                 div = emin - mb < -126
                 _elements(x, W.view(UT)[uoff:], ush, SR, mb, emin, maxv, ovf, sc, div)
                 return
             nb = P * N // BLKF
-            ef = 5 if F != 8 else 3
-            emaxe = 2 if ef == 5 else 8
+            ef = EF
+            emaxe = EMAXE
             maxe = np.float32(el[ef, 2])
             mb, emin, maxv, ovf, sc = _consts(ef, bits, False, el)
             bmx = np.empty(nb, dtype=np.int32)
@@ -533,22 +550,22 @@ if numba is not None:
                     bmx[g] = _absmax32(x, g * 32)
             tot = np.empty(nb, dtype=np.float32)
             fac = np.empty(nb, dtype=np.float32)
-            if F == 6:
+            if TWO:
                 s_t = _F1
                 if not scope_none:
                     m = bmx[0]
                     for g in range(1, nb):  # (bmx.max() compiled for ~1 s)
                         m = np.int32(max(m, bmx[g]))
-                    s_t = _i2f(m) / np.float32(2688.0)
+                    s_t = _i2f(m) / np.float32(TMX)
                     if s_t == 0:
                         s_t = _F1
                 r_t = _F1 / s_t
-                lo = np.float32(0.015625) if floor else _F0
-                m4, e4, x4 = np.int64(el[3, 0]), np.int64(el[3, 1]), np.float32(el[3, 2])
+                lo = np.float32(SMN) if floor else _F0
+                m4, e4, x4 = np.int64(el[SID, 0]), np.int64(el[SID, 1]), np.float32(el[SID, 2])
                 # scope none == a tensor scale of 1: bs / 1, 1 * bs and (1 / 1) / bs are exact
                 for g in range(nb):  # branch-free (vectorises); a NaN/Inf block max selects NaN
                     bm = bmx[g]
-                    bs = (_i2f(bm) / np.float32(6.0)) / s_t
+                    bs = (_i2f(bm) / np.float32(EMX)) / s_t
                     bs = x4 if bs > x4 else bs
                     bs = lo if bs < lo else bs
                     bs = _round_v(bs, m4, e4, x4, x4, False, _F0, _F0, False)
@@ -562,7 +579,7 @@ if numba is not None:
                     e = min(max(((bm >> 23) & 0xFF) - 127 - emaxe, -127), 127)
                     tot[g] = _pow2(e) if bm < 0x7F800000 else _NAN
                     fac[g] = _F1 / _pow2(e)  # exact: x * 2**-e == x / 2**e, subnormals included
-            mul = recip or F != 6
+            mul = recip or not TWO
             pmin, imb, tmb = _pow2(emin), _pow2(-mb), _pow2(mb)
             if SR and ush:  # each lane's top ``bits`` bits, the SR integer, before the loop
                 _shift(W.view(UT), ush)
@@ -580,9 +597,11 @@ if numba is not None:
         bits: every matrix of ``X (M, P, N)`` float32 (matrix m's elements start at
         ``m*P*N``) quantised into a new array, on one thread (a parallel loop took ~2 s longer
         to compile per format)."""
+        TK = table_key()
 
         @njit(cache=True)
         def many(X, bits, ieee, floor, scope_none, recip, k0, k1, el):
+            TK  # noqa: B018 - the format table's fingerprint, in the cache key (see _task)
             out = np.empty_like(X)
             MP = X.shape[1] * X.shape[2]
             for m in range(X.shape[0]):
@@ -845,10 +864,12 @@ if numba is not None:
     def _task_gdn(consts):
         """:func:`_task` for Gated DeltaNet."""
         K, F, LANE, FR, FE = consts
+        TK = table_key()
 
         @njit(cache=True, nogil=True)
         def task(task, S64, st, rd, ef, codes, keys, k0, a64, b64, q64, k64, v64, y64, a32, b32,
                  q32, k32, v32, gam, A, M, wl, y32, ph, floor, scope_none, recip, el, u_master):
+            TK  # noqa: B018 - the format table's fingerprint, in the cache key (see _task)
             sh, i = task // (st.shape[0] + 1), task % (st.shape[0] + 1) - 1
             _scheme_gdn(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, b32, q32,
                         k32, v32, gam, A, M, wl, y32[i], sh, ph, floor, scope_none, recip, el,
@@ -871,12 +892,15 @@ if numba is not None:
         threads run different tasks at once (nogil) and the result does not depend on who ran
         what. The constants are the closure's, so numba compiles one function per scheme kind
         and formats, with only their branches (numba caches each one: a closure's constants
-        are part of its cache key)."""
+        are part of its cache key; so is ``TK``, the format table's fingerprint: what a format
+        code means is read off ``formats.ids`` when the task compiles)."""
         K, F, LANE, FR, FE = consts
+        TK = table_key()
 
         @njit(cache=True, nogil=True)
         def task(task, S64, st, rd, ef, codes, keys, k0, a64, dt64, x64, B64, C64, y64, a32, dt32,
                  x32, B32, C32, Yb, gam, Fb, y32, ph, floor, scope_none, recip, el):
+            TK  # noqa: B018 - the format table's fingerprint, in the cache key
             sh, i = task // (st.shape[0] + 1), task % (st.shape[0] + 1) - 1
             _scheme(st[i, sh], rd[i, sh], ef[i, sh], codes[i], keys[i], k0, a32, dt32, x32, B32,
                     C32, Yb, gam, Fb, y32[i], sh, ph, floor, scope_none, recip, el, K, F, LANE,
@@ -966,7 +990,7 @@ def task_order(codes: np.ndarray, heads: int) -> np.ndarray:
     """The windows' tasks (head, slot) costliest first (a thread that takes the last task then
     waits the least): slots by a static estimate (block formats, then SR, then quantising every
     step), heads in order within a slot."""
-    cost = [0] + [2 * (FMT_IDS["nvfp4"] <= c[C_FMT] <= FMT_IDS["mxfp8"] or c[C_FMT] >= SCALED)
+    cost = [0] + [2 * ids.is_block(ids.split_code(c[C_FMT])[0])
                   + (c[C_RND] != 0) + (c[C_KIND] == KINDS["conventional"]) for c in codes]
     nt = len(cost)
     slots = sorted(range(nt), key=lambda s: -cost[s])
@@ -991,6 +1015,6 @@ def quantize(x: np.ndarray, fmt: str, rounding: str = "rne", *, seed: int = 0, s
     bits = pf.sr_bits_used(fmt, sr_bits) if sr else 0
     out = _quantize_many(fmt_code(fmt), sr_lane(bits) if sr else 0)(
         X, bits, overflow == "ieee", scale_floor == "normal", tensor_scope == "none",
-        scale_mode == "reciprocal", k0, k1, _EL)
+        scale_mode == "reciprocal", k0, k1, limits())
     return out.reshape(x.shape)
 

@@ -33,13 +33,13 @@ from .base import (
     segment_phase,
 )
 from .numba import (
-    _EL,
     C_EF,
     NAME,
     NCODE,
     _row_stats,
     available,  # noqa: F401 (the engine registry's interface: precsim.engines.engine_module)
     event_keys,
+    limits,
     numba,
     row_stats_signature,
     scheme_codes,
@@ -253,6 +253,8 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     dead_at: list[int | None] = [None] * ns
     t_kernel: list[float] = []
 
+    el = limits()  # the formats' limits the compiled quantisers read (formats.ids)
+
     def lens(t0: int, t1: int) -> np.ndarray:
         """The lengths of the segments of steps [t0, t1) (t0 and t1 are flushes)."""
         e = seg_ends[(seg_ends > t0) & (seg_ends <= t1)]
@@ -287,7 +289,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 dec["a"].reshape(n, SH).numpy(), dt_t.reshape(n, SH).numpy(),
                 x_t.reshape(n, SH, P).numpy(), B_t.reshape(n, SH, N).numpy(),
                 C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32,
-                phase[t0:t1], floor, scope_none, recip, _EL)
+                phase[t0:t1], floor, scope_none, recip, el)
         return {"t0": t0, "t1": t1, "x": raw["x"], "x_t": x_t, "y64": y64, "y32": y32,
                 "args": args, "next": itertools.count()}
 
@@ -311,7 +313,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
                 flat(raw["v"], P), y64, flat(dec["a"].numpy()), flat(f32["beta"].numpy()),
                 flat(f32["q"].numpy(), N), flat(f32["k"].numpy(), N), flat(f32["v"].numpy(), P),
                 gam.numpy(), Am.numpy(), Mm.numpy(), wlast.numpy(), y32, phase[t0:t1], floor,
-                scope_none, recip, _EL, u_master)
+                scope_none, recip, el, u_master)
         return {"t0": t0, "t1": t1, "x": None, "x_t": None, "y64": y64, "y32": y32,
                 "args": args, "next": itertools.count()}
 

@@ -55,11 +55,11 @@ def main() -> None:
         _loop(f, lane)(pool, work, n, *a)
         return (time.perf_counter() - t) / n * 1e6
 
-    copy = timed(0, 0, 0, keys, ne._EL, False)
+    copy = timed(0, 0, 0, keys, ne.limits(), False)
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}  copy alone {copy:.2f} us (subtracted)")
     for fmt, rnd in FORMATS:
         bits = pf.sr_bits_used(fmt) if rnd == "sr" else 0
-        us = timed(ne.fmt_code(fmt), ne.sr_lane(bits) if bits else 0, bits, keys, ne._EL,
+        us = timed(ne.fmt_code(fmt), ne.sr_lane(bits) if bits else 0, bits, keys, ne.limits(),
                    True) - copy
         print(f"{fmt:15s} {rnd:4s} {us:6.2f} us per 64 x 128")
 
