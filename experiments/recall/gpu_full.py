@@ -128,6 +128,14 @@ class Pool:
                     self.done.append({**_pub(j), "status": "skipped (deadline)",
                                       "seconds": 0.0})
                 pending = []
+            if running and time.time() - getattr(self, "_shown", 0.0) > 30:  # progress
+                self._shown = time.time()
+                for j in running:
+                    txt = (self.logdir / f"{j['name']}.log").read_text(errors="replace")
+                    last = [ln for ln in txt.splitlines() if ln.strip()
+                            and "falling back" not in ln][-1:]
+                    log(f"  {j['name']} ({time.time() - j['_t0']:.0f} s): "
+                        f"{last[0][-150:] if last else '(starting)'}")
             time.sleep(0.5)
         return self.done
 
@@ -255,7 +263,7 @@ def study_jobs(args, ckpts: dict) -> list[dict]:
                            "task.seed=0", f"task.batch_tokens={bt}",
                            f"model.chunk={args.chunk}", f"run.device={args.device}",
                            f"run.sr_seeds={args.sr_seeds}", "replay.buffer_len=16",
-                           "run.progress=false", "metrics.plot=false",
+                           "run.progress=true", "metrics.plot=false",
                            f"run.out_dir={run_dir}", *ST.overrides(sch)]
                     meta = {"model": ckpt_name(m, s), "family": m, "train_seed": s,
                             "weights": wd, "task": task, "lengths": lg,
