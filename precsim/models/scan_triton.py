@@ -31,11 +31,11 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     from precsim.kernels import mamba2 as m2_k
     from precsim.kernels.codes import dispatch_order
     from precsim.kernels.inputs import exp_f32
-    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
+    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, as_int32, scale_flags
     from precsim.kernels.rng import event_keys
 
     from ..engines.base import segment_phase
-    from ..engines.triton import BUF_IDS, _launch, ef_code, scheme_block, scheme_code
+    from ..engines.triton import BUF_IDS, ef_code, launch_span, scheme_block, scheme_code
 
     fam = step.family
     T, b = step.shape
@@ -61,8 +61,11 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
         if carry and step.state is not None:
             S64.copy_(step.state.reshape(SH, P, N))
         st = torch.zeros((len(schemes), SH, P, N), dtype=torch.float32, device=dev)
-        rd = torch.zeros_like(st)
-        ef = torch.zeros_like(st)  # error feedback's residuals (untouched by schemes without it)
+        # a read copy for each split group, a residual for each error-feedback group, None for
+        # the others (the kernels touch them only for those kinds): at 64 documents of a
+        # 64-head layer each such tensor is 134 MB a layer
+        rd = [st.new_zeros((1, SH, P, N)) if sc.kind == "split" else None for sc in at]
+        ef = [st.new_zeros((1, SH, P, N)) if ef_code(sc) else None for sc in at]
         keys = np.zeros((len(schemes), total), dtype=np.uint32)
         ev = np.arange(total, dtype=np.int64)
         k0 = 0
@@ -112,15 +115,17 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                             "_dA32": la32.reshape(n, SH)})
                 if g.reference:  # the kernels' float64 truth slot
                     y = torch.empty((n, SH, P), dtype=torch.float64, device=dev)
-                    _launch(fam, inp, S64, st[:1], rd[:1], y, st.new_empty((1, n, SH, P)),
-                            k1[:1], ph, _i32(k0), [], [], True, off + t0, n, total, H,
+                    launch_span(fam, inp, S64, st[:1], st[:1], y, st.new_empty((1, n, SH, P)),
+                            k1[:1], ph, as_int32(k0), [], [], True, off + t0, n, total, H,
                             min(16, N), LB, nw, None, **kw)
                 else:
                     i = gi - 1
                     y = torch.empty((1, n, SH, P), dtype=torch.float32, device=dev)
-                    _launch(fam, inp, S64, st[i:i + 1], rd[i:i + 1], y64_none, y, k1[i:i + 1],
-                            ph, _i32(k0), [0], [codes[i]], False, off + t0, n, total, H,
-                            blocks[i], LB, nw, None, ef=ef[i:i + 1], efs=ef_code(at[i]), **kw)
+                    own = st[i:i + 1]  # (the kernels read rd / ef only where they exist)
+                    launch_span(fam, inp, S64, own, own if rd[i] is None else rd[i], y64_none, y,
+                            k1[i:i + 1], ph, as_int32(k0), [0], [codes[i]], False, off + t0, n,
+                            total, H, blocks[i], LB, nw, None, ef=ef[i], efs=ef_code(at[i]),
+                            **kw)
                     y = y[0]
                 y = y.view(n, K, H, P)
                 if D is not None:
@@ -133,7 +138,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
             ref = S64.view(K, -1)
             samples.append((off + t0 + n, [
                 (row_dist(st[i].view(K, -1), ref),
-                 row_dist(rd[i].view(K, -1), ref) if sc.kind == "split" else None)
+                 row_dist(rd[i].view(K, -1), ref) if rd[i] is not None else None)
                 for i, sc in enumerate(at)], torch.linalg.vector_norm(ref, dim=1)))
     layer = step.layer
     bad = None if carry else ~torch.isfinite(out.view(T, len(groups), -1)).all(dim=2)  # (T, g)
