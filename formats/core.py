@@ -563,7 +563,7 @@ def _e2m1_tables():
     return _E2M1_TABLES["t"], _E2M1_TABLES["v"]
 
 
-def _e2m1_table_ok(xb, el, rounding, ops, sr_bits) -> bool:
+def e2m1_table_ok(xb, el, rounding, ops, sr_bits) -> bool:
     return (ops is TORCH and rounding == "sr" and el.name == "fp4_e2m1"
             and int(sr_bits or el.default_sr_bits) == 8
             and str(xb.dtype) == "torch.float32" and xb.device.type == "cpu")
@@ -648,7 +648,7 @@ def quantize_block(x, fmt: BlockFormat, rounding, ops, *, seed, stream=0, offset
     total = _like(ops, total, x)
     safe = ops.where(total > 0, total, ops.full_like(total, 1.0))
     xs = xb / safe if inv is None else xb * inv
-    if _e2m1_table_ok(xb, el, rounding, ops, sr_bits):
+    if e2m1_table_ok(xb, el, rounding, ops, sr_bits):
         qe = _e2m1_sr_table(xs, seed=seed, stream=stream, offset=offset, sr_source=sr_source)
     else:
         scaled = ops.clip(xs, el.max_value)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant import _i32
+from .quant import as_int32
 from .rng import element_index, random_bits
 
 
@@ -34,8 +34,8 @@ def normals(keys_a: tuple[int, int], keys_b: tuple[int, int], n: int, offset: in
     stream keys (``precsim.formats.stream_keys``)."""
     out = torch.empty(n, dtype=torch.float64, device=device)
     _normals_kernel[(triton.cdiv(n, 1024),)](
-        out, n, _i32(offset & 0xFFFFFFFF), _i32(offset >> 32), _i32(keys_a[0]), _i32(keys_a[1]),
-        _i32(keys_b[0]), _i32(keys_b[1]), BLOCK=1024)
+        out, n, as_int32(offset & 0xFFFFFFFF), as_int32(offset >> 32), as_int32(keys_a[0]),
+        as_int32(keys_a[1]), as_int32(keys_b[0]), as_int32(keys_b[1]), BLOCK=1024)
     return out
 
 

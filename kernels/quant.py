@@ -341,7 +341,7 @@ def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: in
     k0, k1 = pf.stream_keys(seed, stream)
     out = torch.empty_like(x)
     x = x.contiguous()
-    _quantize_kernel[(M,)](x, out, _i32(k0), _i32(k1), R=R, NB=C // blk, BLK=blk,
+    _quantize_kernel[(M,)](x, out, as_int32(k0), as_int32(k1), R=R, NB=C // blk, BLK=blk,
                            F=fmt_id(fmt), RND=SR if rounding == "sr" else RNE,
                            SRB=pf.sr_bits_used(fmt, sr_bits) + 64 * SRC_IDS[sr_source],
                            OVF=IEEE if overflow == "ieee" else 0,
@@ -350,7 +350,7 @@ def quantize_tiles(x: torch.Tensor, fmt: str, rounding: str = "rne", *, seed: in
     return out
 
 
-def _i32(v: int) -> int:
+def as_int32(v: int) -> int:
     """A uint32 key as the int32 with the same bits (kernel scalars are signed)."""
     v &= 0xFFFFFFFF
     return v - (1 << 32) if v >= (1 << 31) else v

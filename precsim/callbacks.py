@@ -28,9 +28,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .cli import (
-    _gpu_count,
-    _job_log,
+    gpu_count,
     is_user_error,
+    job_log,
     one_line,
     register_resolvers,
     user_error_types,
@@ -87,7 +87,7 @@ class SweepCallback(Callback):
         out = Path(config.hydra.runtime.output_dir)
         _set_aside_broken(out)
         if _wants_gpu_spread(config):
-            n = _gpu_count()
+            n = gpu_count()
             if n > 1:
                 import torch
 
@@ -118,7 +118,7 @@ class SweepCallback(Callback):
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         if is_user_error(exc):  # a setting: one line on the terminal, the traceback on file
             first = one_line(exc)
-            _job_log(f"job failed ({out}): {first}\n{tb}", "ERROR")
+            job_log(f"job failed ({out}): {first}\n{tb}", "ERROR")
             print(f"precsim: job {config.hydra.job.num} failed: {type(exc).__name__}: {first} "
                   f"-> {out}", file=sys.stderr, flush=True)
         else:  # a bug: its traceback on the terminal too

@@ -55,6 +55,33 @@ _STOP: dict = {"defer": False, "signum": None, "notice": None, "process": False,
 WATCHDOG_S = 10.0
 
 
+def mark_process() -> None:
+    """This process is the command line's own (``precsim.cli.entry``): a lost interrupt may end
+    it hard (:func:`watchdog`)."""
+    _STOP["process"] = True
+
+
+def said_why() -> bool:
+    """Whether the command already printed why it stops (then :func:`watchdog` prints none)."""
+    return bool(_STOP["said"])
+
+
+def mark_said(said: bool = True) -> None:
+    """Record that the command printed (or, ``False``, has not printed) why it stops."""
+    _STOP["said"] = said
+
+
+def request_stop(signum: int | None) -> None:
+    """Stop every engine loop of this process at its next boundary as if ``signum`` had
+    arrived (``None``: withdraw the request), e.g. a whole-model run's other copies."""
+    _STOP["signum"] = signum
+
+
+def handlers_installed() -> bool:
+    """Whether SIGINT's handler is this module's (:func:`install_handlers` ran)."""
+    return signal.getsignal(signal.SIGINT) is _on_signal
+
+
 def watchdog(signum: int, after: float = WATCHDOG_S, end=None):
     """End the process ``after`` seconds from now with ``128 + signum`` and one line, unless it
     ended by itself. An interrupt that lands inside an import lock's callback is printed as

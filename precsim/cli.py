@@ -62,7 +62,7 @@ def _uid() -> str:
     return f"{os.getpid():x}{secrets.token_hex(2)}"
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     try:
         import torch
 
@@ -80,7 +80,7 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("precsim_uid"):
         OmegaConf.register_new_resolver("precsim_uid", _uid, use_cache=True)
     if not OmegaConf.has_resolver("precsim_gpus"):
-        OmegaConf.register_new_resolver("precsim_gpus", lambda: max(1, _gpu_count()),
+        OmegaConf.register_new_resolver("precsim_gpus", lambda: max(1, gpu_count()),
                                         use_cache=True)
     if not OmegaConf.has_resolver("precsim_short"):
         OmegaConf.register_new_resolver("precsim_short", short_name)
@@ -222,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             e = Interrupted(signal.SIGINT)
         for line in _interrupt_lines(e, args):
             print(line, file=sys.stderr, flush=True)
-        from precsim.checkpoint import _STOP
+        from precsim.checkpoint import mark_said
 
-        _STOP["said"] = True  # a watchdog still running exits without a second line
+        mark_said()  # a watchdog still running exits without a second line
         return e.exit_code
     finally:  # an in-process caller (tests, a notebook) gets its collector back as it was
         # and no warm-up thread outlives the command: one still initialising CUDA when the
@@ -245,9 +245,9 @@ def entry() -> None:
     a sweep (``-m``) whose jobs ran elsewhere, whose launcher's exit handlers stop its worker
     processes (joblib's loky, submitit); a sweep whose jobs all ran in this process (Hydra's
     basic launcher: :data:`_IN_PROCESS_SWEEP`) exits as a single run does."""
-    from precsim.checkpoint import _STOP
+    from precsim.checkpoint import mark_process
 
-    _STOP["process"] = True  # a lost interrupt may end this process hard (checkpoint.watchdog)
+    mark_process()  # a lost interrupt may end this process hard (checkpoint.watchdog)
     code = main()
     if any(a in _MULTIRUN_FLAGS for a in sys.argv[1:]) and not _IN_PROCESS_SWEEP:
         return sys.exit(code)  # a sweep: its launchers' exit handlers stop their workers
@@ -292,14 +292,14 @@ def _main(args: list[str]) -> int:
             _run_app(cfg)
         except Interrupted as e:
             if e.pos is None and fresh_dir[0] and HydraConfig.get().mode == RunMode.RUN:
-                _remove_stub(HydraConfig.get())  # nothing of this run in it: no stray folder
+                remove_stub(HydraConfig.get())  # nothing of this run in it: no stray folder
             raise
         except Exception as e:
             # a single run ends here with one line; in a sweep the callback records the job's
             # error and the other jobs go on
             if is_user_error(e) and HydraConfig.get().mode == RunMode.RUN:
                 if fresh_dir[0]:
-                    _remove_stub(HydraConfig.get())
+                    remove_stub(HydraConfig.get())
                 _fail(one_line(e))
             raise
 
@@ -482,7 +482,7 @@ def _precheck(args: list[str], fresh_dir: list[bool]) -> bool:
         return False
     user = [a for a, o in zip(overrides, parsed, strict=True)
             if not (o.key_or_group.startswith("hydra") or o.package)]
-    c = _compose_config(user)
+    c = compose_config(user)
     _preflight(c)
     out = c.run.out_dir or (run_dir if isinstance(run_dir, str) and "${" not in run_dir
                             else None)
@@ -566,7 +566,7 @@ def _with_run_dir(args: list[str]) -> list[str]:
     return [*args, f"hydra.run.dir={value}"]
 
 
-def _compose_config(overrides: list[str]):
+def compose_config(overrides: list[str]):
     """The validated Config the app would get for ``overrides`` (Hydra's compose API)."""
     from hydra import compose, initialize_config_module
     from hydra.errors import ConfigCompositionException
@@ -655,7 +655,7 @@ def _preflight(c) -> None:
         make_workload(c)  # reads and checks the file (and run.steps against it)
 
 
-def _remove_stub(hc) -> None:
+def remove_stub(hc) -> None:
     """Remove the directory Hydra made for a run that then failed validation, but only when it
     holds nothing except Hydra's ``.hydra/`` and the job's log (never a result)."""
     import shutil
@@ -719,7 +719,7 @@ def one_line(e: BaseException) -> str:
     return line
 
 
-def _covering_jobs(batch) -> list:
+def covering_jobs(batch) -> list:
     """The jobs of a sweep batch whose composition checks what composing every job would: each
     distinct override (``key=value``) in at least one job, and each distinct combination of
     config-group choices (overrides of keys without a dot: ``model=...``, ``schemes=...``)."""
@@ -739,7 +739,7 @@ def _validate_sweeps_lightly() -> None:
     """Hydra's sweepers compose every job of a batch before launching it (a bad override fails
     before any job runs), then the launcher composes each job again: two compositions a job,
     0.3-0.7 s each, most of a small sweep job's cost. The check before launching now composes
-    the covering jobs of :func:`_covering_jobs` (4 of the 24 of ``experiment=precision_sweep``)
+    the covering jobs of :func:`covering_jobs` (4 of the 24 of ``experiment=precision_sweep``)
     and finds the same errors: an unknown key or group option, a value of the wrong type."""
     from hydra.plugins.sweeper import Sweeper
 
@@ -748,13 +748,13 @@ def _validate_sweeps_lightly() -> None:
     full = Sweeper.validate_batch_is_legal
 
     def validate(self, batch):
-        jobs = _covering_jobs(batch)
+        jobs = covering_jobs(batch)
         if not _check_job_settings(self, jobs):  # (Hydra's check, and the config's, at once)
             full(self, jobs)
 
     validate._precsim = True
     Sweeper.validate_batch_is_legal = validate
-    _reuse_compositions()
+    reuse_compositions()
 
 
 def _check_job_settings(sweeper, jobs) -> bool:
@@ -794,7 +794,7 @@ def _check_job_settings(sweeper, jobs) -> bool:
     return True
 
 
-def _reuse_compositions() -> None:
+def reuse_compositions() -> None:
     """Each job of a sweep is composed from scratch by Hydra (``load_sweep_config``: its
     defaults list, every config file merged, 0.2-0.3 s on the 2-core machine), once in the
     check before launching and again in the launcher. Jobs that differ from an earlier job of
@@ -815,7 +815,7 @@ def _reuse_compositions() -> None:
 
     def load(self, master_config, sweep_overrides):
         job = list(sweep_overrides)
-        shape = _override_shape(job)
+        shape = override_shape(job)
         key = (id(master_config), tuple(shape)) if shape is not None else None
         hit = made.get(key) if key is not None else None
         if hit is not None and hit[2] is master_config:
@@ -832,8 +832,8 @@ def _reuse_compositions() -> None:
     ConfigLoaderImpl.load_sweep_config = load
 
 
-def _override_shape(job: list[str]) -> list | None:
-    """A job's overrides with each derivable one (:func:`_reuse_compositions`: a plain
+def override_shape(job: list[str]) -> list | None:
+    """A job's overrides with each derivable one (:func:`reuse_compositions`: a plain
     ``a.b=scalar`` on a non-Hydra key) replaced by ``("=", key)``: jobs of one shape differ only
     in those values. None (composed in full, never derived from) when the overrides do not
     parse or a derivable key is also written by another override of the job (the same key, a
@@ -889,7 +889,7 @@ def _derive(base, base_job: list[str], job: list[str], shape: list):
     return cfg
 
 
-def _sweep_blocks(hc, c) -> set[int]:
+def sweep_blocks(hc, c) -> set[int]:
     """Block sizes (kernels' tile blocks) of the formats this sweep's jobs use: the job's own
     schemes' and every format named among the swept values (:func:`_swept`)."""
     from precsim import formats as pf
@@ -923,7 +923,7 @@ def _swept(hc) -> list[tuple[str, str]]:
     return out
 
 
-def _sweeps_schemes(hc) -> bool:
+def sweeps_schemes(hc) -> bool:
     """Whether this sweep varies its schemes (a ``schemes`` key among :func:`_swept`): then the
     Triton engine compiles one kernel taking the schemes as runtime arguments, not one per job
     (``engines.triton.RUNTIME_CODES``)."""
@@ -952,18 +952,18 @@ def _run_app(cfg) -> None:
     c = _to_config(cfg, to_config)
     if c.metrics.plot is None:  # a sweep job draws no PNG of its own unless asked
         c.metrics.plot = not multirun
-    runtime_codes = multirun and c.run.device != "cpu" and _sweeps_schemes(hc)
+    runtime_codes = multirun and c.run.device != "cpu" and sweeps_schemes(hc)
     if runtime_codes or "precsim.engines.triton" in sys.modules:  # (an in-process caller's
         from precsim.engines import triton as triton_engine  # next command starts afresh)
 
         triton_engine.RUNTIME_CODES[0] = runtime_codes  # one kernel serves every job's schemes
         triton_engine.SWEEP_BLOCKS.clear()
         if runtime_codes:
-            triton_engine.SWEEP_BLOCKS.update(_sweep_blocks(hc, c))
-    say = _job_log if multirun else _say
+            triton_engine.SWEEP_BLOCKS.update(sweep_blocks(hc, c))
+    say = job_log if multirun else _say
     _check_model_vs_trace(hc, c)
     for line in inverted_split_notes(c):  # allowed (a study may want one), but said
-        _job_log(line, "WARNING")
+        job_log(line, "WARNING")
         if not multirun:
             print(line, file=sys.stderr, flush=True)
     out = Path(c.run.out_dir) if c.run.out_dir else Path(hc.runtime.output_dir)
@@ -998,7 +998,7 @@ def _run_app(cfg) -> None:
         if is_record_dir(c):  # every recorded layer, then the worst layer's verdict
             summary = run_all(c, out, say, progress=not multirun)
             if multirun:
-                _job_log(_end_text(c, summary, out))
+                job_log(_end_text(c, summary, out))
             else:
                 _print_end(c, summary, out)
             return
@@ -1010,7 +1010,7 @@ def _run_app(cfg) -> None:
             e.out, e.job = out, (hc.job.num if multirun else None)
             if e.partial is not None:
                 write_outputs(c, e.partial, out, complete=False)
-            _job_log(f"interrupted ({e}) at step {e.pos}; checkpoint {e.path}")
+            job_log(f"interrupted ({e}) at step {e.pos}; checkpoint {e.path}")
             raise
         if age is not None and not multirun:  # a sweep's jobs share one process
             result.info["phases_s"] = {"startup": round(age, 4),
@@ -1024,7 +1024,7 @@ def _run_app(cfg) -> None:
             say(f"note: metrics.lengths {summary['lengths_skipped']} not reported: no window of "
                 f"metrics.window={c.metrics.window} ends there")
     if multirun:
-        _job_log(_end_text(c, summary, out))
+        job_log(_end_text(c, summary, out))
         print(f"precsim: job {hc.job.num} {'reused' if stored else 'done'} "
               f"({time.perf_counter() - t0:.1f} s) -> {out}", file=sys.stderr, flush=True)
     else:
@@ -1101,7 +1101,7 @@ def _model_family(preset: str) -> str | None:
 def _say(text: str) -> None:
     """Print, and keep it in the run's log (precsim.log holds the table and the verdict)."""
     print(text)
-    _job_log(text)
+    job_log(text)
 
 
 def _interrupt_lines(e, args: list[str]) -> list[str]:
@@ -1154,10 +1154,15 @@ def _job_signals():
     import contextlib
     import signal
 
-    from precsim.checkpoint import Interrupted, _on_signal, install_handlers, restore_handlers
+    from precsim.checkpoint import (
+        Interrupted,
+        handlers_installed,
+        install_handlers,
+        restore_handlers,
+    )
 
     submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
-    if not submitit and signal.getsignal(signal.SIGINT) is _on_signal:
+    if not submitit and handlers_installed():
         return contextlib.nullcontext()  # the command line's own process: installed already
 
     @contextlib.contextmanager
@@ -1189,7 +1194,7 @@ def _print_end(c, summary: dict, out, reused: bool = False) -> None:
     (print if reused else _say)("\n" + _end_text(c, summary, out))  # a reuse writes nothing
 
 
-def _job_log(text: str, level: str = "INFO") -> None:
+def job_log(text: str, level: str = "INFO") -> None:
     """Write to the job's log file only (a sweep keeps the terminal for progress)."""
     import logging
 

@@ -90,7 +90,7 @@ if LM is not None:
             from .config import to_config
             from .models.run import prepare
             from .models.scan import REFERENCE, Group
-            from .models.task import _tokenizer, task_cfg
+            from .models.task import load_tokenizer, task_cfg
 
             unknown = sorted(set(kw) - SCHEME_FIELDS)
             if unknown:
@@ -115,7 +115,7 @@ if LM is not None:
                 self.ld = prepare(pcfg, engines.resolve_device(device))
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            self.tok = _tokenizer(path)
+            self.tok = load_tokenizer(path)
             self.batch_tokens = int(batch_tokens)
             # one group: the scheme's own run (or the float64 reference) as the pass's only rows
             g = Group(self.label, REFERENCE, reference=True) if sch is None else \

@@ -87,7 +87,7 @@ class Readout:
         float32 (``yh_sim - yh_ref``), as :meth:`kl_top1_many`."""
         prod = self.project32(d)
         ref = ref_stats(logp_ref)
-        out = [_kl_top1_of(logp_ref, prod[i].to(torch.float64).mul_(self.scale).add_(logp_ref),
+        out = [kl_top1_of(logp_ref, prod[i].to(torch.float64).mul_(self.scale).add_(logp_ref),
                            ref) for i in range(d.shape[0])]
         if not out:
             empty = logp_ref.new_zeros((0, *logp_ref.shape[:-1]))
@@ -112,10 +112,10 @@ def kl_top1(logp_ref: torch.Tensor, diff: torch.Tensor,
     The simulated logits are ``logp_ref + diff`` (a per-row constant away from ``logits_ref +
     diff``, so the same argmax); agreement: their argmax equals ``logp_ref``'s (first index on
     ties, as NumPy and torch) and they are all finite (a dead scheme disagrees)."""
-    return _kl_top1_of(logp_ref, logp_ref + diff, ref if ref is not None else ref_stats(logp_ref))
+    return kl_top1_of(logp_ref, logp_ref + diff, ref if ref is not None else ref_stats(logp_ref))
 
 
-def _kl_top1_of(logp_ref, b, ref) -> tuple[torch.Tensor, torch.Tensor]:
+def kl_top1_of(logp_ref, b, ref) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`kl_top1` from the simulated logits ``b = logp_ref + diff`` (which may be a
     caller's temporary, computed in place) and ``ref = ref_stats(logp_ref)``."""
     p_ref, top_ref = ref
@@ -295,7 +295,7 @@ class Accumulator:
             if any(have):
                 vals = [np.asarray(w[name][metric], dtype=np.float64).reshape(-1) if h else None
                         for (w, name), h in zip(cells, have, strict=True)]
-                cols.update(_bands(metric, vals))
+                cols.update(percentile_bands(metric, vals))
         top = [float(np.max(w[name]["rel_err_max"])) for w, name in cells] if cells else []
         drift = []
         for w in self.windows:
@@ -354,7 +354,7 @@ def _by_len(vals: list) -> list[list[int]]:
     return list(by_len.values())
 
 
-def _bands(metric: str, vals: list) -> dict[str, list]:
+def percentile_bands(metric: str, vals: list) -> dict[str, list]:
     """Mean and 10/50/90th percentiles of every array in ``vals`` (None: no value) at once:
     columns ``metric``, ``metric_p10/_p50/_p90`` (NaN where an array has a non-finite value).
     Arrays of one length go through one ``np.percentile`` over an axis (the same partition and

@@ -245,7 +245,7 @@ def candidates(jobs: list[Job], metric: str, horizon: int | None = None) -> list
     if metric not in METRICS:
         raise ReportError(f"--metric={metric!r} is unknown; allowed: {', '.join(METRICS)}")
     out: list[Candidate] = []
-    tags = _short_tags([j for j in jobs if j.summary is not None])
+    tags = short_tags([j for j in jobs if j.summary is not None])
     for j in jobs:
         if j.summary is None:
             continue
@@ -718,7 +718,7 @@ def as_override(layers: dict) -> str:
 
 
 # -- plots -----------------------------------------------------------------------------------
-def _short_tags(jobs: list[Job]) -> dict[str, str]:
+def short_tags(jobs: list[Job]) -> dict[str, str]:
     """Per job: the settings that differ between ``jobs``, with short keys. A key a job does not
     override takes its value from the job's config (summary.json), so a single run beside a
     sweep gets no ``experiment=None``; a key whose value no job's config knows is left out of
@@ -750,10 +750,10 @@ _SERIES_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "h")
 
 
 def _group_tags(jobs: list[Job]) -> dict[str, str]:
-    """:func:`_short_tags` within each comparable group (what differs between comparable runs)."""
+    """:func:`short_tags` within each comparable group (what differs between comparable runs)."""
     out = {j.name: "" for j in jobs}
     for g in comparable_groups(jobs):
-        out.update(_short_tags(g.jobs))
+        out.update(short_tags(g.jobs))
     return out
 
 
@@ -900,7 +900,7 @@ def plot_error_vs_length(jobs: list[Job], path: Path, budget: tuple[str, float] 
         if not exact:
             ax.set_yscale("log")
         plain_ticks(ax, y_log=not exact)
-        _clip_low(ax, vals, [(lab, rs[-1].get(m), "C0") for _k, lab, rs, _r in series if rs])
+        clip_low(ax, vals, [(lab, rs[-1].get(m), "C0") for _k, lab, rs, _r in series if rs])
         ax.set_xlabel("decode steps (tokens)")
         ax.set_ylabel({"rel_err": "‖y − y_ref‖ / ‖y_ref‖", "kl": "KL per token (nats)"}[m])
         ax.set_title({"rel_err": "relative output error", "kl": "KL(p_ref || p_sim)"}[m])
@@ -988,7 +988,7 @@ def plot_pareto(jobs: list[Job], path: Path, budget: tuple[str, float] | None = 
         if budget and budget[0] == m:
             _budget_line(ax, budget)
             vals.append(budget[1])
-        _clip_low(ax, vals, [(c.label, c.value, "C3") for c in cs])
+        clip_low(ax, vals, [(c.label, c.value, "C3") for c in cs])
         ax.annotate("Pareto front:\n" + "\n".join(lines), xy=(0, 0), xycoords="axes fraction",
                     xytext=(0, -40), textcoords="offset points", va="top", fontsize=6.5,
                     family="monospace")
@@ -1035,7 +1035,7 @@ def _coincide(a: Candidate, b: Candidate, rel: float = 0.005) -> bool:
             and abs(a.value - b.value) <= rel * b.value)
 
 
-def _clip_low(ax, values, named, decades: float = 3.0) -> None:
+def clip_low(ax, values, named, decades: float = 3.0) -> None:
     """Show at most ``decades`` decades below the largest value; name what lies below (an FP32
     baseline at 1e-7 would otherwise take most of the height)."""
     vals = [v for v in values if _pos(v)]

@@ -133,15 +133,15 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def _clean(v):
+def json_safe(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
+        return [json_safe(x) for x in v]
     if isinstance(v, (np.floating,)):
-        return _clean(float(v))
+        return json_safe(float(v))
     if isinstance(v, (np.integer,)):
         return int(v)
     return v
@@ -159,7 +159,7 @@ def rows_to_csv(rows: list[dict]) -> str:
 
 
 def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
 
 
 def write_per_step(path: Path, per_step: dict[str, np.ndarray]) -> None:
@@ -233,8 +233,8 @@ def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]
     between two configs (as written in ``summary.json``). With ``workload.kind=trace`` the trace
     fixes ``model.*``, and with ``model.path`` the checkpoint fixes the layer shape, so those
     keys are not compared."""
-    a = _flat(json.loads(json.dumps(_clean(stored))))
-    b = _flat(json.loads(json.dumps(_clean(current))))
+    a = _flat(json.loads(json.dumps(json_safe(stored))))
+    b = _flat(json.loads(json.dumps(json_safe(current))))
     trace = b.get("workload.kind") == "trace"
     shape = {f"model.{k}" for k in ("family", "heads", "head_dim", "state_dim", "groups")} \
         if b.get("model.path") else set()

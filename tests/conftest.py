@@ -37,17 +37,17 @@ def tiny_cfg(family="mamba2", steps=96, heads=2, schemes=None, **over):
 def run_main(args, capsys):
     """(exit status, stdout, non-empty stderr lines) of the app run in process,
     ``precsim.cli.main(argv)``. An interrupted command marks its line said for the process's
-    watchdog (checkpoint._STOP): the mark is put back, as a new process would start."""
-    from precsim.checkpoint import _STOP
+    watchdog (checkpoint.mark_said): the mark is put back, as a new process would start."""
+    from precsim.checkpoint import mark_said, said_why
     from precsim.cli import main
 
-    said = _STOP["said"]
+    said = said_why()
     try:
         rc = main(list(args))
     except SystemExit as e:
         rc = e.code
     finally:
-        _STOP["said"] = said
+        mark_said(said)
     cap = capsys.readouterr()
     return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
 

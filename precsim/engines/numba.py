@@ -909,7 +909,7 @@ if numba is not None:
         return task
 
     @njit(cache=True, nogil=True)
-    def _row_stats(y32, y64, x64, x32, D64, D32, P, kl, err, s_ss, d, yh):
+    def row_stats(y32, y64, x64, x32, D64, D32, P, kl, err, s_ss, d, yh):
         """Per output row (a step of one sequence, width W = H*P) of every scheme, as the torch
         ops of ``Accumulator`` (and the Triton engine's ``row_stats``) compute them: the outputs
         with the skip term ``D x`` (float32 for the schemes, float64 for the truth; ``x64``
@@ -958,16 +958,16 @@ if numba is not None:
 def task_function(gdn: bool | None, consts: tuple[int, ...] | None):
     """The compiled task of the float64 truth (``consts`` None) or of a scheme of
     :func:`scheme_consts` ``consts``, Mamba-2 or (``gdn``) Gated DeltaNet; ``gdn`` None: the
-    window's row statistics (``_row_stats``)."""
+    window's row statistics (``row_stats``)."""
     if gdn is None:
-        return _row_stats
+        return row_stats
     if consts is None:
         return _truth_task_gdn if gdn else _truth_task
     return (_task_gdn if gdn else _task)(tuple(consts))
 
 
 def row_stats_signature() -> tuple:
-    """The argument types the host calls ``_row_stats`` with (C-contiguous arrays, an int, a
+    """The argument types the host calls ``row_stats`` with (C-contiguous arrays, an int, a
     bool)."""
     f32, f64 = np.float32, np.float64
     return tuple(numba.typeof(np.zeros((0,) * nd, dt) if nd else dt) for nd, dt in (

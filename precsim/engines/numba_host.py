@@ -36,11 +36,11 @@ from .numba import (
     C_EF,
     NAME,
     NCODE,
-    _row_stats,
     available,  # noqa: F401 (the engine registry's interface: precsim.engines.engine_module)
     event_keys,
     limits,
     numba,
+    row_stats,
     row_stats_signature,
     scheme_codes,
     scheme_consts,
@@ -86,7 +86,7 @@ def compile_ahead(tasks: list, fns: list, args: tuple, threads: int) -> None:
 
     todo, seen = [], set()
     sigs = [tuple(fn.typeof_pyval(a) for a in (0, *args)) for fn in fns]
-    for key, fn, sig in zip([*tasks, (None, None)], [*fns, _row_stats],
+    for key, fn, sig in zip([*tasks, (None, None)], [*fns, row_stats],
                             [*sigs, row_stats_signature()], strict=True):
         if id(fn) not in seen and not _cached(fn, sig):
             todo.append((key, fn, sig))
@@ -350,7 +350,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     want_kl = readout is not None
 
     def finish(w: dict) -> None:
-        """Dead schemes, the metrics (rows by ``_row_stats``, the KL from them), the drift
+        """Dead schemes, the metrics (rows by ``row_stats``, the KL from them), the drift
         sample, the outputs kept, the bar."""
         t0, t1 = w["t0"], w["t1"]
         n = t1 - t0
@@ -359,7 +359,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
         d = np.empty((ns, rows, W) if want_kl else (0, 0, 0), dtype=np.float32)
         no = np.zeros((0, 0))
         x64 = np.ascontiguousarray(w["x"]).reshape(rows, W) if D is not None else no
-        _row_stats(w["y32"].reshape(ns, rows, W), w["y64"].reshape(rows, W), x64,
+        row_stats(w["y32"].reshape(ns, rows, W), w["y64"].reshape(rows, W), x64,
                    x64.astype(np.float32), D64n, D64n.astype(np.float32), P, want_kl, err, s_ss,
                    d, yh)
         cuts = []

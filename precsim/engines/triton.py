@@ -53,7 +53,7 @@ RUNTIME_CODES = [False]
 LANES = os.environ.get("PRECSIM_KERNEL_LANES", "1").strip() != "0"
 
 
-# block sizes a sweep over schemes will need (the CLI's ``_sweep_blocks``): with runtime codes
+# block sizes a sweep over schemes will need (the CLI's ``sweep_blocks``): with runtime codes
 # the first job compiles their kernels beside its own (one kernel per block size serves the sweep)
 SWEEP_BLOCKS: set = set()
 
@@ -130,15 +130,15 @@ def unsupported_reason(cfg: Config) -> str | None:
     return None
 
 
-def _groups(codes: list[int], blocks: list[int], lanes: bool = False
-            ) -> list[tuple[int, list[int]]]:
+def launch_groups(codes: list[int], blocks: list[int], lanes: bool = False
+                  ) -> list[tuple[int, list[int]]]:
     """Schemes per launch: (block, indices), at most MAX_SLOTS each, one block size each.
     ``lanes``: the truth alone first, then one scheme per launch (:data:`LANES`); the schemes'
     storage order is the same either way."""
     from precsim.kernels.codes import MAX_SLOTS
 
     if lanes and codes:
-        fused = _groups(codes, blocks)
+        fused = launch_groups(codes, blocks)
         return [(fused[0][0], []), *((b, [i]) for b, idx in fused for i in idx)]
 
     by_blk: dict[int, list[int]] = {}
@@ -239,7 +239,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     from precsim.kernels.codes import dispatch_order, slot_cost
     from precsim.kernels.inputs import exp_f32
     from precsim.kernels.metrics import NO_STEP, drift_from_partials, drift_partials, row_stats
-    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, _i32, scale_flags
+    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, as_int32, scale_flags
     from precsim.kernels.rng import event_keys
 
     dev = torch.device(device)
@@ -251,7 +251,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     ns = len(schemes)
     L, steps = cfg.replay.buffer_len, cfg.run.steps
     codes = [scheme_code(s.cfg) for s in schemes]
-    groups = _groups(codes, [scheme_block(s.cfg) for s in schemes], lanes)
+    groups = launch_groups(codes, [scheme_block(s.cfg) for s in schemes], lanes)
     order = [i for _, idx in groups for i in idx]  # storage slot of each scheme: groups contiguous
     slot = {i: order.index(i) for i in range(ns)}
     SH = Sq * H
@@ -535,8 +535,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 c0 = time.perf_counter() if t0 == 0 else None  # first launches: compile/load
                 with slow_notice("compiling the Triton kernels for this configuration (once: "
                                  "Triton caches them on disk)", c0 is not None and bar is not None):
-                    call = functools.partial(_launch, family.name, win, S64, st, rd, y64[a:b],
-                                             y32[:, a:b], k1, ph, _i32(k0))
+                    call = functools.partial(launch_span, family.name, win, S64, st, rd, y64[a:b],
+                                             y32[:, a:b], k1, ph, as_int32(k0))
                     calls = [functools.partial(
                         call, [slot[i] for i in idx], [codes[i] for i in idx], gi == 0, t0, n,
                         steps, H, blk, LB, nw, maxnreg, ef=ef, efs=efs[gi], **launch_kw)
@@ -669,12 +669,12 @@ def _compile_together(calls: list, ahead: list = ()) -> None:
     kernels took 14.2 s together against 11.7 s for one on a 2-core machine), where the first
     launches compiled one after the other. ``ahead``: kernels a later job of the sweep will need
     (:data:`SWEEP_BLOCKS`), compiled at the same time and kept in Triton's caches.
-    Each thread then builds its kernel's launcher as well (:func:`_build_launcher`).
+    Each thread then builds its kernel's launcher as well (:func:`build_launcher`).
     A failure here is left to the launch itself to report."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(call) -> None:
-        _build_launcher(call(warmup=True))
+        build_launcher(call(warmup=True))
 
     with ThreadPoolExecutor(max_workers=len(calls) + len(ahead)) as pool:
         for f in [pool.submit(one, call) for call in [*calls, *ahead]]:
@@ -684,7 +684,7 @@ def _compile_together(calls: list, ahead: list = ()) -> None:
                 log.debug("precsim: compiling ahead failed: %r", e)
 
 
-def _build_launcher(kernel) -> None:
+def build_launcher(kernel) -> None:
     """Build a compiled kernel's launcher without loading the kernel on a device. Triton 3.6
     builds each kernel signature's C launcher with the C compiler at the kernel's first launch
     (0.2-0.5 s each on the H200 machine, then cached on disk), one after another on the
@@ -699,9 +699,9 @@ def _build_launcher(kernel) -> None:
         log.debug("precsim: building a launcher ahead failed: %r", e)
 
 
-def _launch(fam, inp, S64, st, rd, y64, y32, k1, ph, k0, idx, codes, truth, t0, n, steps, H,
-            blk, LB, nw, maxnreg, *, lpt, buf, sfloor, scope, u_master, kernels, order, ef=None,
-            efs=0, runtime=False, warmup=False):
+def launch_span(fam, inp, S64, st, rd, y64, y32, k1, ph, k0, idx, codes, truth, t0, n, steps, H,
+                blk, LB, nw, maxnreg, *, lpt, buf, sfloor, scope, u_master, kernels, order,
+                ef=None, efs=0, runtime=False, warmup=False):
     """One kernel launch over steps [t0, t0+n): the schemes in storage slots ``idx``
     (contiguous, kernel codes ``codes``) and the truth if ``truth``."""
     N = S64.shape[2]

@@ -115,13 +115,13 @@ class DecodeHandler:
             y = dither(y, [self.g], y.shape[1], self.cfg.run.seed, step.layer, ls.pos)
         L, W = self.cfg.replay.buffer_len, self.cfg.metrics.window
         if self.ref_layers is not None and ls.pos % L == 0 and drift_due(ls.pos - L, L, L, W):
-            from .scan import _rel_rows
+            from .scan import rel_rows
 
             ref = self.ref_layers[step.layer].s.state
             held = ls.s.held()
             self.g.drift.setdefault(step.layer, []).append(
-                (ls.pos, _rel_rows(held["state"], ref),
-                 _rel_rows(held["read"], ref) if "read" in held else None))
+                (ls.pos, rel_rows(held["state"], ref),
+                 rel_rows(held["read"], ref) if "read" in held else None))
         return y, ls.s.state
 
 

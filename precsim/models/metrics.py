@@ -89,7 +89,7 @@ def window_rows(tok: dict, groups, window: int, n: int, seeds: dict | None = Non
     scheme in ``seeds``, name -> count, whose documents ``tok`` holds seed-major), the first
     flip (mean over documents, censored at the row's end) and the count of documents flipped,
     and the mean per-layer state drift at the last sample at or before the row's end."""
-    from ..metrics import _bands
+    from ..metrics import percentile_bands
 
     W = max(1, min(window, n))
     ends = list(range(W, n + 1, W))
@@ -103,7 +103,7 @@ def window_rows(tok: dict, groups, window: int, n: int, seeds: dict | None = Non
             row = {"scheme": g.name, "step": end}
             for metric, key in (("rel_err", "rel"), ("kl", "kl"), ("top1", "top1")):
                 vals = t[key][:, start:end].mean(axis=1)
-                row.update({k: c[0] for k, c in _bands(metric, [vals]).items()})
+                row.update({k: c[0] for k, c in percentile_bands(metric, [vals]).items()})
                 if metric != "rel_err":
                     row[metric + "_lo"], row[metric + "_hi"] = boot_ci(
                         vals, (seeds or {}).get(g.name, 1), seed=end)

@@ -170,7 +170,7 @@ def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, com
     import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..checkpoint import _STOP, Checkpoint, Interrupted
+    from ..checkpoint import Checkpoint, Interrupted, request_stop
     from .scan import Group
 
     by_name = {g.name: g for g in groups[1:]}
@@ -197,13 +197,13 @@ def run_split(copies, shards: list[list[str]], ids: np.ndarray, groups, cfg, com
                                 ckpt=ck), ph
         except Interrupted as e:
             stopped.append(e.signum)
-            _STOP["signum"] = e.signum  # the other copies stop at their next chunk too
+            request_stop(e.signum)  # the other copies stop at their next chunk too
             return {}, {}
 
     with ThreadPoolExecutor(len(copies)) as ex:
         done = list(ex.map(one, range(len(copies))))
     if stopped:
-        _STOP["signum"] = None
+        request_stop(None)
         raise Interrupted(stopped[0])
     out = {}
     for i, (res, _) in enumerate(done):

@@ -52,7 +52,7 @@ class Group:
         return scheme_at(self.cfg, layer)
 
 
-def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
+def rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
     """Per-row relative L2 distance ``||a - ref|| / ||ref||`` (float64)."""
     rn = torch.linalg.vector_norm(ref.reshape(ref.shape[0], -1).double(), dim=1)
     return rel_ratio(row_dist(a, ref).cpu().numpy(), rn.cpu().numpy())
@@ -113,7 +113,7 @@ def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
         with torch.cuda.device(dev):  # (the kernels launch on the current device)
             y = scan_triton(step, groups, K, cfg, carry, chunks)
     else:
-        y = _scan_torch(step, groups, K, cfg, compute, carry, chunks)
+        y = scan_torch(step, groups, K, cfg, compute, carry, chunks)
     if not carry and any(g.dither for g in groups):
         y = dither(y, groups, K, cfg.run.seed, step.layer, chunks.offset if chunks else 0)
     return y
@@ -160,7 +160,7 @@ def _schemes(step, groups, K, cfg, compute, dev, kept=None):
     return fam, H, out
 
 
-def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
+def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
     T, b = step.shape
     dev = step.inp["x" if step.family == "mamba2" else "v"].device
     kept = chunks.layers.get(step.layer) if chunks is not None else None
@@ -212,8 +212,8 @@ def _scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None)
             for g, (s, *_rest) in zip(groups[1:], runs[1:], strict=True):
                 held = s.held()
                 g.drift.setdefault(step.layer, []).append(
-                    (off + pos + m, _rel_rows(held["state"], ref),
-                     _rel_rows(held["read"], ref) if "read" in held else None))
+                    (off + pos + m, rel_rows(held["state"], ref),
+                     rel_rows(held["read"], ref) if "read" in held else None))
         wide = torch.float64 if any(o.dtype == torch.float64 for o in out) else torch.float32
         ys.append(torch.cat([o.to(wide) for o in out], dim=1))
         if chunks is not None and not full:  # left unfinished: the next chunk continues it

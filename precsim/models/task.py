@@ -225,7 +225,7 @@ def load(cfg, device: str = "cpu", also: dict | None = None):
         ld = prepare(pcfg, device, also)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return ld, _tokenizer(cfg.model.path)
+    return ld, load_tokenizer(cfg.model.path)
 
 
 def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task rows"):
@@ -272,7 +272,7 @@ def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None)
                                                                            - t0, 3)})
 
 
-def _tokenizer(path):
+def load_tokenizer(path):
     """The checkpoint's tokenizer as :func:`.load.load_model` finds it (None without one)."""
     p = Path(path)
     if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
@@ -336,9 +336,9 @@ def summarize(cfg, items, groups, per: dict, source: str, ld, timing: dict) -> d
 
 
 def _config_dict(cfg) -> dict:
-    from ..result import _clean
+    from ..result import json_safe
 
-    return _clean(dataclasses.asdict(cfg))
+    return json_safe(dataclasses.asdict(cfg))
 
 
 # -- outputs ----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The package's import graph: no circles, and the kernels never import the core above them."""
+"""The package's import graph: no circles (lazy imports inside functions included); the kernels
+import nothing of the core; and no module uses another module's ``_private`` name."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # installed names of the repository folders (pyproject's package-dir)
 DIRS = {"precsim": "precsim", "formats": "precsim.formats", "kernels": "precsim.kernels",
         "conf": "precsim.conf"}
-
-
 def _modules() -> dict[str, Path]:
     mods = {}
     for folder, pkg in DIRS.items():
@@ -21,21 +20,30 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every module of the package ``name`` imports, at any level (lazy imports included)."""
+def _import_nodes(name: str, path: Path):
+    """``(node, module, names)`` of every import in ``path`` (module ``name``), at any level
+    (lazy imports included), relative imports resolved."""
     is_pkg = path.name == "__init__.py"
     base = name.split(".") if is_pkg else name.split(".")[:-1]
-    out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        targets = []
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            for a in node.names:
+                yield node, a.name, []
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             if node.level:
                 up = base[:len(base) - node.level + 1]
                 mod = ".".join([*up, mod] if mod else up)
-            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            yield node, mod, [a.name for a in node.names]
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of the package ``name`` imports. ``from pkg import mod`` is an edge to
+    ``pkg.mod`` (not to ``pkg``'s __init__ as well, whose contents it does not use)."""
+    out = set()
+    for _, mod, names in _import_nodes(name, path):
+        subs = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in known]
+        targets = subs if names and len(subs) == len(names) else [mod, *subs]
         for t in targets:
             while t and t not in known:
                 t = t.rpartition(".")[0]
@@ -82,8 +90,62 @@ def test_kernels_import_no_core():
             assert not bad, f"{n} imports {bad}"
 
 
+def _private(n: str) -> bool:
+    return n.startswith("_") and not (n.startswith("__") and n.endswith("__"))
+
+
+def private_uses(name: str, path: Path, known: set[str]) -> list[str]:
+    """Where module ``name`` uses another module's ``_private`` name: ``from m import _x``, or
+    ``m._x`` (read or written) through a name bound to a module of the package."""
+    bound, out = {}, []
+    for node, mod, _names in _import_nodes(name, path):
+        if not mod.startswith("precsim"):
+            continue
+        if isinstance(node, ast.Import):
+            a = node.names[[x.name for x in node.names].index(mod)]
+            bound[a.asname or mod.split(".")[0]] = mod if a.asname else mod.split(".")[0]
+            continue
+        for a in node.names:
+            if f"{mod}.{a.name}" in known:
+                bound[a.asname or a.name] = f"{mod}.{a.name}"
+            if _private(a.name) and mod != name:
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {mod} import {a.name}")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, v = [], node.value
+            while isinstance(v, ast.Attribute):
+                chain.append(v.attr)
+                v = v.value
+            if isinstance(v, ast.Name) and v.id in bound:
+                target = ".".join([bound[v.id], *reversed(chain)])
+                if target != name:
+                    out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}.{node.attr}")
+    return out
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A ``_name`` is its module's own: another module (the tests included) that needs it
+    needs a public name (issue 43)."""
+    mods = _modules()
+    files = dict(mods)
+    for p in sorted((ROOT / "tests").rglob("*.py")):
+        files["tests." + ".".join(p.relative_to(ROOT / "tests").with_suffix("").parts)] = p
+    bad = [u for n, p in files.items() for u in private_uses(n, p, set(mods))]
+    assert not bad, "another module's private names:\n" + "\n".join(bad)
+
+
 def test_the_graph_is_read():
-    """The walker sees real edges (a test of the test)."""
+    """The walkers see real edges (a test of the tests)."""
     graph = _graph()
     assert "precsim.config" in graph["precsim.engines.torch"]
     assert "precsim.kernels.quant" in graph["precsim.kernels.mamba2"]
+    assert "precsim.formats" in graph["precsim.schemes"]
+    assert "precsim" not in graph["precsim.schemes"]
+    src = "from precsim.engines import numba as ne\nimport precsim.cli as c\nne._EL\nc._x = 1\n"
+    p = ROOT / "tests" / "app" / "_probe_private.py"
+    try:
+        p.write_text(src)
+        uses = private_uses("tests.app._probe_private", p, set(_modules()))
+    finally:
+        p.unlink()
+    assert [u.split(": ")[1] for u in uses] == ["precsim.engines.numba._EL", "precsim.cli._x"]

@@ -831,7 +831,7 @@ def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(f
     already)."""
     from precsim.config import SchemeConfig, to_config
     from precsim.models.hook import Step
-    from precsim.models.scan import Chunks, Group, _scan_torch
+    from precsim.models.scan import Chunks, Group, scan_torch
     from precsim.models.scan_triton import scan_triton
 
     monkeypatch.setattr("precsim.models.scan_triton.DRIFT_EVERY", 8)  # a sample every window
@@ -863,12 +863,12 @@ def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(f
                   *(Group(n, sc) for n, sc in cfg.schemes.items())]
         chunks = Chunks(horizon=T)
         if name == "torch":
-            y = _scan_torch(step, groups, K, cfg, torch.float32, chunks=chunks)
+            y = scan_torch(step, groups, K, cfg, torch.float32, chunks=chunks)
             # the dead document's rows only: the group's other document runs on, as without
             # the NaN (a task's other items in the same pass are not lost with it)
             clean = {k: v.clone() for k, v in inp.items()}
             clean[val][5:, 2 * K + 1] = clean[val][5:, 2 * K]
-            y0 = _scan_torch(Step(layer=0, family=family, inp=clean, const=const, state=None,
+            y0 = scan_torch(Step(layer=0, family=family, inp=clean, const=const, state=None,
                                   recurrent=False),
                              [Group("reference", SchemeConfig(kind="shared", fmt="fp64"),
                                     reference=True),

@@ -116,14 +116,14 @@ def test_the_host_estimate_is_within_a_factor_of_two_of_the_peak(tmp_path):
     """Honest, not just safe: the estimate against the measured peak RSS of a run whose arrays
     outweigh the process (a long metrics window with the KL's logits: 1.74 GiB measured against
     2.3 GiB estimated on the 2-core VM, 2026-12-03)."""
-    from precsim.cli import _compose_config, register_configs
+    from precsim.cli import compose_config, register_configs
     from precsim.preflight import estimate
 
     args = ["experiment=split_nvfp4", "model.heads=1", "model.head_dim=4", "model.state_dim=16",
             "run.steps=16384", "metrics.window=8192", "run.engine=torch", "metrics.plot=false",
             "run.progress=false"]
     register_configs()
-    e = estimate(_compose_config(args), "cpu", "torch")
+    e = estimate(compose_config(args), "cpu", "torch")
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     r = subprocess.run([sys.executable, "-m", "precsim", *args, f"hydra.run.dir={tmp_path / 'r'}"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)

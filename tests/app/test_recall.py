@@ -108,7 +108,7 @@ def test_study_commands_compose_to_the_schemes_it_names(tmp_path):
     spec = importlib.util.spec_from_file_location("recall_study", SCRIPT.parent / "study.py")
     st = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(st)
-    from precsim.cli import _compose_config, register_configs
+    from precsim.cli import compose_config, register_configs
 
     register_configs()
 
@@ -119,7 +119,7 @@ def test_study_commands_compose_to_the_schemes_it_names(tmp_path):
     args = st.argparse.Namespace(lengths=[64, 128], items=3, key_len=4, depth=0.5, seed=0,
                                  batch_tokens=4096, device="cpu", sr_seeds=1, buffer_len=16)
     cmd = st.command(ck, "mqar", args, tmp_path / "run", sch)
-    cfg = _compose_config(cmd[cmd.index("-m") + 2:])
+    cfg = compose_config(cmd[cmd.index("-m") + 2:])
     assert list(cfg.schemes) == ["fp32", *sch] and len(sch) == 16
     assert cfg.schemes["conv_int8row_sr"].fmt == "int8_b32"
     assert cfg.schemes["conv_int8row_sr"].rounding == "sr"

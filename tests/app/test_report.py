@@ -235,7 +235,7 @@ def test_pareto_plot_with_many_configurations(tmp_path):
     fig, ax = plt.subplots()
     ax.set_yscale("log")
     ax.scatter([c.bytes_per_step for c in cands], [c.value for c in cands])
-    report._clip_low(ax, [c.value for c in cands], [(c.label, c.value, "k") for c in cands])
+    report.clip_low(ax, [c.value for c in cands], [(c.label, c.value, "k") for c in cands])
     lo, hi = ax.get_ylim()
     assert lo > 1e-5 and hi >= 0.12
     assert any("conventional(fp32): 2.5e-07" in t.get_text() for t in ax.texts)
@@ -363,7 +363,7 @@ def test_report_groups_what_is_comparable(mixed, capsys):
     assert tags and set(tags) <= {"buffer_len=8", "buffer_len=16", "other_shape",
                                   "whole_model"}, tags
     groups = report.comparable_groups(report.collect(mixed))
-    tags = report._short_tags(next(g for g in groups if "1 head x" in g.title).jobs)
+    tags = report.short_tags(next(g for g in groups if "1 head x" in g.title).jobs)
     assert sorted(tags.values()) == ["buffer_len=16", "buffer_len=8"]
 
 

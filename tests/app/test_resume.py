@@ -118,11 +118,11 @@ def reference(tmp_path_factory) -> Path:
     """The uninterrupted run of SMALL (torch engine), through the Python API (the same files:
     test_submitit_local_job_preempted_resumes compares a command's result with one too)."""
     from precsim import simulate
-    from precsim.cli import _compose_config, register_configs
+    from precsim.cli import compose_config, register_configs
 
     out = tmp_path_factory.mktemp("ref") / "run"
     register_configs()
-    simulate(_compose_config([*SMALL, "run.engine=torch"]), out, progress=False)
+    simulate(compose_config([*SMALL, "run.engine=torch"]), out, progress=False)
     return out
 
 
@@ -259,11 +259,11 @@ def test_submitit_local_job_preempted_resumes(tmp_path):
     boundary with a checkpoint, is requeued by submitit and resumes from it."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from precsim import simulate
-    from precsim.cli import _compose_config, register_configs
+    from precsim.cli import compose_config, register_configs
 
     register_configs()
     over = [*SMALL, "run.engine=torch", "run.steps=4096"]
-    simulate(_compose_config(over), tmp_path / "ref", progress=False)
+    simulate(compose_config(over), tmp_path / "ref", progress=False)
     sweep = tmp_path / "sweep"
     args = ["-m", *over, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
             "run.checkpoint_s=0.2", f"hydra.sweep.dir={sweep}"]
@@ -314,11 +314,11 @@ def test_watchdog_ends_a_process_whose_interrupt_was_lost(capsys):
     ck.watchdog(signal.SIGINT, after=0.05, end=got.append).join(5)
     assert got == [130]
     assert capsys.readouterr().err.startswith("precsim: SIGINT: stopped (the process had not ")
-    ck._STOP["said"] = True
+    ck.mark_said()
     try:
         ck.watchdog(signal.SIGTERM, after=0.05, end=got.append).join(5)
     finally:
-        ck._STOP["said"] = False
+        ck.mark_said(False)
     assert got == [130, 143] and capsys.readouterr().err == ""
 
 

@@ -337,7 +337,7 @@ def test_callback_spreads_joblib_jobs_over_gpus(tmp_path, monkeypatch):
     from hydra.types import RunMode
 
     chosen = []
-    monkeypatch.setattr(callbacks, "_gpu_count", lambda: 3)
+    monkeypatch.setattr(callbacks, "gpu_count", lambda: 3)
     monkeypatch.setattr(callbacks, "_gpu_lock_dir", lambda: tmp_path / "locks")
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     from precsim.models.placement import HELD_GPU
@@ -420,22 +420,22 @@ def test_covering_jobs_keep_every_override_and_group_combination():
     still every distinct override and every combination of config-group choices."""
     import itertools
 
-    from precsim.cli import _covering_jobs
+    from precsim.cli import covering_jobs
 
     grid = [list(j) for j in itertools.product(
         ["schemes.c.fmt=fp32", "schemes.c.fmt=fp16", "schemes.c.fmt=bf16", "schemes.c.fmt=x"],
         ["schemes.c.rounding=rne", "schemes.c.rounding=sr"],
         ["model=mamba2", "model=gdn"], ["run.seed=0", "run.seed=1", "run.seed=2"])]
-    picked = _covering_jobs(grid)
+    picked = covering_jobs(grid)
     assert len(picked) < len(grid) / 4
     assert {o for j in picked for o in j} == {o for j in grid for o in j}
     assert {j[2] for j in picked} == {"model=mamba2", "model=gdn"}
     assert all(j in grid for j in picked)
-    assert _covering_jobs([]) == []
+    assert covering_jobs([]) == []
 
 
 def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
-    """cli._reuse_compositions makes a job that differs from an earlier one only in scalar
+    """cli.reuse_compositions makes a job that differs from an earlier one only in scalar
     values from a copy of that job's config: every job of a grid (values of several types, a
     group switch, an added key) equals Hydra's full composition of it, Hydra's fields included
     (the task overrides, the run directory's name), and a bad value still fails."""
@@ -478,7 +478,7 @@ def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
                                            RunMode.MULTIRUN)
         ConfigLoaderImpl.load_sweep_config = full  # a fresh patch: nothing made before
         try:
-            cli._reuse_compositions()
+            cli.reuse_compositions()
             assert ConfigLoaderImpl.load_sweep_config is not full
             made = [loader.load_sweep_config(master, job) for job in grid]
             with pytest.raises((ConfigCompositionException, OmegaConfBaseException)):
@@ -490,11 +490,11 @@ def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
             assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(ref), job
             assert OmegaConf.is_struct(cfg) and not OmegaConf.is_readonly(cfg.hydra)
     GlobalHydra.instance().clear()
-    assert cli._override_shape(["replay.buffer_len=4", "model=gdn", "+a.b=1", "hydra.x=1",
+    assert cli.override_shape(["replay.buffer_len=4", "model=gdn", "+a.b=1", "hydra.x=1",
                                 "m.l=[1,2]"]) == [("=", "replay.buffer_len"), "model=gdn",
                                                   "+a.b=1", "hydra.x=1", "m.l=[1,2]"]
-    assert cli._override_shape(["run.seed=1", "++run.seed=5"]) is None
-    assert cli._override_shape(["a.b.c=1", "a.b={c:2}"]) is None
+    assert cli.override_shape(["run.seed=1", "++run.seed=5"]) is None
+    assert cli.override_shape(["a.b.c=1", "a.b={c:2}"]) is None
 
 
 def test_bad_group_option_in_a_later_job_fails_before_any_job_runs(tmp_path):
@@ -512,17 +512,17 @@ def test_scheme_sweeps_take_runtime_kernel_codes(monkeypatch):
     compile for every job); a sweep over anything else keeps per-configuration kernels."""
     from types import SimpleNamespace
 
-    from precsim.cli import _sweeps_schemes
+    from precsim.cli import sweeps_schemes
 
     hc = SimpleNamespace(sweeper={"params": {"schemes.candidate.fmt": "fp32,fp16"}})
-    assert _sweeps_schemes(hc)
+    assert sweeps_schemes(hc)
     hc = SimpleNamespace(sweeper={"params": {"replay.buffer_len": "4,8"}})
     monkeypatch.setattr("sys.argv", ["precsim", "-m", "run.seed=0,1", "schemes=single"])
-    assert not _sweeps_schemes(hc)
+    assert not sweeps_schemes(hc)
     monkeypatch.setattr("sys.argv", ["precsim", "-m", "schemes=single,replay_pair"])
-    assert _sweeps_schemes(hc)
+    assert sweeps_schemes(hc)
     monkeypatch.setattr("sys.argv", ["precsim", "-m", "schemes.a.rounding=rne,sr"])
-    assert _sweeps_schemes(SimpleNamespace(sweeper={}))
+    assert sweeps_schemes(SimpleNamespace(sweeper={}))
 
 
 def test_sweep_blocks_name_every_block_size_the_jobs_need(monkeypatch):
@@ -530,16 +530,16 @@ def test_sweep_blocks_name_every_block_size_the_jobs_need(monkeypatch):
     block size its jobs will use: the formats among the swept values and the job's own."""
     from types import SimpleNamespace
 
-    from precsim.cli import _sweep_blocks
+    from precsim.cli import sweep_blocks
     from precsim.config import to_config
 
     c = to_config({"schemes": {"a": {"kind": "split", "fmt": "fp16", "read_fmt": "nvfp4"}}})
     hc = SimpleNamespace(sweeper={"params": {"schemes.a.read_fmt": "nvfp4,mxfp4,fp8_e4m3"}})
     monkeypatch.setattr("sys.argv", ["precsim", "-m", "schemes.a.fmt=fp16,int8_b128"])
-    assert _sweep_blocks(hc, c) == {16, 32, 128}
+    assert sweep_blocks(hc, c) == {16, 32, 128}
     monkeypatch.setattr("sys.argv", ["precsim", "-m"])
     c = to_config({"schemes": {"a": {"kind": "conventional", "fmt": "bf16"}}})
-    assert _sweep_blocks(SimpleNamespace(sweeper={}), c) == set()
+    assert sweep_blocks(SimpleNamespace(sweeper={}), c) == set()
 
 
 def test_runtime_codes_last_one_sweep_and_end_with_it(tmp_path, capsys):

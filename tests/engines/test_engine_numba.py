@@ -454,6 +454,6 @@ def test_compile_helper_fills_the_cache_the_engine_reads(tmp_path):
     _python("from precsim.engines.numba import compile_tasks; compile_tasks()", tmp_path,
             pickle.dumps([(None, None, row_stats_signature())]))
     check = ("from precsim.engines import numba as nb, numba_host as h; "
-             "print(h._cached(nb._row_stats, nb.row_stats_signature()))")
+             "print(h._cached(nb.row_stats, nb.row_stats_signature()))")
     assert _python(check, tmp_path).stdout.strip() == b"True"
     assert _python(check, tmp_path / "empty").stdout.strip() == b"False"

@@ -448,7 +448,7 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
     import precsim.kernels.mamba2 as m2_k
     from precsim.kernels import gdn as gdn_k
 
-    from precsim.engines.triton import _launch
+    from precsim.engines.triton import launch_span
 
     monkeypatch.setattr(m2_k, "TRUTH_ROWS", rows)
     rng = np.random.default_rng(5)
@@ -488,7 +488,7 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
     y64 = torch.full((n, S * H, P), np.nan, dtype=torch.float64, device=dev)
     ph = torch.zeros(n, dtype=torch.int32, device=dev)
     k1 = torch.zeros((1, n), dtype=torch.int32, device=dev)
-    _launch(family, tin, S64, z, z.clone(), y64, z.new_empty((1, n, S * H, P)), k1, ph, 0, [],
+    launch_span(family, tin, S64, z, z.clone(), y64, z.new_empty((1, n, S * H, P)), k1, ph, 0, [],
             [], True, 0, n, n, H, 16, 16, 4, None, lpt=True, buf=0, sfloor=0, scope=0,
             u_master=False, kernels=(m2_k, gdn_k), order=lambda *a_: 0)
     np.testing.assert_allclose(y64.cpu().numpy(), want_y, rtol=1e-12, atol=1e-12)
@@ -508,18 +508,18 @@ def _add_one_for_the_launcher_test(x_ptr, n, BLOCK: tl.constexpr):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_launcher_built_ahead_is_not_built_again_at_the_first_launch(tmp_path, monkeypatch):
-    """engines.triton._build_launcher (what _compile_together's threads do after each compile):
+    """engines.triton.build_launcher (what _compile_together's threads do after each compile):
     with an empty Triton cache, the kernel's first launch afterwards adds nothing to the cache
     (Triton 3.6 built a C launcher per kernel signature there, 0.2-0.5 s each, after the
     side-by-side compiles) and still runs."""
     from triton import knobs
 
-    from precsim.engines.triton import _build_launcher
+    from precsim.engines.triton import build_launcher
 
     monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))
     x = torch.zeros(100, device="cuda")
     kernel = _add_one_for_the_launcher_test.warmup(x, 100, BLOCK=128, grid=(1,))
-    _build_launcher(kernel)
+    build_launcher(kernel)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     _add_one_for_the_launcher_test[(1,)](x, 100, BLOCK=128)
     torch.cuda.synchronize()

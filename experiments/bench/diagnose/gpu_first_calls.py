@@ -11,12 +11,12 @@ import json
 import sys
 import time
 
-from precsim.cli import _compose_config, _join_warm_up, _warm_up, register_configs
+from precsim.cli import _join_warm_up, _warm_up, compose_config, register_configs
 
 over = ["experiment=seed_table", "model=nemotron3_super", "run.device=cuda", "run.progress=false"]
 _warm_up(over)
 register_configs()
-c = _compose_config(over)
+c = compose_config(over)
 _join_warm_up()
 
 import torch

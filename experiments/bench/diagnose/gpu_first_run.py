@@ -27,12 +27,12 @@ CMD = [sys.executable, "-m", "precsim", "experiment=seed_table", "model=nemotron
 CHILD = """
 import cProfile, gc, io, json, pstats, sys, time
 t_proc = time.perf_counter()
-from precsim.cli import _compose_config, _join_warm_up, _warm_up, register_configs
+from precsim.cli import compose_config, _join_warm_up, _warm_up, register_configs
 from precsim.engines import triton
 over = json.loads(sys.argv[1])
 _warm_up(over)
 register_configs()
-c = _compose_config(over)
+c = compose_config(over)
 t_w = time.perf_counter()
 _join_warm_up()
 ready = time.perf_counter()

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     from precsim.config import to_config
     from precsim.engines.base import segment_phase
-    from precsim.engines.triton import _launch, ef_code, scheme_block, scheme_code
+    from precsim.engines.triton import ef_code, launch_span, scheme_block, scheme_code
 
     dev = torch.device("cpu" if a.smoke else "cuda")
     n = a.steps
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                 y = torch.empty((n, S * H, P), dtype=torch.float64, device=dev)
 
                 t = timed(functools.partial(
-                    _truth_launch, _launch, S0, fam, inp, S64, z, y, k1, ph, n, H, nw, kw))
+                    _truth_launch, launch_span, S0, fam, inp, S64, z, y, k1, ph, n, H, nw, kw))
                 if ref_y is None:
                     ref_y = y.clone()
                 err = float(((y - ref_y).abs().max() / ref_y.abs().max()).item())
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
                     ph16 = torch.from_numpy(segment_phase(ends, n, True)).to(dev)
 
                     t = timed(functools.partial(
-                        _launch, fam, inp, S0, st, st.clone(), y64, y32, k1, ph16, 0, [0],
+                        launch_span, fam, inp, S0, st, st.clone(), y64, y32, k1, ph16, 0, [0],
                         [scheme_code(sc)], False, 0, n, n, H, scheme_block(sc) or 16, 16, nw,
                         None, ef=ef, efs=ef_code(sc), **kw2))
                     rows.append({"family": fam, "seqs": S, "what": name, "warps": nw,
