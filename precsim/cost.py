@@ -83,7 +83,7 @@ def scheme_costs(cfg: Config, schemes: dict | None = None, layers: list[int] | N
     L = r.buffer_len
     if r.drafts:
         if mean_segment is None:
-            from .engines.base import segment_ends
+            from .schedule import segment_ends
 
             mean_segment = cfg.run.steps / len(segment_ends(cfg))
         L = float(mean_segment)

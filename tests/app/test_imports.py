@@ -1,4 +1,5 @@
-"""The package's import graph: no circles (lazy imports inside functions included); the kernels
+"""The package's import graph: no circles; every import points down the layers that
+docs/design.md ("Layers") writes down, lazy imports inside functions included; the kernels
 import nothing of the core; and no module uses another module's ``_private`` name."""
 
 from __future__ import annotations
@@ -10,6 +11,27 @@ ROOT = Path(__file__).resolve().parents[2]
 # installed names of the repository folders (pyproject's package-dir)
 DIRS = {"precsim": "precsim", "formats": "precsim.formats", "kernels": "precsim.kernels",
         "conf": "precsim.conf"}
+# docs/design.md's layers, lowest first: a module imports only from its own layer or lower ones
+# (a module belongs to the layer of the longest prefix that names it; "precsim" is the
+# package's __init__ alone)
+LAYERS = [
+    ("errors", ("precsim.errors", "precsim.conf")),
+    ("formats", ("precsim.formats",)),
+    ("kernels", ("precsim.kernels",)),
+    ("config", ("precsim.config",)),
+    ("model", ("precsim.families", "precsim.schemes", "precsim.schedule", "precsim.workload",
+               "precsim.oracle", "precsim.cost", "precsim.metrics", "precsim.plots",
+               "precsim.tasks", "precsim.serving")),
+    ("run directory", ("precsim.result", "precsim.checkpoint")),
+    ("engines", ("precsim.engines",)),
+    ("models, reports", ("precsim.models", "precsim.floor", "precsim.taskstats",
+                         "precsim.report", "precsim.preflight")),
+    ("api", ("precsim.api", "precsim.layers")),
+    ("command line", ("precsim.cli", "precsim.callbacks", "precsim.record",
+                      "precsim.lm_eval_adapter", "precsim.__main__", "precsim")),
+]
+
+
 def _modules() -> dict[str, Path]:
     mods = {}
     for folder, pkg in DIRS.items():
@@ -57,6 +79,17 @@ def _graph():
     return {n: _imports(n, p, set(mods)) for n, p in mods.items()}
 
 
+def layer_of(module: str) -> int:
+    best, layer = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            hit = module == p if p == "precsim" else (module == p or module.startswith(p + "."))
+            if hit and len(p) > best:
+                best, layer = len(p), i
+    assert layer is not None, f"{module} is in no layer: add it to LAYERS and docs/design.md"
+    return layer
+
+
 def test_no_import_circle():
     graph = _graph()
     # a package's __init__ importing its own submodules is not a circle through the package
@@ -79,6 +112,13 @@ def test_no_import_circle():
     for n in graph:
         if not state.get(n):
             visit(n)
+
+
+def test_imports_point_down_the_layers():
+    bad = [f"{n} ({LAYERS[layer_of(n)][0]}) imports {m} ({LAYERS[layer_of(m)][0]})"
+           for n, deps in sorted(_graph().items()) for m in sorted(deps)
+           if layer_of(m) > layer_of(n)]
+    assert not bad, "imports from a higher layer:\n" + "\n".join(bad)
 
 
 def test_kernels_import_no_core():
@@ -141,6 +181,7 @@ def test_the_graph_is_read():
     assert "precsim.kernels.quant" in graph["precsim.kernels.mamba2"]
     assert "precsim.formats" in graph["precsim.schemes"]
     assert "precsim" not in graph["precsim.schemes"]
+    assert layer_of("precsim.engines.numba_host") > layer_of("precsim.result")
     src = "from precsim.engines import numba as ne\nimport precsim.cli as c\nne._EL\nc._x = 1\n"
     p = ROOT / "tests" / "app" / "_probe_private.py"
     try:
