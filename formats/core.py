@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from precsim.errors import PrecsimError
+
 from ._ops import TORCH, ops_for
 from .rng import SR_SOURCES, random_uint_numpy
 
@@ -26,7 +28,7 @@ TENSOR_SCOPES = ("matrix", "tensor", "none")
 SCALE_MODES = ("reciprocal", "divide")
 
 
-class FormatError(ValueError):
+class FormatError(PrecsimError):
     """Bad format name, rounding mode or option. The message names the key, value and choices."""
 
 

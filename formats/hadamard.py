@@ -17,13 +17,15 @@ import math
 
 import numpy as np
 
+from precsim.errors import PrecsimError
+
 from .rng import random_bits_numpy
 
 ROTATE_SEED = 0x0DDBA11  # the default signs: one fixed rotation per row length
 ROTATE_STREAM = 0x52_4F_54  # "ROT"
 
 
-class RotateError(ValueError):
+class RotateError(PrecsimError):
     """Bad rotation input (a last axis that is not a power of two)."""
 
 

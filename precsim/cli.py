@@ -52,8 +52,9 @@ def keep_freed_memory() -> None:
 
 
 def _fail(msg: str) -> None:
-    print(f"precsim: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    from precsim.errors import print_error
+
+    sys.exit(print_error("precsim", msg))
 
 
 # -- registration ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 
-from .errors import PrecsimError
+from .errors import PrecsimError, print_error
 
 MISSING = "lm_eval is not installed; allowed: pip install 'precsim[eval]'"
 
@@ -212,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     """``precsim-lm-eval``: lm-eval's command line with the ``precsim`` model registered; a
     precsim error (a bad model_args value, a checkpoint it cannot run) is one line, exit 2."""
     if LM is None:
-        print(f"precsim: error: {MISSING}", file=sys.stderr)
-        return 2
+        return print_error("precsim", MISSING)
     from lm_eval.__main__ import cli_evaluate
 
     if argv is not None:
@@ -221,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli_evaluate()
     except PrecsimError as e:
-        print(f"precsim: error: {e}", file=sys.stderr)
-        return 2
+        return print_error("precsim", e)
     return 0
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import PrecsimError
+from .errors import PrecsimError, print_error
 
 
 def record_model(model_path, out, *, tokens: int | None = None, text_file=None, ids_file=None,
@@ -143,8 +143,7 @@ def main(argv=None) -> int:
                             device=a.device, chunk=a.chunk, progress=sys.stderr.isatty(),
                             device_map=a.device_map)
     except PrecsimError as e:
-        print(f"precsim.record: error: {e}", file=sys.stderr)
-        return 2
+        return print_error("precsim.record", e)
     except (Interrupted, KeyboardInterrupt) as e:
         import signal
 

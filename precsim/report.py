@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import result as res
+from .errors import PrecsimError, print_error
 
 METRICS = ("kl", "rel_err", "state_drift")
 CSV_FILE = "sweep_summary.csv"
@@ -29,7 +30,7 @@ _COST_COLS = ("bytes_per_step", "fraction_of_fp32", "roofline_speedup",
               "state_transfers_per_step", "bytes_per_token")  # (per token: whole-model runs)
 
 
-class ReportError(Exception):
+class ReportError(PrecsimError):
     """Bad input to the report (missing directory, no results, bad horizon)."""
 
 
@@ -1097,8 +1098,8 @@ def aggregate(root: Path, plots: bool = True, budget: tuple[str, float] | None =
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not usage + message
-        self.exit(2, f"{self.prog}: error: {message}\n")
+    def error(self, message: str) -> None:  # one line, not usage + message (errors.print_error)
+        self.exit(print_error(self.prog, message))
 
 
 REPORT_HELP = """\
@@ -1136,16 +1137,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.horizon is not None and a.horizon < 1:
         p.error(f"--horizon={a.horizon} must be a positive number of tokens")
     try:
-        from .errors import PrecsimError
         from .preflight import readable_dir, writable_dir
 
-        try:  # an unreadable DIR, or one it cannot write its summary into: one line, no work
-            if a.dir.is_dir():  # (a missing one: collect's own line)
-                readable_dir("DIR", a.dir)
-                writable_dir("DIR", a.dir, "a directory of runs that precsim-report can write "
-                             "sweep_summary.csv and its plots into")
-        except PrecsimError as e:
-            raise ReportError(str(e)) from None
+        # an unreadable DIR, or one it cannot write its summary into: one line, no work
+        if a.dir.is_dir():  # (a missing one: collect's own line)
+            readable_dir("DIR", a.dir)
+            writable_dir("DIR", a.dir, "a directory of runs that precsim-report can write "
+                         "sweep_summary.csv and its plots into")
         jobs = collect(a.dir)
         if not jobs:
             raise ReportError(f"no run results (summary.json) under {a.dir}")
@@ -1160,7 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ReportError(f"no reported length <= --horizon={a.horizon} in any run")
         agg = aggregate(a.dir, plots=not a.no_plots, jobs=jobs, horizon=a.horizon,
                         budget=(a.metric, a.budget) if a.budget is not None else None)
-    except ReportError as e:
+    except PrecsimError as e:  # ReportError, a preflight's, a format's: one line (errors.py)
         p.error(str(e))
     print(f"{a.dir}: {agg.n_complete}/{len(agg.jobs)} jobs complete; wrote "
           f"{', '.join(x.name for x in [agg.csv_path, *agg.plots])}")

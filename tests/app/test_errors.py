@@ -1,0 +1,74 @@
+"""One error base and one policy (issue 43): every error class of the package derives from
+``precsim.errors.PrecsimError``, and every command line prints one as ``<prog>: error: <message>``
+(one line on stderr, exit status 2) through ``errors.print_error``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from precsim.errors import EXIT_USAGE, PrecsimError, print_error
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _error_classes() -> dict[str, tuple[str, list[str]]]:
+    """Every class of precsim/, formats/ and kernels/ whose name ends in Error or Exception:
+    name -> (file, the names of its bases)."""
+    out = {}
+    for folder in ("precsim", "formats", "kernels"):
+        for p in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Exception")):
+                    bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                             for b in node.bases]
+                    out[node.name] = (str(p.relative_to(ROOT)), bases)
+    return out
+
+
+def test_every_error_class_derives_from_precsim_error():
+    classes = _error_classes()
+    assert {"PrecsimError", "FormatError", "ReportError", "RotateError"} <= set(classes)
+    for name, (where, bases) in classes.items():
+        seen, todo = set(), [name]
+        while todo and "PrecsimError" not in todo:
+            n = todo.pop()
+            seen.add(n)
+            todo += [b for b in classes.get(n, ("", []))[1] if b not in seen]
+        assert name == "PrecsimError" or "PrecsimError" in todo, \
+            f"{where}: {name}({', '.join(bases)}) does not derive from PrecsimError"
+
+
+def test_the_error_classes_are_precsim_and_value_errors():
+    from precsim.formats.hadamard import RotateError
+
+    from precsim import formats as pf
+    from precsim.report import ReportError
+
+    for cls in (pf.FormatError, ReportError, RotateError):
+        assert issubclass(cls, PrecsimError) and issubclass(cls, ValueError)
+    with pytest.raises(PrecsimError, match="format='fp7' is unknown"):
+        pf.get("fp7")
+
+
+def test_print_error_is_the_policy(capsys):
+    from precsim.report import ReportError
+
+    assert print_error("precsim-report", ReportError("no run results under x")) == EXIT_USAGE
+    assert EXIT_USAGE == 2
+    assert capsys.readouterr().err == "precsim-report: error: no run results under x\n"
+
+
+def test_each_command_line_prints_a_precsim_error_as_one_line(tmp_path, capsys):
+    from precsim import record, report
+
+    with pytest.raises(SystemExit) as e:
+        report.main([str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("precsim-report: error: ") and err.count("\n") == 1
+    rc = record.main(["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--tokens", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("precsim.record: error: --tokens=0 is invalid; allowed: an "
+                               "integer >= 1\n")
