@@ -14,11 +14,19 @@ flash-linear-attention's ``GatedDeltaNet`` does (the library the published GDN m
 trained with): softplus^-1 of dt log-uniform in [0.001, 0.1]. transformers' 1.0 gives every head
 a half-life under one token, where the decay's gradient vanishes.
 
-Deterministic from ``--seed``: initialisation, batch offsets and validation windows; on a GPU the
-float sums of cuBLAS and atomics may differ in the last bits from run to run.
+Deterministic from ``--seed`` with a fixed step count (no clock: the schedule is
+``step / steps``): initialisation (made on the CPU), every batch's offsets (a NumPy generator
+seeded from ``--seed`` and the model) and the validation windows. On the CPU (one thread,
+``torch.use_deterministic_algorithms``) two runs with the same seed and steps write bit-identical
+checkpoints (``tests/app/test_trained_train.py``); on a GPU the float sums of cuBLAS and atomics
+may differ in the last bits from run to run.
 
-GPU (one H200, both models, ~4 min):  python experiments/trained/train.py --out OUT
-CPU smoke run (2 cores, ~1-2 min):    python experiments/trained/train.py --cpu --tiny --out OUT
+Held-out text: the validation files minus near-duplicates of training files (``held_out``: a
+file is dropped when >= 20% of its distinct lines of >= 20 characters, stripped, occur in
+training files; e.g. ``encodings/cp737.py`` shares 70% of them with ``cp865.py``).
+
+GPU (one H200, both models):       python experiments/trained/train.py --out OUT
+CPU smoke run (2 cores, ~1 min):   python experiments/trained/train.py --cpu --tiny --out OUT
 Writes OUT/mamba2/ and OUT/gdn/ (config.json, model.safetensors in bf16, train_log.json) and
 OUT/train.png (loss curves; per-head decay half-lives, trained against initialisation).
 """
@@ -42,6 +50,9 @@ import torch.nn.functional as F
 BOS, PAD, VOCAB = 256, 257, 258  # bytes 0-255, a document-start token, padding (never seen)
 VAL_MOD = 20  # a file is validation when sha256(relative path) % VAL_MOD == 0
 SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+# near-duplicate rule of the held-out split: a validation file is dropped when at least DUP_FRAC
+# of its distinct stripped lines of at least DUP_MIN_CHARS characters occur in training files
+DUP_FRAC, DUP_MIN_CHARS = 0.2, 20
 LN2 = math.log(2.0)
 
 # model shapes: head dims are powers of two >= 16 (precsim's GPU kernels); <= 8 MB in bf16
@@ -69,9 +80,14 @@ TRAIN = {"full": dict(ctx=1024, batch=16, steps={"mamba2": 1800, "gdn": 1000}, l
 # corpus
 
 
+def stdlib_root(root: Path | str | None = None) -> Path:
+    """The corpus's root: ``root`` (``--stdlib``) or the running Python's stdlib."""
+    return Path(root or sysconfig.get_paths()["stdlib"])
+
+
 def stdlib_files(root: Path | None = None) -> list[Path]:
     """The stdlib's ``*.py`` files outside test folders and site-packages, sorted by path."""
-    root = Path(root or sysconfig.get_paths()["stdlib"])
+    root = stdlib_root(root)
     return sorted(f for f in root.rglob("*.py")
                   if not SKIP_PARTS & set(f.relative_to(root).parts[:-1]) and f.is_file())
 
@@ -83,7 +99,7 @@ def is_validation(rel: str) -> bool:
 def documents(root: Path | None = None, split: str | None = None):
     """``(relative path, split, token ids)`` of each stdlib file in order (BOS, then its bytes);
     only ``split`` ("train" or "val") when given."""
-    root = Path(root or sysconfig.get_paths()["stdlib"])
+    root = stdlib_root(root)
     for f in stdlib_files(root):
         rel = f.relative_to(root).as_posix()
         s = "val" if is_validation(rel) else "train"
@@ -92,14 +108,45 @@ def documents(root: Path | None = None, split: str | None = None):
             yield rel, s, np.concatenate([[BOS], np.frombuffer(data, np.uint8)]).astype(np.int64)
 
 
+def long_lines(ids: np.ndarray) -> set[bytes]:
+    """A document's distinct stripped lines of at least ``DUP_MIN_CHARS`` bytes (BOS dropped)."""
+    text = ids[1:].astype(np.uint8).tobytes() if ids[0] == BOS else ids.astype(np.uint8).tobytes()
+    return {ln.strip() for ln in text.split(b"\n") if len(ln.strip()) >= DUP_MIN_CHARS}
+
+
+def held_out(root: Path | None = None) -> tuple[list[tuple[str, np.ndarray]], list[dict]]:
+    """The deduplicated held-out split: ``([(relative path, ids)], [per validation file: path,
+    tokens, shared fraction, kept])``. A validation file is dropped as a near-duplicate when at
+    least ``DUP_FRAC`` of its distinct long lines (:func:`long_lines`) occur in training files."""
+    train_lines: set[bytes] = set()
+    val = []
+    for rel, split, ids in documents(root):
+        if split == "train":
+            train_lines |= long_lines(ids)
+        else:
+            val.append((rel, ids))
+    kept, table = [], []
+    for rel, ids in val:
+        ll = long_lines(ids)
+        frac = len(ll & train_lines) / len(ll) if ll else 0.0
+        keep = frac < DUP_FRAC
+        table.append({"file": rel, "tokens": len(ids), "long_lines": len(ll),
+                      "shared_with_train": round(frac, 4), "kept": keep})
+        if keep:
+            kept.append((rel, ids))
+    return kept, table
+
+
 def corpus(root: Path | None = None) -> dict:
     """Train and validation token streams (``np.int64``) and a summary of the corpus."""
-    root = Path(root or sysconfig.get_paths()["stdlib"])
+    root = stdlib_root(root)
     parts: dict[str, list] = {"train": [], "val": []}
     digest = hashlib.sha256()
     for rel, split, ids in documents(root):
         digest.update(rel.encode() + b"\0" + ids[1:].astype(np.uint8).tobytes())
         parts[split].append(ids)
+    kept, table = held_out(root)
+    dropped = [t["file"] for t in table if not t["kept"]]
     if not parts["train"] or not parts["val"]:
         sys.exit(f"train.py: error: the stdlib at {root} has too few *.py files for a split")
     nbytes = {k: sum(len(d) - 1 for d in v) for k, v in parts.items()}
@@ -107,8 +154,14 @@ def corpus(root: Path | None = None) -> dict:
             "files": {k: len(v) for k, v in parts.items()}, "bytes": nbytes,
             "total_bytes": sum(nbytes.values()), "sha256": digest.hexdigest()[:16],
             "split": f"validation when sha256(relative path) % {VAL_MOD} == 0",
+            "held_out": {"rule": f"validation files minus near-duplicates: dropped when >= "
+                                 f"{DUP_FRAC:.0%} of the file's distinct stripped lines of >= "
+                                 f"{DUP_MIN_CHARS} characters occur in training files",
+                         "files": len(kept), "bytes": sum(len(i) - 1 for _, i in kept),
+                         "dropped": dropped},
             "skipped_folders": sorted(SKIP_PARTS)}
-    return {**{k: np.concatenate(v) for k, v in parts.items()}, "info": info}
+    return {**{k: np.concatenate(v) for k, v in parts.items()},
+            "held_out": np.concatenate([i for _, i in kept]), "info": info}
 
 
 def unigram_baseline(train: np.ndarray, val: np.ndarray) -> float:
@@ -315,7 +368,7 @@ def train_one(name: str, args, data: dict, device, out: Path) -> dict:
            else torch.autocast("cpu", enabled=False))
     model = build(name, args.size, args.seed).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    val = val_windows(data["val"], tr["val_windows"], ctx)
+    val = val_windows(data["held_out"], tr["val_windows"], ctx)
     hl_win = val[: tr["hl_windows"]]
     model.eval()
     init_hl = half_lives(model, hl_win, device, amp)
@@ -333,22 +386,16 @@ def train_one(name: str, args, data: dict, device, out: Path) -> dict:
     starts_all = torch.from_numpy(gen.integers(0, len(data["train"]) - ctx - 1,
                                                (steps, batch))).to(device)
     offs = torch.arange(ctx + 1, device=device)
-    budget = args.max_minutes * 60.0
     eval_at = {round(steps * k / tr["evals"]) for k in range(1, tr["evals"])}
     curve, vcurve = [], [{"step": 0, "tokens": 0, "val_loss": init_loss}]
     print(f"[{name}] {type(model).__name__}, {n_params:,} parameters; {steps} steps x {batch} "
           f"x {ctx} tokens; init val loss {init_loss:.4f} nats/token", flush=True)
     t0 = time.perf_counter()
     acc = torch.zeros((), device=device)
-    acc_n, step, stopped = 0, 0, None
-    while step < steps:
-        elapsed = time.perf_counter() - t0
-        progress = max(step / steps, elapsed / budget)
-        if progress >= 1.0:
-            stopped = f"time budget {args.max_minutes} min reached at step {step} of {steps}"
-            break
+    acc_n, step = 0, 0
+    while step < steps:  # a fixed step count: the schedule never reads the clock
         for g in opt.param_groups:
-            g["lr"] = tr["lr"] * lr_at(progress, tr["warmup"])
+            g["lr"] = tr["lr"] * lr_at(step / steps, tr["warmup"])
         x = stream[starts_all[step, :, None] + offs]
         with amp:
             logits = model(x[:, :-1], use_cache=False).logits
@@ -394,12 +441,16 @@ def train_one(name: str, args, data: dict, device, out: Path) -> dict:
         if extra.name not in ("config.json", "model.safetensors"):
             extra.unlink()
     uni = data["unigram"]
+    if device.type == "cpu":
+        log_sha = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
+    else:
+        log_sha = None
     size = (folder / "model.safetensors").stat().st_size
     if size > 8_000_000:
         print(f"[{name}] warning: the checkpoint is {size:,} bytes, over the 8 MB to commit")
     log = {
         "model": name, "class": type(model).__name__, "size": args.size, "seed": args.seed,
-        "parameters": n_params, "checkpoint_bytes": size,
+        "parameters": n_params, "checkpoint_bytes": size, "checkpoint_sha256": log_sha,
         "dtype": "bfloat16", "config": {k: v for k, v in (MAMBA2 if name == "mamba2" else GDN)
                                         [args.size].items()},
         "init": "transformers' own; GDN dt_bias = softplus^-1(dt), dt log-uniform in "
@@ -411,7 +462,8 @@ def train_one(name: str, args, data: dict, device, out: Path) -> dict:
                   "optimizer": "AdamW(betas=(0.9, 0.95), weight_decay=0.1 on matrices), "
                                "linear warmup then cosine to 10%; grad clip 1.0",
                   "autocast": "bf16" if device.type == "cuda" else "none (fp32)",
-                  "stopped": stopped or "step budget done", "max_minutes": args.max_minutes},
+                  "schedule": "step / steps (fixed step count, no clock)",
+                  "deterministic": device.type == "cpu"},
         "wall_s": round(wall, 2), "s_per_step": round(wall / max(1, step), 4),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
         f"cpu ({torch.get_num_threads()} threads)",
@@ -492,9 +544,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="reduced sizes (a smoke run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="override each model's step count")
-    ap.add_argument("--max-minutes", type=float, default=None,
-                    help="training-loop wall-clock limit per model (default 1.9 GPU, 1.5 CPU); "
-                         "past it the cosine schedule is compressed to end there")
+    ap.add_argument("--stdlib", default=None,
+                    help="the corpus's root (default: the running Python's stdlib)")
     ap.add_argument("--models", default="mamba2,gdn", help="comma list of mamba2, gdn")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads (--cpu; more spin against each other on a busy machine)")
@@ -505,14 +556,13 @@ def main(argv=None) -> int:
         ap.error(f"--models={args.models!r}; allowed: a comma list of mamba2, gdn")
     if not args.cpu and not torch.cuda.is_available():
         ap.error("no CUDA device is visible; allowed: --cpu (with --tiny for a smoke run)")
-    if args.max_minutes is None:
-        args.max_minutes = 1.5 if args.cpu else 1.9
     out = Path(args.out)
     if any((out / n / "model.safetensors").exists() for n in names):
         ap.error(f"--out={str(out)!r} already holds a checkpoint; allowed: a new folder")
     out.mkdir(parents=True, exist_ok=True)
     if args.cpu:
         torch.set_num_threads(args.threads)
+        torch.use_deterministic_algorithms(True)
         device = torch.device("cpu")
     else:
         device = torch.device("cuda")
@@ -523,12 +573,14 @@ def main(argv=None) -> int:
 
     args.scan_check = check_ssd_scan(mm)
     mm.mamba2_chunk_scan = ssd_scan  # training and measuring only: the checkpoint is unchanged
-    data = corpus()
-    data["unigram"] = unigram_baseline(data["train"], data["val"])
+    data = corpus(args.stdlib)
+    data["unigram"] = unigram_baseline(data["train"], data["held_out"])
     info = data["info"]
     print(f"corpus: {info['root']} (Python {info['python']}): {info['files']['train']} train / "
           f"{info['files']['val']} validation files, {info['bytes']['train']:,} / "
-          f"{info['bytes']['val']:,} bytes; unigram baseline {data['unigram']:.4f} nats/byte = "
+          f"{info['bytes']['val']:,} bytes; held out (near-duplicates dropped): "
+          f"{info['held_out']['files']} files, {info['held_out']['bytes']:,} bytes; sha256 "
+          f"{info['sha256']}; unigram baseline {data['unigram']:.4f} nats/byte = "
           f"{data['unigram'] / LN2:.3f} bits/byte ({time.perf_counter() - t0:.1f} s)", flush=True)
     logs = [train_one(n, args, data, device, out) for n in names]
     plot(logs, out / "train.png")
