@@ -1,4 +1,7 @@
-"""The studies of issue 25 on the trained checkpoints (``experiments/trained/{mamba2,gdn}``):
+"""The studies of issue 25 on the trained checkpoints (``experiments/trained/{mamba2,gdn}``), as
+first run (2026-12-01). Superseded for the whole-model figures by ``rerun.py`` (issue 42:
+deduplicated held-out documents, float32 and bf16 weights, 3 SR seeds, bands, raw results);
+kept for the layer-level runs (recordings and their replays) and the head statistics:
 
 * ``study_trained_kl``: study 8 again, shared NVFP4-SR vs split KL per token, whole model, over
   8 held-out documents x 32,768 tokens and 4 training documents x 131,072 (the longest the corpus

@@ -68,7 +68,7 @@ def test_held_out_drops_near_duplicates_of_training_files():
         assert not by["encodings/cp737.py"]["kept"]
     # the rule measured directly on one kept and one dropped file
     train_lines = set()
-    for _, split, ids in R.documents(split="train"):
+    for _, _s, ids in R.documents(split="train"):
         train_lines |= R.long_lines(ids)
     docs = {r: i for r, _, i in R.documents(split="val")}
     for row in (next(r for r in table if r["kept"] and r["long_lines"]),
