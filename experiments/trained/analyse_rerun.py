@@ -62,6 +62,7 @@ def raw(work: Path) -> None:
         kind, model, weights = name.split("_")
         dset = docs.get(kind, "heldout16k")
         dest = ENG_DIR if kind == "engines2k" else KL_DIR
+        W = int(arr["window|tokens"]) if "window|tokens" in arr else 256
         for key, kl in arr.items():
             what, group = key.split("|")
             if what != "kl":
@@ -69,7 +70,6 @@ def raw(work: Path) -> None:
             top1 = arr[f"top1|{group}"]
             scheme, _, seed = group.partition("~seed")
             K, nw = kl.shape
-            W = 256
             for d in range(K):
                 for w in range(nw):
                     row = [name, model, weights, dset, group, scheme, int(seed or 0), d,
@@ -191,7 +191,8 @@ def kl_tables(rows: list[dict], hl: dict, bpb: dict) -> tuple[str, list[dict]]:
     # ratio vs length
     out.append("### The ratio as a function of length (float32 weights, 8 held-out documents "
                "× 16,384 tokens): over the first L tokens, and in the window (L/2, L]\n")
-    Ls = [256, 512, 1024, 2048, 4096, 8192, 16384]
+    longest = max(r["window_end"] for r in rows if r["run"] == "pair16k_mamba2_float32")
+    Ls = [L for L in (256, 512, 1024, 2048, 4096, 8192, 16384) if L <= longest] or [longest]
     out.append("| model | " + " | ".join(f"{L:,}" for L in Ls) + " |")
     out.append("|---|" + "---|" * len(Ls))
     for m in ("mamba2", "gdn"):
@@ -199,7 +200,7 @@ def kl_tables(rows: list[dict], hl: dict, bpb: dict) -> tuple[str, list[dict]]:
         cum, win = [], []
         for L in Ls:
             c = stat(doc_matrix(rows, run, SHARED, L), doc_matrix(rows, run, SPLIT, L))
-            s0 = 0 if L == 256 else L // 2
+            s0 = 0 if L == Ls[0] else L // 2
             w = stat(doc_matrix(rows, run, SHARED, L, s0), doc_matrix(rows, run, SPLIT, L, s0))
             cum.append(c)
             win.append(w)

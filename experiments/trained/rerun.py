@@ -232,6 +232,8 @@ class Capture:
         R.merge_seeds = wrapped
 
     def windows(self) -> dict[str, np.ndarray]:
+        """``kl|GROUP`` / ``top1|GROUP``: ``(documents, windows)`` means over windows of
+        ``KEEP_W`` tokens (the run's length if shorter), and ``window|tokens``: that width."""
         out = {}
         for g, t in (self.last or {}).items():
             for k, a in t.items():
@@ -239,6 +241,7 @@ class Capture:
                 W = min(KEEP_W, N)
                 out[f"{k}|{g}"] = a[:, : N // W * W].reshape(K, N // W, W).mean(-1).astype(
                     np.float32)
+                out["window|tokens"] = np.array(W)
         return out
 
 
