@@ -188,6 +188,20 @@ def test_gpu_full_report_notes_rederive_from_results_csv(tmp_path):
     assert "float32" in notes and "SR seeds: [3]" in notes and "training seeds [0, 1, 2]" in notes
 
 
+def test_one_training_seed_decides_alone(tmp_path):
+    """With one training seed run, its own McNemar test decides the break (the rule's "2 seeds"
+    cannot hold): conv_nvfp4_sr, 0.3 below FP32 at 4,096 (McNemar p 0.001), breaks there."""
+    G = gpu_full()
+    runs = tmp_path / "study_y" / "runs"
+    _fake_run(runs, G, "mamba2", 0, {"fp32": {1024: 1.0, 4096: 0.95},
+                                     "conv_nvfp4_sr": {1024: 0.95, 4096: 0.65}})
+    G.report(tmp_path / "study_y")
+    block = G.headline(G.read_results(tmp_path / "study_y" / "results.csv"))
+    row = {ln.split("|")[4].strip(): ln for ln in block[2:]}
+    assert "| 4,096 |" in row["conv_nvfp4_sr"] and "(1 seeds)" in row["conv_nvfp4_sr"]
+    assert "| none |" in row["fp32"]
+
+
 def test_committed_full_studies_notes_rederive():
     """Every committed study_full*/: NOTES.md's headline table re-derives from its results.csv."""
     G = gpu_full()
