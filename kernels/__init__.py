@@ -18,9 +18,12 @@ import os
 def why_unavailable(device: str = "cuda") -> str:
     """Empty string when the Triton kernels can run on ``device``, else the reason."""
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
         return "triton is not installed"
+    if not hasattr(triton, "constexpr_function"):  # kernels.quant unrolls the format table
+        return (f"triton {getattr(triton, '__version__', '?')} lacks triton.constexpr_function, "
+                "which the kernels use (a newer triton has it: torch 2.11's 3.6 does)")
     if os.environ.get("TRITON_INTERPRET") == "1":
         return ""
     if device != "cuda":
