@@ -591,10 +591,16 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
     )
 
     floor = (summary.get("info") or {}).get("floor")
+    # every-layer replays of a recording: the model's own cast of each layer's output
+    of = (summary.get("info") or {}).get("output_floor") if metric == "rel_err" else None
     lines = [f"budget: {metric} <= {budget:g} at step {steps:,} "
              f"({_meaning(summary, metric, budget)}; metrics.budget_metric, metrics.budget)"]
     if floor:
         lines += floor_lines(floor, metric, budget)
+    if of:
+        from .floor import output_floor_line
+
+        lines.append(output_floor_line(of))
     w = max([len(r[2]) for r in rows] + [6])
     figs = summary.get("figures", {})
     ci = bool(floor) and metric in ("kl", "top1")
@@ -606,7 +612,8 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
         base = (floor.get("baseline_name") == name and floor.get("baseline") == "fp32"
                 ) if floor else False
         tail = ("the baseline" if base else "within the floor's noise"
-                if within_noise(v, floor, metric) else "")
+                if within_noise(v, floor, metric) else
+                f"below floor ({_g(of['rel_err'])})" if of and v <= of["rel_err"] else "")
         status = margin_text(v, budget) + (f" ({tail})" if tail else "")
         lines.append(f"  {name:<{w}}  {b:>11,.0f}  {_g(v):>9}  {band}{status}")
     fits = [r for r in rows if r[1] <= budget]

@@ -298,3 +298,49 @@ def test_generation_after_a_triton_prompt_equals_the_torch_run(tmp_path, monkeyp
         v = want.per_step_rel_err[f"{name}:kl"]
         np.testing.assert_allclose(got.per_step_rel_err[f"{name}:kl"], v, rtol=1e-3,
                                    atol=max(1e-3 * np.abs(v).max(), 1e-12))
+
+
+def test_every_layer_replay_reads_schemes_against_the_models_own_output_cast(tmp_path, capsys):
+    """Replaying every layer of a recording of an fp16 model: the verdict names the floor (one
+    rounding of each layer's output to float16, rel_err 2.07e-4, the model's own cast), and a
+    scheme reads "below floor" exactly when its worst layer's rel_err is at or below it (the FP32
+    state is; the NVFP4 schemes, 8e-4 to 1.3e-3 on this tiny model over 64 steps, are not; a bf16
+    model's floor, 1.66e-3, would cover them too); summary.json carries it. The floor itself
+    against torch's own bf16 cast of the same kind of values."""
+    import transformers as tf
+    from conftest import run_main
+
+    from precsim.floor import output_rounding
+    from precsim.record import main as record_main
+
+    x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = float((x.to(torch.bfloat16).double() - x).norm() / x.norm())
+    assert output_rounding("bfloat16") == pytest.approx(want, rel=0.05)
+    assert output_rounding("float16") < output_rounding("bfloat16") / 7
+    assert output_rounding("float64") is None
+    torch.manual_seed(0)
+    tf.Mamba2ForCausalLM(tf.Mamba2Config(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
+        state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(tmp_path / "m")
+    np.save(tmp_path / "ids.npy", np.random.default_rng(1).integers(0, 96, 64))
+    rec, run = tmp_path / "rec", tmp_path / "run"
+    assert record_main(["--model", str(tmp_path / "m"), "--ids-file", str(tmp_path / "ids.npy"),
+                        "--layers", "0,1", "--out", str(rec)]) == 0
+    meta = json.loads((rec / "record.json").read_text())
+    assert meta["model_dtype"] == "float32"
+    meta["model_dtype"] = "float16"  # (as an fp16 checkpoint's recording says)
+    (rec / "record.json").write_text(json.dumps(meta))
+    rc, out, err = run_main(["workload=trace", f"workload.path={rec}", "run.steps=64",
+                             "metrics.window=32", "run.engine=torch", "run.progress=false",
+                             f"hydra.run.dir={run}"], capsys)
+    assert rc == 0, err
+    of = json.loads((run / "summary.json").read_text())["info"]["output_floor"]
+    assert of == {"model_dtype": "float16", "rel_err": output_rounding("float16")}
+    assert "floor: the model rounds each SSM layer's output to float16" in out
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ")
+            and ln.split()[0] in ("conventional_fp32", "shared_nvfp4_sr", "split_fp32_nvfp4")}
+    for ln in rows.values():
+        below = float(ln.split()[2]) <= of["rel_err"]
+        assert ("below floor (0.000207)" in ln) == below, ln
+    assert "below floor" in rows["conventional_fp32"] and "below floor" not in rows[
+        "shared_nvfp4_sr"] + rows["split_fp32_nvfp4"], out
