@@ -42,6 +42,24 @@ def output_rounding(model_dtype: str) -> float | None:
     return float(np.linalg.norm(q - x) / np.linalg.norm(x))
 
 
+def output_floor_of(path) -> dict:
+    """``{"output_floor": {model_dtype, rel_err}}`` for a replay of the recording at ``path``
+    (the record directory, or one of its ``layer_XX`` folders) whose model ran in bf16, fp16
+    or fp32 (``record.json``'s ``model_dtype``), else ``{}``."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    for root in (p, p.parent):
+        try:
+            dt = json.loads((root / "record.json").read_text()).get("model_dtype")
+        except (OSError, ValueError, AttributeError):
+            continue
+        x = output_rounding(dt) if isinstance(dt, str) else None
+        return {} if x is None else {"output_floor": {"model_dtype": dt, "rel_err": x}}
+    return {}
+
+
 def output_floor_line(of: dict) -> str:
     """The every-layer replay's floor line (``info.output_floor``)."""
     return (f"floor: the model rounds each SSM layer's output to {of['model_dtype']} itself "

@@ -17,22 +17,6 @@ from pathlib import Path
 KEYS = ("rel_err", "kl", "top1", "state_drift", "read_drift")
 
 
-def _output_floor(root: Path) -> dict:
-    """``{"output_floor": {model_dtype, rel_err}}`` of a recording whose model ran in bf16,
-    fp16 or fp32 (``record.json``'s ``model_dtype``: the model rounds each layer's output to
-    it, :func:`precsim.floor.output_rounding`), else ``{}``."""
-    import json
-
-    from .floor import output_rounding
-
-    try:
-        dt = json.loads((root / "record.json").read_text()).get("model_dtype")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    x = output_rounding(dt) if isinstance(dt, str) else None
-    return {} if x is None else {"output_floor": {"model_dtype": dt, "rel_err": x}}
-
-
 def is_record_dir(cfg) -> bool:
     """Whether ``cfg`` replays a whole record directory (no ``workload.layer``)."""
     return (cfg.workload.kind == "trace" and cfg.workload.layer is None
@@ -109,6 +93,7 @@ def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     from . import result as res
     from .api import run
     from .errors import PrecsimError
+    from .floor import output_floor_of
     from .result import reusable, write_outputs
     from .workload import recorded_layers
 
@@ -146,7 +131,7 @@ def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
                "figures": worst, "layers": sorted(per_layer),
                "info": {"workload": "trace (every recorded layer)",
                         "layer_dirs": [f"layer_{la:02d}" for la in sorted(per_layer)],
-                        **_output_floor(Path(cfg.workload.path))}}
+                        **output_floor_of(cfg.workload.path)}}
     summary["schemes"] = {n: {**first["schemes"][n], "dead_at": min(
         (p["schemes"][n]["dead_at"] for p in per_layer.values()
          if p["schemes"][n].get("dead_at") is not None), default=None)}

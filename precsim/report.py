@@ -592,7 +592,14 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
 
     floor = (summary.get("info") or {}).get("floor")
     # every-layer replays of a recording: the model's own cast of each layer's output
-    of = (summary.get("info") or {}).get("output_floor") if metric == "rel_err" else None
+    of = None
+    if metric == "rel_err":
+        of = (summary.get("info") or {}).get("output_floor")
+        wl = (summary.get("config") or {}).get("workload") or {}
+        if of is None and wl.get("kind") == "trace" and wl.get("path"):  # one recorded layer
+            from .floor import output_floor_of
+
+            of = output_floor_of(wl["path"]).get("output_floor")
     lines = [f"budget: {metric} <= {budget:g} at step {steps:,} "
              f"({_meaning(summary, metric, budget)}; metrics.budget_metric, metrics.budget)"]
     if floor:

@@ -305,8 +305,9 @@ def test_every_layer_replay_reads_schemes_against_the_models_own_output_cast(tmp
     rounding of each layer's output to float16, rel_err 2.07e-4, the model's own cast), and a
     scheme reads "below floor" exactly when its worst layer's rel_err is at or below it (the FP32
     state is; the NVFP4 schemes, 8e-4 to 1.3e-3 on this tiny model over 64 steps, are not; a bf16
-    model's floor, 1.66e-3, would cover them too); summary.json carries it. The floor itself
-    against torch's own bf16 cast of the same kind of values."""
+    model's floor, 1.66e-3, would cover them too); summary.json carries it; a one-layer replay's
+    verdict names it too. The floor itself against torch's own bf16 cast of the same kind of
+    values."""
     import transformers as tf
     from conftest import run_main
 
@@ -344,3 +345,9 @@ def test_every_layer_replay_reads_schemes_against_the_models_own_output_cast(tmp
         assert ("below floor (0.000207)" in ln) == below, ln
     assert "below floor" in rows["conventional_fp32"] and "below floor" not in rows[
         "shared_nvfp4_sr"] + rows["split_fp32_nvfp4"], out
+    # one recorded layer replayed: the same floor in its verdict
+    rc, out, err = run_main(["workload=trace", f"workload.path={rec}", "workload.layer=1",
+                             "run.steps=64", "metrics.window=32", "run.engine=torch",
+                             "run.progress=false", f"hydra.run.dir={tmp_path / 'one'}"], capsys)
+    assert rc == 0, err
+    assert "floor: the model rounds each SSM layer's output to float16" in out, out
