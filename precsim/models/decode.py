@@ -27,10 +27,11 @@ def forward_token(model, token, cache, pos: int):
     whose first layer is an SSM layer reports no length: attention would see position 0)."""
     import inspect
 
-    from .load import cache_io, input_device
+    from .load import cache_io, first_cache, input_device
 
     ids = torch.as_tensor(token, device=input_device(model)).reshape(-1, 1)
     kw, attr = cache_io(model)
+    cache = first_cache(model) if cache is None else cache
     extra = {kw: cache} if cache is not None else {}
     if "position_ids" in inspect.signature(model.forward).parameters:
         extra["position_ids"] = torch.full_like(ids, pos)

@@ -370,6 +370,26 @@ def base_and_head(model):
     return base, lambda h: lm(h.to(lm.weight.dtype)) * scale
 
 
+def first_cache(model):
+    """The cache to pass a model's first forward pass that keeps one: None (the model makes its
+    own) unless every layer is linear attention (an all-GDN Qwen3.5): transformers' cache of such
+    a model cannot say its length (``get_seq_length`` raises), which its forward asks for the
+    causal mask of attention layers it does not have. Then a cache of its own whose length
+    reads 0 (and the mask a query's own length): harmless, since precsim always passes the
+    positions and no layer attends."""
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    types = getattr(cfg, "layer_types", None)
+    if not types or any(t != "linear_attention" for t in types):
+        return None
+    import transformers as tf
+
+    cache = tf.DynamicCache(config=cfg)
+    cache.get_seq_length = lambda *a, **k: 0
+    cache.get_mask_sizes = lambda query_length, *a, **k: (query_length, 0)
+    return cache
+
+
 def cache_io(model) -> tuple[str, str]:
     """The keyword a model's forward takes its cache by, and its output's attribute holding it
     (``cache`` in recent transformers releases, ``cache_params`` or ``past_key_values`` before)."""

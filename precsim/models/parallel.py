@@ -69,7 +69,7 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     import inspect
 
     from ..checkpoint import Checkpoint
-    from .load import cache_io, devices_of, input_device
+    from .load import cache_io, devices_of, first_cache, input_device
 
     phases = {} if phases is None else phases
     ck = ckpt or Checkpoint(cfg, None)
@@ -119,6 +119,8 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             batch = torch.as_tensor(ids[:, pos:c1], device=dev).repeat(len(groups), 1)
             keep = C < N or tail is not None
             extra = {"use_cache": keep}
+            if keep and cache is None:
+                cache = first_cache(base)  # (None: the model makes its own)
             if keep and cache is not None:
                 extra[kw] = cache
             if keep and pos_kw:

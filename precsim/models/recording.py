@@ -12,6 +12,7 @@ is written last. A recording that stops before it (an error, an interrupt) is re
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import torch
 
 from ..errors import PrecsimError
 from .hook import Hook
-from .load import cache_io, devices_of, input_device, ssm_layers
+from .load import cache_io, devices_of, first_cache, input_device, ssm_layers
 
 DTYPES = ("fp32", "bf16")
 
@@ -154,7 +155,7 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
     dev = input_device(model)
     base = model.base_model
     kw, attr = cache_io(base)
-    cache = None
+    cache = first_cache(base)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -164,10 +165,17 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
     from precsim.kernels import available
 
     backend = "triton" if dev.type == "cuda" and available("cuda") else "torch"
+    # the positions passed explicitly (as the whole-model runs do): without them a model whose
+    # cache holds only linear-attention layers (an all-GDN Qwen3.5) asks the cache for its
+    # length, which transformers refuses for such a cache
+    pos_kw = "position_ids" in inspect.signature(base.forward).parameters
     with torch.no_grad(), Hook(model, _Recorder(writers, backend)):
         for c0 in range(0, n, chunk):
             x = torch.as_tensor(ids[None, c0:c0 + chunk], device=dev)
-            o = base(input_ids=x, use_cache=True, **({kw: cache} if cache is not None else {}))
+            extra = {kw: cache} if cache is not None else {}
+            if pos_kw:
+                extra["position_ids"] = torch.arange(c0, c0 + x.shape[1], device=dev)[None]
+            o = base(input_ids=x, use_cache=True, **extra)
             cache = getattr(o, attr)
             if bar is not None:
                 bar.update(x.shape[1])
