@@ -370,23 +370,34 @@ def base_and_head(model):
     return base, lambda h: lm(h.to(lm.weight.dtype)) * scale
 
 
+def _no_length(*args, **kwargs) -> int:  # (module-level: a checkpoint pickles the cache)
+    return 0
+
+
+def _own_mask(query_length: int, *args, **kwargs) -> tuple[int, int]:
+    return query_length, 0
+
+
 def first_cache(model):
     """The cache to pass a model's first forward pass that keeps one: None (the model makes its
-    own) unless every layer is linear attention (an all-GDN Qwen3.5): transformers' cache of such
-    a model cannot say its length (``get_seq_length`` raises), which its forward asks for the
-    causal mask of attention layers it does not have. Then a cache of its own whose length
-    reads 0 (and the mask a query's own length): harmless, since precsim always passes the
-    positions and no layer attends."""
+    own) unless its forward would ask transformers' cache for a length the cache cannot give:
+    a Qwen3.5/Qwen3-Next-style model whose every layer is linear attention (an all-GDN
+    Qwen3.5; its forward builds the causal mask of attention layers it does not have, and such
+    a cache's ``get_seq_length`` raises). Then that cache with its length reading 0 and its mask
+    a query's own length: harmless, since precsim always passes the positions and no layer
+    attends. (Mamba-2's config also lists every layer as linear attention, but its forward never
+    asks: it keeps its own cache.)"""
     cfg = getattr(model, "config", None)
     cfg = getattr(cfg, "text_config", None) or cfg
     types = getattr(cfg, "layer_types", None)
-    if not types or any(t != "linear_attention" for t in types):
+    if (not types or any(t != "linear_attention" for t in types)
+            or not str(getattr(cfg, "model_type", "")).startswith("qwen3")):
         return None
     import transformers as tf
 
     cache = tf.DynamicCache(config=cfg)
-    cache.get_seq_length = lambda *a, **k: 0
-    cache.get_mask_sizes = lambda query_length, *a, **k: (query_length, 0)
+    cache.get_seq_length = _no_length
+    cache.get_mask_sizes = _own_mask
     return cache
 
 

@@ -49,3 +49,22 @@ def test_a_chunked_whole_model_run_equals_one_pass(gdn_only):
     assert got[8].keys() == got[0].keys()
     for k, v in got[0].items():
         assert got[8][k] == pytest.approx(v, rel=1e-3, abs=1e-9), k
+
+
+def test_the_cache_pickles_for_checkpoints_and_is_only_for_models_that_need_it(gdn_only):
+    """A chunked run saves the model's cache in its checkpoints (torch.save): precsim's cache
+    pickles; Mamba-2 (whose config also lists every layer as linear attention) keeps its own."""
+    import io
+
+    import torch
+    import transformers as tf
+
+    from precsim.models.load import first_cache
+
+    c = first_cache(tf.AutoModelForCausalLM.from_pretrained(gdn_only / "m"))
+    buf = io.BytesIO()
+    torch.save(c, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert back.get_seq_length() == 0 and back.get_mask_sizes(5, 0) == (5, 0)
+    assert first_cache(build("Mamba2ForCausalLM")) is None
