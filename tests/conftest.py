@@ -159,3 +159,23 @@ def _nothing_left_in_the_repository():
         pytest.fail(f"the test left {', '.join(new)} in the repository ({REPO}); write under "
                     "tmp_path: hydra.run.dir=, hydra.sweep.dir=, run.out_dir= or cwd=tmp_path",
                     pytrace=False)
+
+
+def record_tiny_mamba2(tmp_path):
+    """A tiny random Mamba-2 (seed 0; 2 layers, 4 heads x 16, 2 groups) recorded over 64 token
+    ids (both layers) by ``precsim.record``: the record directory ``tmp_path/rec``."""
+    import numpy as np
+    import torch
+    import transformers as tf
+
+    from precsim.record import main as record_main
+
+    torch.manual_seed(0)
+    tf.Mamba2ForCausalLM(tf.Mamba2Config(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
+        state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(tmp_path / "m")
+    np.save(tmp_path / "ids.npy", np.random.default_rng(1).integers(0, 96, 64))
+    rec = tmp_path / "rec"
+    assert record_main(["--model", str(tmp_path / "m"), "--ids-file", str(tmp_path / "ids.npy"),
+                        "--layers", "0,1", "--out", str(rec)]) == 0
+    return rec

@@ -308,25 +308,17 @@ def test_every_layer_replay_reads_schemes_against_the_models_own_output_cast(tmp
     model's floor, 1.66e-3, would cover them too); summary.json carries it; a one-layer replay's
     verdict names it too. The floor itself against torch's own bf16 cast of the same kind of
     values."""
-    import transformers as tf
-    from conftest import run_main
+    pytest.importorskip("transformers")
+    from conftest import record_tiny_mamba2, run_main
 
     from precsim.floor import output_rounding
-    from precsim.record import main as record_main
 
     x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     want = float((x.to(torch.bfloat16).double() - x).norm() / x.norm())
     assert output_rounding("bfloat16") == pytest.approx(want, rel=0.05)
     assert output_rounding("float16") < output_rounding("bfloat16") / 7
     assert output_rounding("float64") is None
-    torch.manual_seed(0)
-    tf.Mamba2ForCausalLM(tf.Mamba2Config(
-        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
-        state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(tmp_path / "m")
-    np.save(tmp_path / "ids.npy", np.random.default_rng(1).integers(0, 96, 64))
-    rec, run = tmp_path / "rec", tmp_path / "run"
-    assert record_main(["--model", str(tmp_path / "m"), "--ids-file", str(tmp_path / "ids.npy"),
-                        "--layers", "0,1", "--out", str(rec)]) == 0
+    rec, run = record_tiny_mamba2(tmp_path), tmp_path / "run"
     meta = json.loads((rec / "record.json").read_text())
     assert meta["model_dtype"] == "float32"
     meta["model_dtype"] = "float16"  # (as an fp16 checkpoint's recording says)

@@ -248,26 +248,16 @@ def test_a_run_over_every_recorded_layer_is_one_complete_job(tmp_path, capsys):
     run prints reads it as one complete job whose figures are the worst layer's, as the
     layers' own summaries say; a truncated layer makes it broken, and the sweep callback then
     sets that layer's summary and the run's aside (the rerun redoes them)."""
-    tf = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     import shlex
 
-    import numpy as np
-    import torch
-    from conftest import run_main
+    from conftest import record_tiny_mamba2, run_main
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
     from precsim import callbacks
-    from precsim.record import main as record_main
 
-    torch.manual_seed(0)
-    tf.Mamba2ForCausalLM(tf.Mamba2Config(
-        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
-        state_size=16, n_groups=2, conv_kernel=4, chunk_size=8)).save_pretrained(tmp_path / "m")
-    np.save(tmp_path / "ids.npy", np.random.default_rng(1).integers(0, 96, 64))
-    rec, run = tmp_path / "rec", tmp_path / "run"
-    assert record_main(["--model", str(tmp_path / "m"), "--ids-file", str(tmp_path / "ids.npy"),
-                        "--layers", "0,1", "--out", str(rec)]) == 0
+    rec, run = record_tiny_mamba2(tmp_path), tmp_path / "run"
     rc, out, err = run_main(["workload=trace", f"workload.path={rec}", "run.steps=64",
                              "metrics.window=32", "run.engine=torch", "run.progress=false",
                              f"hydra.run.dir={run}"], capsys)
