@@ -57,7 +57,7 @@ def chunk_len(cfg, N: int, backend: str) -> int:
 
 def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
                  bar=None, head_chunk: int = 1024, phases: dict | None = None,
-                 ckpt=None, tail: dict | None = None) -> dict:
+                 ckpt=None, tail: dict | None = None, at: np.ndarray | None = None) -> dict:
     """Per-token metrics ``{scheme: {"kl"|"top1"|"rel": (K, N)}}`` of every scheme group against
     the reference group (``groups[0]``) over the documents ``ids (K, N)``, in forward passes of
     :func:`chunk_len` positions (the model's cache and every layer's group states carried from
@@ -65,7 +65,9 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     ``ckpt`` (:mod:`precsim.checkpoint`) saves between chunks and resumes from its save.
     ``tail`` (a dict; generation): the model's cache is kept throughout, and ``tail`` gets what
     a continuation needs: ``cache``, ``h`` (every row's last hidden state), ``chunks`` and
-    ``handler`` (every layer's group states)."""
+    ``handler`` (every layer's group states). ``at`` (bool, ``(K, N)``; task scoring): the
+    output head and the metrics only at those positions (NaN elsewhere): the same values there,
+    without the head's cost at every position."""
     import inspect
 
     from ..checkpoint import Checkpoint
@@ -90,7 +92,8 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     nxt_all[:, :-1] = ids[:, 1:]
     bases = {0} | {g.vs for g in groups}  # the groups others are measured against
     cache, pos = None, 0
-    phases["forward_s"] = phases["head_s"] = 0.0
+    for k in ("forward_s", "head_s"):  # (added to: a task's forward passes share one dict)
+        phases.setdefault(k, 0.0)
     saved = ck.resume(device=dev if len(devs) == 1 else "saved")  # (each layer's own device)
     if saved is not None:
         pos, cache, out = saved["pos"], saved["cache"], saved["out"]
@@ -134,7 +137,10 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             sync()
             chunks.settle()  # the layers' drift samples and non-finite checks
             t1 = time.perf_counter()
-            for a0 in range(0, c1 - pos, head_chunk):
+            if at is not None:
+                head_at(h, head, groups, K, bases, at[:, pos:c1], nxt_all[:, pos:c1], out, pos,
+                        head_chunk * K)
+            for a0 in range(0, c1 - pos, head_chunk) if at is None else ():
                 a1 = min(c1 - pos, a0 + head_chunk)
                 nxt = torch.as_tensor(nxt_all[:, pos + a0:pos + a1], device=h.device)
                 kept = {}
@@ -153,6 +159,26 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
             ck.window(pos, state)
     phases["forward_s"], phases["head_s"] = (round(phases[k], 3) for k in ("forward_s", "head_s"))
     return out
+
+
+def head_at(h, head, groups, K: int, bases: set, at: np.ndarray, nxt: np.ndarray, out: dict,
+            pos: int, most: int) -> None:
+    """:func:`run_parallel`'s output head and metrics at the positions ``at`` (``(K, C)``, bool)
+    of a chunk starting at ``pos`` only, ``most`` positions a head pass."""
+    rr, pp = np.nonzero(at)
+    for s0 in range(0, rr.size, most):
+        r, p = rr[s0:s0 + most], pp[s0:s0 + most]
+        ri = torch.as_tensor(r, device=h.device)
+        pi = torch.as_tensor(p, device=h.device)
+        nx = torch.as_tensor(nxt[r, p], device=h.device)[None]
+        kept = {}
+        for gi, g in enumerate(groups):
+            ls = head(h[gi * K + ri, pi][None]).double()  # (1, positions, vocabulary)
+            mets = own_metrics(ls, nx) if gi == 0 else token_metrics(kept[g.vs], ls, nx)
+            if gi in bases:
+                kept[gi] = ls
+            for k, v in mets.items():
+                out[g.name][k][r, pos + p] = v[0]
 
 
 def floor_group(g, groups) -> bool:

@@ -85,11 +85,13 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
         # the output head's logits: ~4 float64 copies of (K, positions, V) per group at once
         head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
         groups = groups_fn()
-        tok = run_parallel(ld.model, ids, groups, cfg, ld.compute, ld.backend,
-                           head_chunk=head, phases=phases)
         st, nn = rows.start[idx], rows.n[idx]
         rr = np.repeat(np.arange(K), nn)
         pos = np.repeat(st - 1, nn) + (np.arange(nn.sum()) - np.repeat(np.cumsum(nn) - nn, nn))
+        at = np.zeros((K, N), dtype=bool)  # the head only where a token is scored
+        at[rr, pos] = True
+        tok = run_parallel(ld.model, ids, groups, cfg, ld.compute, ld.backend,
+                           head_chunk=head, phases=phases, at=at)
         nxt = ids[rr, pos + 1]
         for g in groups:
             t = tok[g.name]
@@ -228,10 +230,12 @@ def load(cfg, device: str = "cpu", also: dict | None = None):
     return ld, load_tokenizer(cfg.model.path)
 
 
-def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task rows"):
+def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task rows",
+          phases: dict | None = None):
     """Every group of ``cfg``'s run (:func:`precsim.models.run.build_groups` of its schemes)
     on ``items``: the groups, each group's :func:`correctness` by name, and the model's
-    seconds. A run out of device memory is a one-line PrecsimError."""
+    seconds (the forward passes' and the output head's go to ``phases``). A run out of device
+    memory is a one-line PrecsimError."""
     from ..engines.base import progress_bar
     from .run import build_groups
 
@@ -242,7 +246,7 @@ def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task r
     if bar is not None:
         bar.reset(total=len(rows.ids))
         bar.set_description(desc)
-    phases: dict = {}
+    phases = {} if phases is None else phases
     t1 = time.perf_counter()
     try:
         sc = score_rows(ld, cfg, rows, lambda: build_groups(cfg, mdtype), cfg.task.batch_tokens,
@@ -266,10 +270,11 @@ def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None)
         ld, tok = load(cfg, device)
     vocab = int(ld.model.get_output_embeddings().weight.shape[0])
     items, source = load_task(cfg, tok, vocab)
-    groups, per, run_s = score(cfg, ld, items, progress)
-    return summarize(cfg, items, groups, per, source, ld, {"model_s": round(run_s, 3),
-                                                           "wall_s": round(time.perf_counter()
-                                                                           - t0, 3)})
+    phases: dict = {}
+    groups, per, run_s = score(cfg, ld, items, progress, phases=phases)
+    return summarize(cfg, items, groups, per, source, ld,
+                     {"model_s": round(run_s, 3), **phases,
+                      "wall_s": round(time.perf_counter() - t0, 3)})
 
 
 def load_tokenizer(path):

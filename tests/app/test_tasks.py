@@ -331,3 +331,30 @@ def test_item_rows_choose_by_summed_and_normalised_likelihood():
     assert c["acc"].tolist() == [0, 0, 1] and c["acc:pred"].tolist() == [0, 1, 0]
     assert c["acc_token"].tolist() == [1, 0, 1]  # -3/3 > -2/1
     assert c["acc_byte"][0] == 1 and math.isnan(c["acc_byte"][1])
+
+
+def test_head_only_at_scored_positions_equals_the_full_head(ckpt):
+    """Task scoring runs the output head only where a token is scored (run_parallel's ``at``):
+    there every group's metrics equal the full head's bit for bit, elsewhere they are NaN."""
+    from precsim.models.parallel import run_parallel
+    from precsim.models.run import build_groups
+    from precsim.models.task import load
+
+    cfg = _cfg(ckpt / "bare", {"name": "mqar"}, sr_seeds=2)
+    ld, _ = load(cfg, "cpu")
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 96, (3, 40))
+    at = np.zeros(ids.shape, dtype=bool)
+    at[0, [5, 39]] = at[1, 20] = at[2, [0, 1, 2, 30]] = True
+    dt = next(ld.model.parameters()).dtype
+    full = run_parallel(ld.model, ids, build_groups(cfg, dt), cfg, ld.compute, ld.backend)
+    part = run_parallel(ld.model, ids, build_groups(cfg, dt), cfg, ld.compute, ld.backend,
+                        at=at)
+    assert set(part) == set(full) and len(full) >= 5
+    for g in full:
+        for k in ("lp", "arg", "kl", "top1", "margin"):
+            if k not in full[g]:
+                continue
+            a, b = full[g][k], part[g][k]
+            np.testing.assert_array_equal(b[at], a[at], err_msg=f"{g} {k}")
+            assert np.isnan(b[~at]).all(), (g, k)
