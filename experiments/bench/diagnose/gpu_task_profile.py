@@ -1,0 +1,88 @@
+"""Diagnosis (in-process under torch.profiler, labelled so; not a user's process): where a
+``task_eval`` run of the recall study spends its time on one GPU. The study's own job for one
+checkpoint (``experiments/recall/gpu_full.py``'s command: every scheme, three SR seeds),
+fewer items and one length; a first run warms (Triton compile), the second is timed, the third
+runs under the profiler.
+
+    python experiments/bench/diagnose/gpu_task_profile.py --out DIR
+        [--ckpt experiments/recall/checkpoints/full_mamba2_seed0] [--length 8192] [--items 16]
+
+Writes ``task_profile.json`` (wall, phases, device busy time, launches) and
+``task_profile_ops.txt`` (top operators by device time and by CPU time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+
+def job_argv(ckpt: Path, length: int, items: int, device: str, work: Path) -> list[str]:
+    """The recall study's overrides for ``ckpt`` at one length (gpu_full.py's job command)."""
+    sys.path.insert(0, str(REPO / "experiments" / "recall"))
+    import gpu_full as GF
+
+    a = argparse.Namespace(tiny=False, sr_seeds=3, batch_tokens=1 << 21, chunk=4096,
+                           device=device, items=items, work=work)
+    fam = "gdn" if "gdn" in ckpt.name else "mamba2"
+    jobs = GF.study_jobs(a, {(fam, 0): ckpt.resolve()})
+    cmd = jobs[0]["cmd"]
+    argv = [c for c in cmd[3:] if not c.startswith(("task.lengths=", "run.out_dir=",
+                                                     "run.progress="))]
+    return argv + [f"task.lengths=[{length}]", "run.progress=false"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="/tmp/task_profile")
+    ap.add_argument("--ckpt", type=Path,
+                    default=REPO / "experiments/recall/checkpoints/full_mamba2_seed0")
+    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--items", type=int, default=16)
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from precsim.cli import main as cli_main
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    argv = job_argv(a.ckpt, a.length, a.items, a.device, out / "work")
+    print("argv:", " ".join(argv), flush=True)
+    walls = []
+    for i in range(2):
+        t = time.perf_counter()
+        rc = cli_main(argv + [f"run.out_dir={out / 'work' / f'run{i}'}"])
+        walls.append(round(time.perf_counter() - t, 2))
+        print(f"run {i}: rc={rc} {walls[-1]} s", flush=True)
+    summ = json.loads((out / "work" / "run1" / "summary.json").read_text())
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+    t = time.perf_counter()
+    with profile(activities=acts) as prof:
+        cli_main(argv + [f"run.out_dir={out / 'work' / 'run2'}"])
+    prof_wall = time.perf_counter() - t
+    ev = prof.key_averages()
+    kern = [e for e in ev if e.device_type.name == "CUDA"]
+    info = {"argv": argv, "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+            "walls_s": walls, "timing_s": summ.get("timing_s"), "profiled_wall_s":
+            round(prof_wall, 2), "kernels": sum(e.count for e in kern),
+            "device_busy_s": round(sum(e.self_device_time_total for e in kern) / 1e6, 3)}
+    print(json.dumps(info, indent=1))
+    gt = ev.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60)
+    ct = ev.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
+    print(gt)
+    print(ct)
+    (out / "task_profile.json").write_text(json.dumps(info, indent=1) + "\n")
+    (out / "task_profile_ops.txt").write_text(gt + "\n\n" + ct + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
