@@ -593,23 +593,36 @@ def plot(dst: Path, rows: list[dict]) -> None:
     plt.close(fig)
 
 
+ITEM_KEY = 6  # model, family, train_seed, weights, task, length: one run's rows at a length
+
+
 def items_raw(dst: Path) -> int:
-    """items.csv.gz: one row per run, item and group (SR seeds as NAME~seedK): correct 0/1."""
+    """items.csv.gz: one row per run, item and group (SR seeds as NAME~seedK): correct 0/1.
+    The runs unpacked now (their ``items.csv``) and, for every other run and length, the rows
+    already in ``items.csv.gz`` (an earlier unpack deleted those runs' ``items.csv``)."""
     n = 0
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["model", "family", "train_seed", "weights", "task", "length", "item", "group",
                 "correct"])
+    new_rows = []
     for itf in sorted((dst / "runs").glob("*/items.csv")):
         meta = json.loads((itf.parent / "study_meta.json").read_text())
         with itf.open() as f:
             for r in csv.DictReader(f):
                 for k, v in r.items():
                     if k.endswith(":correct"):
-                        w.writerow([meta["model"], meta["family"], meta["train_seed"],
-                                    meta["weights"], meta["task"], r["length"], r["item"],
-                                    k[:-len(":correct")], v])
-                        n += 1
+                        new_rows.append([str(x) for x in (
+                            meta["model"], meta["family"], meta["train_seed"], meta["weights"],
+                            meta["task"], r["length"], r["item"], k[:-len(":correct")], v)])
+    fresh = {tuple(r[:ITEM_KEY]) for r in new_rows}
+    old = []
+    if (dst / "items.csv.gz").is_file():
+        with gzip.open(dst / "items.csv.gz", "rt") as f:
+            old = [r for r in list(csv.reader(f))[1:] if tuple(r[:ITEM_KEY]) not in fresh]
+    for r in old + new_rows:
+        w.writerow(r)
+        n += 1
     with gzip.open(dst / "items.csv.gz", "wt") as f:
         f.write(buf.getvalue())
     return n
@@ -629,7 +642,12 @@ def report(dst: Path) -> None:
     plot(dst, rows)
     mans = json.loads((dst / "manifests.json").read_text()) if (
         dst / "manifests.json").is_file() else []
-    (dst / "NOTES.md").write_text(notes(dst, rows, mans, n))
+    kept = ""  # what follows HAND in NOTES.md is written by hand: kept as it is
+    if (dst / "NOTES.md").is_file():
+        txt = (dst / "NOTES.md").read_text()
+        if HAND in txt:
+            kept = txt[txt.index(HAND):]
+    (dst / "NOTES.md").write_text(notes(dst, rows, mans, n) + ("\n" + kept if kept else ""))
     # the bulky per-run files go: summary.json stays (config, timing), items.csv is in the gz
     for itf in (dst / "runs").glob("*/items.csv"):
         itf.unlink()
@@ -638,6 +656,7 @@ def report(dst: Path) -> None:
 
 
 HEAD_BEGIN, HEAD_END = "<!-- headline: begin -->", "<!-- headline: end -->"
+HAND = "<!-- written by hand below: report keeps it -->"
 
 
 def notes(dst: Path, rows: list[dict], mans: list[dict], n_items: int) -> str:
@@ -649,7 +668,9 @@ def notes(dst: Path, rows: list[dict], mans: list[dict], n_items: int) -> str:
     items = sorted({r["items"] for r in rows if r["items"]})
     srs = sorted({r["sr_seeds"] for r in rows if r["sr_seeds"]})
     jobs = [j for m in mans for j in m.get("jobs", [])]
-    not_run = [f"{j['name']} ({j['status']})" for j in jobs if j["status"] != "ok"]
+    ran = {j["name"] for j in jobs if j["status"] == "ok"}  # (a later call ran it)
+    not_run = list(dict.fromkeys(f"{j['name']} ({j['status']})" for j in jobs
+                                 if j["status"] != "ok" and j["name"] not in ran))
     cmds = sorted({" ".join(m.get("argv", [])) for m in mans})
     dev = sorted({m.get("device", "?") for m in mans})
     secs = sum(m.get("seconds", 0) for m in mans)
