@@ -34,6 +34,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import shutil
 import sys
 import tarfile
@@ -176,12 +177,15 @@ def plan(part: str, tiny: bool, device: str, decay_dir: Path) -> list[tuple[str,
 
     chunk = [] if tiny else ["model.chunk=1024"]  # many groups x 48 documents: GPU memory
     for m in MODELS:
+        # 16,384 tokens at once: the GDN model's attention layers hold a pass x everything
+        # before it (ran out of the H200's memory unchunked)
+        c16 = chunk if m == "gdn" else []
         if part == "a":
             for dt in ("float32", "bfloat16"):
                 out.append((f"pair2k_{m}_{dt}", base(m, "heldout2k", n2, k2, dt)
                             + ["schemes=replay_pair"]))
             out.append((f"pair16k_{m}_float32", base(m, "heldout16k", n16, k16, "float32")
-                        + ["schemes=replay_pair"]))
+                        + c16 + ["schemes=replay_pair"]))
         elif part == "b":
             for dt in ("float32", "bfloat16"):
                 out.append((f"engines2k_{m}_{dt}", base(m, "heldout2k", n2, k2, dt) + chunk
@@ -192,7 +196,8 @@ def plan(part: str, tiny: bool, device: str, decay_dir: Path) -> list[tuple[str,
             for s in DECAY_SCALES:
                 out.append((f"decay{s:g}_{m}_float32",
                             base(m, "heldout16k", n16, k16, "float32",
-                                 path=str(decay_dir / f"{m}_x{s:g}")) + ["schemes=split_nvfp4"]))
+                                 path=str(decay_dir / f"{m}_x{s:g}")) + c16
+                                + ["schemes=split_nvfp4"]))
     return out
 
 
@@ -264,7 +269,12 @@ def bits_per_byte(path: Path, dtype: str, stream: np.ndarray, device: str, ctx: 
             "tokens": int(win[:, 1:].numel())}
 
 
-def run_all(out: Path, part: str, tiny: bool, device: str) -> None:
+def run_all(out: Path, part: str, tiny: bool, device: str, match: str | None = None,
+            extra: list[str] | None = None) -> None:
+    """``part``'s runs into ``out``; ``match`` (a regular expression): only the runs whose name
+    it finds, and no bits/byte or half-lives (a call that redoes failed runs; ``analyse_rerun.py
+    raw`` reads every ``raw.tar.gz`` under its ``--work``); ``extra``: overrides added to
+    each run's (e.g. a smaller ``model.chunk`` where a run ran out of device memory)."""
     import torch
 
     from precsim.api import simulate
@@ -294,7 +304,7 @@ def run_all(out: Path, part: str, tiny: bool, device: str) -> None:
         for m in MODELS:
             for s in DECAY_SCALES:
                 scaled_checkpoint(m, s, decay_dir / f"{m}_x{s:g}")
-    if part == "a":
+    if part == "a" and match is None:
         # bits/byte: deduplicated held-out split and every validation file, each weights dtype
         st = np.load(IDS / "heldout_stream.npz")["ids"]
         va = np.load(IDS / "val_stream.npz")["ids"]
@@ -331,6 +341,9 @@ def run_all(out: Path, part: str, tiny: bool, device: str) -> None:
     tar = tarfile.open(out / "raw.tar.gz", "w:gz")
     with (out / "runs.jsonl").open("a") as runs:
         for name, ov in plan(part, tiny, device, decay_dir):
+            if match is not None and not re.search(match, name):
+                continue
+            ov = ov + list(extra or [])
             d = work / name
             t = time.perf_counter()
             cap.last = None
@@ -368,13 +381,15 @@ def main(argv=None) -> int:
     ap.add_argument("--part", choices=("a", "b", "c"), default="a")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--match", default=None, help="only the runs whose name matches (regex)")
+    ap.add_argument("--extra", action="append", default=[], help="an override for every run")
     a = ap.parse_args(argv)
     if a.what == "ids":
         build_ids()
     else:
         if a.out is None:
             ap.error("run needs --out")
-        run_all(a.out, a.part, a.tiny, a.device)
+        run_all(a.out, a.part, a.tiny, a.device, a.match, a.extra)
     return 0
 
 
