@@ -35,11 +35,10 @@ from .cli import (
     register_resolvers,
     user_error_types,
 )
+from .rundir import BROKEN_SUFFIX, ERROR_FILE
 
 log = logging.getLogger("precsim")
 
-ERROR_FILE = "error.txt"
-BROKEN_SUFFIX = ".broken"
 
 
 # Unpickling a callback in a launcher's worker process imports this module: the resolvers must

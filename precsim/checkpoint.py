@@ -30,7 +30,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-CHECKPOINT_FILE = "checkpoint.pt"
+from .rundir import CHECKPOINT_FILE
+
 SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR2")  # SIGUSR2: submitit's preemption / time-out
 
 

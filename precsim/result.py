@@ -27,6 +27,21 @@ import numpy as np
 
 from .config import Config
 from .errors import PrecsimError
+from .rundir import (  # noqa: F401 - the file names, here too for the modules that read them
+    CHECKPOINT_FILE,
+    ERROR_FILE,
+    GENERATIONS_FILE,
+    LAYERS_CSV,
+    LOG_FILE,
+    METRICS_FILE,
+    MULTIRUN_FILE,
+    PER_STEP_FILE,
+    PLOT_FILE,
+    SENS_CSV,
+    SENS_PNG,
+    SUMMARY_FILE,
+    SWEEP_CSV_FILE,
+)
 
 
 @dataclass
@@ -103,11 +118,6 @@ def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
 
 
 # -- files ------------------------------------------------------------------------------------
-METRICS_FILE = "metrics.csv"
-SUMMARY_FILE = "summary.json"
-PER_STEP_FILE = "per_step.npz"
-PLOT_FILE = "error_vs_length.png"
-GENERATIONS_FILE = "generations.txt"  # model.mode=generate: the continuations, readable
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -250,8 +260,8 @@ def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]
 INPUT_KEYS = ("workload.path", "model.path", "model.text", "model.ids")
 # what precsim and Hydra write into a run or sweep folder (one may sit inside an input folder,
 # or an all-layers replay write into a recording's layer folders): not part of an input
-_OUTPUT_NAMES = {METRICS_FILE, SUMMARY_FILE, PER_STEP_FILE, "precsim.log", "checkpoint.pt",
-                 "error.txt", "layers.csv", "multirun.yaml", "sweep_summary.csv"}
+_OUTPUT_NAMES = {METRICS_FILE, SUMMARY_FILE, PER_STEP_FILE, LOG_FILE, CHECKPOINT_FILE,
+                 ERROR_FILE, LAYERS_CSV, MULTIRUN_FILE, SWEEP_CSV_FILE}
 
 
 def _input_file(q: Path, root: Path) -> bool:
@@ -426,7 +436,6 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
     return summary
 
 
-SENS_CSV, SENS_PNG = "sensitivity.csv", "sensitivity.png"
 
 
 def write_sensitivity(pl: dict, out: Path, plot: bool) -> None:

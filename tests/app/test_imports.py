@@ -22,7 +22,7 @@ LAYERS = [
     ("model", ("precsim.families", "precsim.schemes", "precsim.schedule", "precsim.workload",
                "precsim.oracle", "precsim.cost", "precsim.metrics", "precsim.plots",
                "precsim.tasks", "precsim.serving")),
-    ("run directory", ("precsim.result", "precsim.checkpoint")),
+    ("run directory", ("precsim.rundir", "precsim.result", "precsim.checkpoint")),
     ("engines", ("precsim.engines",)),
     ("models, reports", ("precsim.models", "precsim.floor", "precsim.taskstats",
                          "precsim.report", "precsim.preflight")),
