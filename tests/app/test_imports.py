@@ -27,7 +27,8 @@ LAYERS = [
     ("models, reports", ("precsim.models", "precsim.floor", "precsim.taskstats",
                          "precsim.report", "precsim.preflight")),
     ("api", ("precsim.api", "precsim.layers")),
-    ("command line", ("precsim.cli", "precsim.callbacks", "precsim.record",
+    ("command line", ("precsim.cli", "precsim.compose", "precsim.hydra_patches",
+                      "precsim.process", "precsim.callbacks", "precsim.record",
                       "precsim.lm_eval_adapter", "precsim.__main__", "precsim")),
 ]
 
