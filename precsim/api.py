@@ -1,4 +1,7 @@
-"""The Python API: ``simulate(cfg)`` runs a study without Hydra and writes its files."""
+"""The Python API: ``simulate(cfg)`` runs a study without Hydra and writes its files;
+:func:`run_into` runs a validated config into a run directory as the command line does (a
+layer, every layer of a recording, a whole model, a task), reusing a complete result and
+resuming a checkpoint; :func:`preflight` checks what a config alone cannot."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ from pathlib import Path
 from . import engines
 from .checkpoint import Checkpoint
 from .config import Config, to_config
-from .result import Result, load_result, reusable, write_outputs
+from .result import Result, format_table, load_result, write_outputs
+from .rundir import RECORD_FILE, job_log, reusable
 
 
 class RunResult(Result):
@@ -100,7 +104,7 @@ def at_layer(cfg: Config) -> Config:
     if not per:
         return cfg
     w = cfg.workload
-    if w.layer is None or not Path(w.path or "", "record.json").is_file():
+    if w.layer is None or not Path(w.path or "", RECORD_FILE).is_file():
         raise PrecsimError(f"schemes.{per[0]}.layers with a single trace; allowed: a "
                            "precsim.record directory as workload.path (every layer, or "
                            "workload.layer=N), or model.path (whole-model mode)")
@@ -108,3 +112,96 @@ def at_layer(cfg: Config) -> Config:
                        f"the recording {w.path}")
     return dataclasses.replace(cfg, schemes={n: scheme_at(s, w.layer)
                                              for n, s in cfg.schemes.items()})
+
+
+def run_layers(cfg: Config, out: Path, say=print, progress: bool = True) -> dict:
+    """Every recorded layer of ``cfg.workload.path`` (:func:`precsim.layers.run_all`), each an
+    ordinary run into ``out/layer_XX/`` (reused when complete); the combined summary."""
+    from .layers import run_all
+
+    def one(c: Config, sub: Path) -> dict:
+        stored = reusable(c, sub)
+        return stored if stored is not None else write_outputs(c, run(c, progress=progress), sub)
+
+    return run_all(cfg, out, one, say)
+
+
+def run_into(cfg: Config, out: Path, say=print, progress: bool = True, task: bool = False,
+             note=None, startup_s: float | None = None) -> tuple[str, dict | None]:
+    """Run a validated config into the run directory ``out`` as the command line does; returns
+    ``(how, summary)``, ``how`` one of ``"task"`` (``task.*`` or ``task``: a task evaluation,
+    which prints its own table; no summary), ``"layers"`` (every layer of a recording),
+    ``"reused"`` (``out`` held this config's complete result) and ``"run"``. ``say`` prints the
+    table and the run's facts, ``note`` (if given) a long run's estimate; ``startup_s`` is
+    recorded among the phases. An interrupt writes the windows done so far (``complete:
+    false``) and its :class:`~precsim.checkpoint.Interrupted` goes on, ``out`` set on it."""
+    from .checkpoint import Interrupted, job_signals
+
+    if cfg.task.path or cfg.task.name or task:
+        from .models.task import run_task_cli  # experiment=task_eval (docs/tasks.md)
+
+        if cfg.per_layer.formats is not None:  # experiment=per_layer over a task's accuracy
+            from .models.per_layer_task import run_cli as run_task_cli
+        run_task_cli(cfg, out, say, progress=progress)
+        return "task", None
+    stored = reusable(cfg, out)
+    if stored is not None:
+        say(f"precsim: {out} already holds a complete result of this config; reused")
+        return "reused", stored
+    ck = Checkpoint(cfg, out)
+    if not cfg.model.path:  # a run that cannot fit: one line before any allocation
+        from .preflight import check_fits, long_run_note  # (whole-model mode sizes its own)
+
+        text = long_run_note(check_fits(cfg))
+        if text and note is not None:
+            note(text)
+    from .layers import is_record_dir
+
+    if is_record_dir(cfg):  # every recorded layer, then the worst layer's verdict
+        return "layers", run_layers(cfg, out, say, progress=progress)
+    ck.load()  # another config's checkpoint: a one-line error before the engine starts
+    try:
+        with ck, job_signals():
+            result = run(cfg, progress=progress, ckpt=ck)
+    except Interrupted as e:  # the windows done so far, marked incomplete
+        e.out = out
+        if e.partial is not None:
+            write_outputs(cfg, e.partial, out, complete=False)
+        job_log(f"interrupted ({e}) at step {e.pos}; checkpoint {e.path}")
+        raise
+    if startup_s is not None:
+        result.info["phases_s"] = {"startup": round(startup_s, 4),
+                                   **result.info.get("phases_s", {})}
+    summary = write_outputs(cfg, result, out)
+    ck.done()
+    say(format_table(summary))
+    say(f"\nengine={result.engine} device={result.device} steps={result.steps} "
+        f"wall={result.wall_s:.2f}s -> {out}")
+    if summary.get("lengths_skipped"):
+        say(f"note: metrics.lengths {summary['lengths_skipped']} not reported: no window of "
+            f"metrics.window={cfg.metrics.window} ends there")
+    return "run", summary
+
+
+def preflight(c) -> None:
+    """Checks that need more than the config, before a run: the device, the engine, the
+    memory it needs (a layer-level run), a trace file (every layer of a recording)."""
+    import copy
+
+    device = engines.resolve_device(c.run.device)
+    engines.resolve_engine(c.run.engine, device)
+    if not c.model.path:
+        from .preflight import check_fits
+
+        check_fits(c)
+    if c.workload.kind == "trace":
+        from .layers import is_record_dir
+        from .workload import make_workload, recorded_layers
+
+        c = copy.deepcopy(c)
+        if is_record_dir(c):  # every layer is replayed: each checked, then the first read
+            from .layers import check_record
+
+            check_record(c)
+            c.workload.layer = min(recorded_layers(Path(c.workload.path)), default=None)
+        make_workload(c)  # reads and checks the file (and run.steps against it)

@@ -27,19 +27,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import (
-    gpu_count,
-    is_user_error,
-    job_log,
-    one_line,
-    register_resolvers,
-    user_error_types,
-)
+from .compose import gpu_count, register_resolvers
+from .errors import is_user_error, one_line, user_error_types
+from .rundir import BROKEN_SUFFIX, ERROR_FILE, job_log
 
 log = logging.getLogger("precsim")
 
-ERROR_FILE = "error.txt"
-BROKEN_SUFFIX = ".broken"
 
 
 # Unpickling a callback in a launcher's worker process imports this module: the resolvers must
@@ -112,7 +105,7 @@ class SweepCallback(Callback):
             if err_file.exists():
                 err_file.unlink()  # an earlier attempt failed; this one did not
             return
-        from .result import atomic_write_text
+        from .rundir import atomic_write_text
 
         exc = job_return._return_value
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -163,7 +156,7 @@ class SweepCallback(Callback):
 
 
 def _setting_error_names() -> set[str]:
-    """The class names of config and input errors (``cli.user_error_types`` and their
+    """The class names of config and input errors (``errors.user_error_types`` and their
     subclasses), as a failed job's ``error.txt`` names its error's class (jobs run by joblib
     or submitit failed in other processes)."""
     out, todo = set(), list(user_error_types())
@@ -206,7 +199,7 @@ def _set_aside_broken(out: Path) -> None:
     """If ``out`` claims completion but its files do not hold up, move the summary aside (and
     that of each broken layer of a run over every recorded layer, so the redo redoes those)."""
     from .report import check_run_dir, layer_dirs
-    from .result import SUMMARY_FILE, interrupted_at
+    from .rundir import SUMMARY_FILE, interrupted_at
 
     for d in layer_dirs(out):
         _set_aside_broken(out / d)

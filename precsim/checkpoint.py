@@ -30,7 +30,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-CHECKPOINT_FILE = "checkpoint.pt"
+from .rundir import CHECKPOINT_FILE
+
 SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR2")  # SIGUSR2: submitit's preemption / time-out
 
 
@@ -166,6 +167,33 @@ def restore_handlers(old: dict) -> None:
             signal.signal(s, h)
 
 
+def job_signals():
+    """The signals that stop a job's engine at its next window boundary (a checkpoint saved) in a
+    launcher's worker process, where :func:`precsim.cli.main` did not install them: SIGINT and
+    SIGTERM (a joblib worker), or submitit's preemption/time-out signal, SIGUSR2, which then
+    goes on to submitit's handler: it requeues the job, and the requeued job resumes from the
+    checkpoint."""
+    import contextlib
+
+    submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    if not submitit and handlers_installed():
+        return contextlib.nullcontext()  # the command line's own process: installed already
+
+    @contextlib.contextmanager
+    def chain():
+        old = install_handlers(("SIGUSR2",) if submitit else ("SIGINT", "SIGTERM"))
+        try:
+            yield
+        except Interrupted as e:
+            if e.signum == signal.SIGUSR2 and callable(old.get(signal.SIGUSR2)):
+                old[signal.SIGUSR2](e.signum, None)  # submitit: requeue, exit
+            raise
+        finally:
+            restore_handlers(old)
+
+    return chain()
+
+
 class Checkpoint:
     """The checkpoint of one run directory (``path`` None: never saved, signals still stop)."""
 
@@ -185,7 +213,7 @@ class Checkpoint:
 
     def _inputs(self) -> dict:
         if self._fp is None:
-            from .result import input_fingerprint
+            from .rundir import input_fingerprint
 
             self._fp = input_fingerprint(self.cfg)
         return self._fp
@@ -195,7 +223,7 @@ class Checkpoint:
         """The stored state of this config, None when there is none; a one-line PrecsimError
         when it holds another config's run. ``run.resume=false`` deletes it instead."""
         from .errors import PrecsimError
-        from .result import config_diff, inputs_changed
+        from .rundir import config_diff, inputs_changed
 
         if self.path is None or not self.path.is_file():
             return None
@@ -269,7 +297,7 @@ class Checkpoint:
     def save(self, state: dict) -> None:
         import torch
 
-        from .result import atomic_write_bytes
+        from .rundir import atomic_write_bytes
 
         t0 = time.perf_counter()
         acc = state.get("acc")

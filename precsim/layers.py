@@ -14,13 +14,15 @@ import copy
 import math
 from pathlib import Path
 
+from .rundir import RECORD_FILE
+
 KEYS = ("rel_err", "kl", "top1", "state_drift", "read_drift")
 
 
 def is_record_dir(cfg) -> bool:
     """Whether ``cfg`` replays a whole record directory (no ``workload.layer``)."""
     return (cfg.workload.kind == "trace" and cfg.workload.layer is None
-            and cfg.workload.path is not None and (Path(cfg.workload.path) / "record.json")
+            and cfg.workload.path is not None and (Path(cfg.workload.path) / RECORD_FILE)
             .is_file())
 
 
@@ -39,9 +41,9 @@ def check_record(cfg) -> None:
     root = Path(cfg.workload.path)
     where = f"workload.path={str(root)!r}"
     try:
-        meta = json.loads((root / "record.json").read_text())
+        meta = json.loads((root / RECORD_FILE).read_text())
     except (OSError, ValueError) as e:
-        raise PrecsimError(f"{where}: record.json is not readable ({type(e).__name__}); "
+        raise PrecsimError(f"{where}: {RECORD_FILE} is not readable ({type(e).__name__}); "
                            "allowed: a complete precsim.record directory (record again)") from None
     listed = {int(m["layer"]): m for m in (meta.get("layers") or []) if isinstance(m, dict)
               and isinstance(m.get("layer"), int)} if isinstance(meta, dict) else {}
@@ -81,20 +83,21 @@ def check_record(cfg) -> None:
                                    f"{FAMILIES[fam].KEYS[0]} {T}; allowed: one length per layer")
             shp = listed.get(layer, {}).get("shapes", {}).get(k)
             if shp is not None and list(a.shape) != list(shp):
-                raise PrecsimError(f"{where}: {name}/{k} has shape {tuple(a.shape)}, record.json "
+                raise PrecsimError(f"{where}: {name}/{k} has shape {tuple(a.shape)}, {RECORD_FILE} "
                                    f"says {tuple(shp)}; allowed: the recording as written")
         if cfg.run.steps > T:
             raise PrecsimError(f"run.steps={cfg.run.steps} exceeds the trace length T={T} of "
                                f"{name} in {root}; allowed: 1..{T}")
 
 
-def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
-    """Replay every layer of ``cfg.workload.path`` into ``out``; returns the combined summary."""
-    from . import result as res
-    from .api import run
+def run_all(cfg, out: Path, run_layer, say=print) -> dict:
+    """Replay every layer of ``cfg.workload.path`` into ``out``, each by ``run_layer(config,
+    its directory)`` (its summary: :func:`precsim.api.run_layers` runs it, or reuses a complete
+    one); returns the combined summary."""
+    from . import rundir
     from .errors import PrecsimError
     from .floor import output_floor_of
-    from .result import reusable, write_outputs
+    from .result import rows_to_csv
     from .workload import recorded_layers
 
     layers = recorded_layers(Path(cfg.workload.path))
@@ -106,10 +109,7 @@ def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     for layer in layers:
         c = copy.deepcopy(cfg)
         c.workload.layer = layer
-        sub = out / f"layer_{layer:02d}"
-        s = reusable(c, sub)
-        if s is None:
-            s = write_outputs(c, run(c, progress=progress), sub)
+        s = run_layer(c, out / rundir.layer_dir_name(layer))
         per_layer[layer] = s
         for name, figs in s["figures"].items():
             fin = figs.get("final") or {}
@@ -130,23 +130,23 @@ def run_all(cfg, out: Path, say=print, progress: bool = True) -> dict:
     summary = {**{k: v for k, v in first.items() if k not in ("figures", "info")},
                "figures": worst, "layers": sorted(per_layer),
                "info": {"workload": "trace (every recorded layer)",
-                        "layer_dirs": [f"layer_{la:02d}" for la in sorted(per_layer)],
+                        "layer_dirs": [rundir.layer_dir_name(la) for la in sorted(per_layer)],
                         **output_floor_of(cfg.workload.path)}}
     summary["schemes"] = {n: {**first["schemes"][n], "dead_at": min(
         (p["schemes"][n]["dead_at"] for p in per_layer.values()
          if p["schemes"][n].get("dead_at") is not None), default=None)}
         for n in first["schemes"]}
     out.mkdir(parents=True, exist_ok=True)
-    res.atomic_write_text(out / "layers.csv", res.rows_to_csv(rows))
+    rundir.atomic_write_text(out / rundir.LAYERS_CSV, rows_to_csv(rows))
     if cfg.metrics.plot is not False:
         from .plots import plot_heatmap
 
-        plot_heatmap(rows, cfg.metrics.budget_metric, out / "layers.png",
+        plot_heatmap(rows, cfg.metrics.budget_metric, out / rundir.LAYERS_PLOT,
                      f"{Path(cfg.workload.path).name}: {len(per_layer)} layers, "
                      f"{first['steps']:,} steps, final {cfg.metrics.budget_metric}")
-    res.write_json(out / res.SUMMARY_FILE, summary)  # last: it marks completion
+    rundir.write_json(out / rundir.SUMMARY_FILE, summary)  # last: it marks completion
     say(f"\nfigures below: each scheme's worst layer of {len(per_layer)} (every layer: "
-        f"{out / 'layers.csv'}, {out / 'layers.png'})")
+        f"{out / rundir.LAYERS_CSV}, {out / rundir.LAYERS_PLOT})")
     return summary
 
 

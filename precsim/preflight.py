@@ -320,3 +320,26 @@ def readable_dir(key: str, path) -> None:
     if not os.access(p, os.R_OK | os.X_OK):
         raise PrecsimError(f"{key}={str(path)!r} is not readable (permission denied); allowed: "
                            "a directory you can read")
+
+
+def inverted_split_notes(c) -> list[str]:
+    """One note per split scheme whose master is narrower than its read copy (``fmt=nvfp4
+    read_fmt=fp32``): the read copy is rounded from the master, so it holds nothing the master
+    does not, at more bytes; the master's rounding sets the error."""
+    from precsim import formats as pf
+
+    out = []
+    for name, s in c.schemes.items():
+        if s.kind != "split" or not s.read_fmt:
+            continue
+        try:
+            bm, br = pf.get(s.fmt).bits_per_element, pf.get(s.read_fmt).bits_per_element
+        except Exception:  # noqa: BLE001 - the config's checks name a bad format
+            continue
+        if br > bm:
+            out.append(f"precsim: note: schemes.{name} is an inverted split: its master "
+                       f"(fmt={s.fmt}, {bm:g} bits/element) is narrower than its read copy "
+                       f"(read_fmt={s.read_fmt}, {br:g}), which is rounded from the master and "
+                       f"so holds no more than it; the usual split is a wide master and a "
+                       f"narrow read copy (fmt={s.read_fmt} read_fmt={s.fmt})")
+    return out

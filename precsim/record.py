@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .errors import PrecsimError, print_error
+from .rundir import RECORD_FILE
 
 
 def record_model(model_path, out, *, tokens: int | None = None, text_file=None, ids_file=None,
@@ -43,7 +44,7 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
     if not isinstance(chunk, int) or chunk < 1:
         raise PrecsimError(f"--chunk={chunk!r} is invalid; allowed: an integer >= 1")
     out = Path(out)
-    if (out / "record.json").exists():  # a finished recording is never replaced
+    if (out / RECORD_FILE).exists():  # a finished recording is never replaced
         raise PrecsimError(f"--out={str(out)!r} already holds a recording (record.json); "
                            "allowed: another --out, or delete that directory first")
     if out.exists() and not out.is_dir():

@@ -14,11 +14,8 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import io
-import json
 import math
-import os
 import platform
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +24,26 @@ import numpy as np
 
 from .config import Config
 from .errors import PrecsimError
+from .rundir import (  # noqa: F401 - also read as result's names (report.py, until it moves)
+    GENERATIONS_FILE,
+    METRICS_FILE,
+    PER_STEP_FILE,
+    PLOT_FILE,
+    SENS_CSV,
+    SENS_PNG,
+    SUMMARY_FILE,
+    atomic_write_bytes,
+    atomic_write_text,
+    config_diff,
+    input_fingerprint,
+    inputs_changed,
+    interrupted_at,
+    is_complete,
+    json_safe,
+    read_summary,
+    reusable,
+    write_json,
+)
 
 
 @dataclass
@@ -103,48 +120,6 @@ def summary_figures(rows: list[dict], lengths: list[int], steps: int) -> dict:
 
 
 # -- files ------------------------------------------------------------------------------------
-METRICS_FILE = "metrics.csv"
-SUMMARY_FILE = "summary.json"
-PER_STEP_FILE = "per_step.npz"
-PLOT_FILE = "error_vs_length.png"
-GENERATIONS_FILE = "generations.txt"  # model.mode=generate: the continuations, readable
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0o22)  # read it (mkstemp's file is 0600): the file follows it, as open's
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def json_safe(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [json_safe(x) for x in v]
-    if isinstance(v, (np.floating,)):
-        return json_safe(float(v))
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    return v
 
 
 def rows_to_csv(rows: list[dict]) -> str:
@@ -156,10 +131,6 @@ def rows_to_csv(rows: list[dict]) -> str:
         w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else
                         (f"{v:.6e}" if isinstance(v, float) else v)) for k, v in r.items()})
     return buf.getvalue()
-
-
-def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
 
 
 def write_per_step(path: Path, per_step: dict[str, np.ndarray]) -> None:
@@ -186,158 +157,6 @@ def read_rows(path: Path) -> list[dict]:
                     d[k] = v
         out.append(d)
     return out
-
-
-def is_complete(run_dir: Path) -> bool:
-    """A run directory is complete when summary.json parses and its metrics.csv exists."""
-    return _complete_flag(run_dir) is True
-
-
-def interrupted_at(run_dir: Path) -> int | None:
-    """The step an interrupted run's files end at (its summary says ``complete: false``)."""
-    flag = _complete_flag(run_dir, full=True)
-    return flag.get("info", {}).get("interrupted_at", 0) if isinstance(flag, dict) else None
-
-
-def _complete_flag(run_dir: Path, full: bool = False):
-    """summary.json's ``complete`` (its whole content when ``full`` and it is false), None when
-    summary.json or metrics.csv is missing or unreadable."""
-    s, m = Path(run_dir) / SUMMARY_FILE, Path(run_dir) / METRICS_FILE
-    try:
-        data = json.loads(s.read_text()) if m.is_file() else None
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    done = bool(data.get("complete"))
-    return data if full and not done else done
-
-
-# keys that do not change a result's numbers: a rerun that differs only here reuses the result
-RESULT_NEUTRAL_KEYS = ("run.progress", "run.out_dir", "run.threads", "run.checkpoint_s",
-                       "run.resume", "metrics.plot", "metrics.budget", "metrics.budget_metric")
-
-
-def _flat(d, prefix: str = "") -> dict:
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]:
-    """``(key, stored value, current value)`` for every result-changing key that differs
-    between two configs (as written in ``summary.json``). With ``workload.kind=trace`` the trace
-    fixes ``model.*``, and with ``model.path`` the checkpoint fixes the layer shape, so those
-    keys are not compared."""
-    a = _flat(json.loads(json.dumps(json_safe(stored))))
-    b = _flat(json.loads(json.dumps(json_safe(current))))
-    trace = b.get("workload.kind") == "trace"
-    shape = {f"model.{k}" for k in ("family", "heads", "head_dim", "state_dim", "groups")} \
-        if b.get("model.path") else set()
-    out = []
-    for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k)):
-        if k in RESULT_NEUTRAL_KEYS or (trace and k.startswith("model.")) or k in shape:
-            continue
-        if a.get(k) != b.get(k):
-            out.append((k, a.get(k), b.get(k)))
-    return out
-
-
-INPUT_KEYS = ("workload.path", "model.path", "model.text", "model.ids")
-# what precsim and Hydra write into a run or sweep folder (one may sit inside an input folder,
-# or an all-layers replay write into a recording's layer folders): not part of an input
-_OUTPUT_NAMES = {METRICS_FILE, SUMMARY_FILE, PER_STEP_FILE, "precsim.log", "checkpoint.pt",
-                 "error.txt", "layers.csv", "multirun.yaml", "sweep_summary.csv"}
-
-
-def _input_file(q: Path, root: Path) -> bool:
-    """Whether ``q`` (under ``root``) is an input's own file: not hidden (``.git``, ``.hydra``,
-    ``.DS_Store``), not a run's output (:data:`_OUTPUT_NAMES`, plots)."""
-    rel = q.relative_to(root).parts
-    return q.is_file() and not any(p.startswith(".") for p in rel) and \
-        q.name not in _OUTPUT_NAMES and q.suffix != ".png"
-
-
-def input_fingerprint(cfg: Config | dict) -> dict:
-    """Each file a run reads beside its config (a trace or recording, a checkpoint, documents,
-    token ids: :data:`INPUT_KEYS`), as ``[path within it, size, mtime_ns]`` (a directory: its
-    files and those of its subfolders). Stored with a result and a checkpoint, so that a file
-    changed under the same path is not taken for the same input; size and time, not contents,
-    to cost nothing on GB-sized recordings (a copy with new times counts as changed). Hidden
-    files and what runs write (:func:`_input_file`) are left out: a run folder inside a
-    recording, or ``git status`` in a checkpoint's clone, is not a change of input."""
-    flat = _flat(cfg if isinstance(cfg, dict) else asdict(cfg))
-    out = {}
-    for key in INPUT_KEYS:
-        v = flat.get(key)
-        if not isinstance(v, str) or not v:
-            continue
-        p = Path(v)
-        if p.is_file():
-            files = [p]
-        elif p.is_dir():
-            files = sorted(q for q in [*p.glob("*"), *p.glob("*/*")] if _input_file(q, p))
-        else:
-            continue
-        rows = []
-        for q in files:
-            st = q.stat()
-            rows.append([q.relative_to(p).as_posix() if q != p else "", st.st_size,
-                         st.st_mtime_ns])
-        out[key] = rows
-    return out
-
-
-def inputs_changed(stored: dict | None, cfg: Config) -> str | None:
-    """What changed in the files behind ``cfg`` since ``stored`` (:func:`input_fingerprint` of
-    a result or checkpoint; None: recorded before fingerprints, not checked), else None."""
-    if stored is None:
-        return None
-    now = input_fingerprint(cfg)
-    for key in sorted(set(stored) | set(now)):
-        a, b = {r[0]: r[1:] for r in stored.get(key, [])}, {r[0]: r[1:] for r in now.get(key, [])}
-        if a == b:
-            continue
-        gone, new = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-        diff = sorted(f for f in set(a) & set(b) if a[f] != b[f])
-        what = (f"{diff[0] or 'the file'} changed (size or time)" if diff else
-                f"{gone[0] or 'the file'} is gone" if gone else f"{new[0]} is new")
-        return f"{key}: {what}"
-    return None
-
-
-def read_summary(run_dir: Path) -> dict | None:
-    """The parsed ``summary.json`` of a complete run directory, else None."""
-    if not is_complete(run_dir):
-        return None
-    return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
-
-
-def reusable(cfg: Config, out: Path) -> dict | None:
-    """The summary of a complete result in ``out`` made by the same config (result-neutral keys
-    such as ``run.progress`` or the budget aside); ``None`` when ``out`` holds no complete result.
-    A complete result of a *different* config is a one-line :class:`PrecsimError`: a finished
-    result is never overwritten."""
-    stored = read_summary(out)
-    if stored is None:
-        return None
-    diff = config_diff(stored.get("config", {}), asdict(cfg))
-    if diff:
-        key, old, new = diff[0]
-        more = f" and {len(diff) - 1} more" if len(diff) > 1 else ""
-        raise PrecsimError(f"{out} already holds a complete result of another config ({key}="
-                           f"{old!r} there, {new!r} now{more}); allowed: the same config, or "
-                           "another directory (run.out_dir / hydra.run.dir); delete it to redo")
-    changed = inputs_changed(stored.get("inputs"), cfg)
-    if changed:
-        raise PrecsimError(f"{out} already holds a complete result of this config made from "
-                           f"other inputs ({changed} since); allowed: the same inputs, or "
-                           "another directory (run.out_dir / hydra.run.dir); delete it to redo")
-    return stored
 
 
 def load_result(out: Path, summary: dict) -> Result:
@@ -426,7 +245,6 @@ def write_outputs(cfg: Config, result: Result, out: Path, complete: bool = True)
     return summary
 
 
-SENS_CSV, SENS_PNG = "sensitivity.csv", "sensitivity.png"
 
 
 def write_sensitivity(pl: dict, out: Path, plot: bool) -> None:

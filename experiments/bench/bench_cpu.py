@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--skip-numpy-whole", action="store_true",
                     help="leave out the NumPy loop's whole process at --whole-steps (minutes)")
     a = ap.parse_args()
-    from precsim.cli import keep_freed_memory
+    from precsim.process import keep_freed_memory
 
     keep_freed_memory()  # as the command line does: the in-process rows run under its malloc
     import numba

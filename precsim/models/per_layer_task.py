@@ -193,7 +193,8 @@ def run_cli(c, out: Path, say, progress: bool = True) -> dict:
     from .. import engines
     from ..report import per_layer_lines
     from ..result import write_sensitivity
-    from .task import ITEMS_CSV, SUMMARY, format_table, write
+    from ..rundir import ITEMS_CSV, SENS_CSV, SUMMARY_FILE
+    from .task import format_table, write
 
     summary = run(c, engines.resolve_device(c.run.device), progress=progress)
     out = Path(out)
@@ -203,5 +204,5 @@ def run_cli(c, out: Path, say, progress: bool = True) -> dict:
     public = write(summary, out, plot)
     say(format_table(public))
     say("\n".join(["", *per_layer_lines(public["per_layer"])]))
-    say(f"\n-> {out} ({ITEMS_CSV}, {SUMMARY}, sensitivity.csv)")
+    say(f"\n-> {out} ({ITEMS_CSV}, {SUMMARY_FILE}, {SENS_CSV})")
     return public

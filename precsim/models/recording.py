@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import PrecsimError
+from ..rundir import RECORD_FILE, layer_dir_name
 from .hook import Hook
 from .load import cache_io, devices_of, first_cache, input_device, ssm_layers
 
@@ -148,7 +149,7 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
     writers = {}
     staging = _Staging()
     for layer in layers:
-        part = out / f"layer_{layer:02d}.partial"
+        part = out / f"{layer_dir_name(layer)}.partial"
         shutil.rmtree(part, ignore_errors=True)
         part.mkdir()
         writers[layer] = _Writer(part, n, dtype, staging)
@@ -187,7 +188,7 @@ def record_document(model, ids: np.ndarray, out, layers: list[int], dtype: str =
     layers_meta = []
     for layer, w in writers.items():
         shapes = w.close()
-        final = out / f"layer_{layer:02d}"
+        final = out / layer_dir_name(layer)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(w.folder, final)
         layers_meta.append({"layer": layer, "file": final.name, "family": fam[layer],
@@ -203,7 +204,7 @@ def trace_bytes(out) -> int:
 def write_meta(out, meta: dict) -> None:
     tmp = Path(out) / "record.json.tmp"
     tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, Path(out) / "record.json")
+    os.replace(tmp, Path(out) / RECORD_FILE)
 
 
 def discard(out, layers: list[int], remove_out: bool = False, keep=()) -> None:
@@ -213,7 +214,7 @@ def discard(out, layers: list[int], remove_out: bool = False, keep=()) -> None:
     and is left empty."""
     out = Path(out)
     for layer in layers:
-        for name in (f"layer_{layer:02d}.partial", f"layer_{layer:02d}"):
+        for name in (f"{layer_dir_name(layer)}.partial", layer_dir_name(layer)):
             if name not in keep:
                 shutil.rmtree(out / name, ignore_errors=True)
     if remove_out:

@@ -23,11 +23,9 @@ import numpy as np
 import torch
 
 from ..errors import PrecsimError
+from ..rundir import ITEMS_CSV, SUMMARY_FILE, TASK_DELTA_PLOT, TASK_LENGTH_PLOT
 from ..tasks import METRICS, Item, builtin_items, check_builtin, read_items
 from ..taskstats import compare
-
-SUMMARY, ITEMS_CSV = "summary.json", "items.csv"
-PLOT_LENGTH, PLOT_DELTA = "accuracy_vs_length.png", "task_accuracy.png"
 
 
 # -- rows -------------------------------------------------------------------------------------
@@ -341,7 +339,7 @@ def summarize(cfg, items, groups, per: dict, source: str, ld, timing: dict) -> d
 
 
 def _config_dict(cfg) -> dict:
-    from ..result import json_safe
+    from ..rundir import json_safe
 
     return json_safe(dataclasses.asdict(cfg))
 
@@ -440,7 +438,7 @@ def plot(summary: dict) -> tuple[str, bytes] | None:
         per = t["items"] // max(1, len(Ls))
         ax.set_title(f"{t['source']}: {per} items a length")
         ax.legend(fontsize=8)
-        name = PLOT_LENGTH
+        name = TASK_LENGTH_PLOT
     else:
         rs = [(n, r) for n, r in summary["schemes"].items() if r["role"] != "baseline"]
         if not rs:
@@ -460,7 +458,7 @@ def plot(summary: dict) -> tuple[str, bytes] | None:
         ax.set_yticks(y, [n for n, _ in rs])
         ax.set_xlabel(f"accuracy change vs {summary['baseline']['name']} (95% paired bootstrap)")
         ax.set_title(f"{t['source']}: {t['items']} items, {t['metric']}")
-        name = PLOT_DELTA
+        name = TASK_DELTA_PLOT
     data = _png(fig)
     plt.close(fig)
     return name, data
@@ -469,7 +467,7 @@ def plot(summary: dict) -> tuple[str, bytes] | None:
 def write(summary: dict, out: Path, plot_it: bool = True) -> dict:
     """Write the run directory: ``items.csv``, the plot, then ``summary.json`` (last: it marks
     the run complete); each atomically. Returns the summary as written."""
-    from ..result import atomic_write_bytes, atomic_write_text, write_json
+    from ..rundir import atomic_write_bytes, atomic_write_text, write_json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -480,7 +478,7 @@ def write(summary: dict, out: Path, plot_it: bool = True) -> dict:
         if p is not None:
             atomic_write_bytes(out / p[0], p[1])
             public["plot"] = p[0]
-    write_json(out / SUMMARY, public)
+    write_json(out / SUMMARY_FILE, public)
     return public
 
 
@@ -491,5 +489,6 @@ def run_task_cli(c, out: Path, say, progress: bool = True) -> dict:
     summary = evaluate(c, engines.resolve_device(c.run.device), progress=progress)
     public = write(summary, out, c.metrics.plot is not False)
     say(format_table(public))
-    say(f"\n-> {out} ({ITEMS_CSV}, {SUMMARY}{', ' + public['plot'] if 'plot' in public else ''})")
+    plot = ", " + public["plot"] if "plot" in public else ""
+    say(f"\n-> {out} ({ITEMS_CSV}, {SUMMARY_FILE}{plot})")
     return public

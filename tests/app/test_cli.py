@@ -75,7 +75,7 @@ def test_engines_preset(model, family):
 
 
 def test_no_packaged_config_sets_hydra_mode():
-    """The command line skips Hydra's probe composition for ``hydra.mode`` (cli._one_composition)
+    """The command line skips Hydra's probe composition for ``hydra.mode`` (one_composition)
     on the ground that no packaged config sets it: a preset that did would be run in the other
     mode. Every YAML under conf/ (a ``hydra:`` block: the primary config, _global_ presets)."""
     from pathlib import Path

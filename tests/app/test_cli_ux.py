@@ -250,23 +250,17 @@ def test_lengths_that_no_window_ends_at_are_not_reported(tmp_path, capsys):
 
 
 def test_remove_stub_keeps_a_directory_with_results(tmp_path):
-    from types import SimpleNamespace
-
-    from precsim.cli import remove_stub
-
-    def hc(d):
-        return SimpleNamespace(runtime=SimpleNamespace(output_dir=str(d)),
-                               job=SimpleNamespace(name="precsim"))
+    from precsim.rundir import remove_stub
 
     stub = tmp_path / "stub"
     (stub / ".hydra").mkdir(parents=True)
     (stub / "precsim.log").write_text("")
-    remove_stub(hc(stub))
+    remove_stub(stub, "precsim")
     assert not stub.exists()
     kept = tmp_path / "kept"
     (kept / ".hydra").mkdir(parents=True)
     (kept / "summary.json").write_text("{}")
-    remove_stub(hc(kept))
+    remove_stub(kept, "precsim")
     assert (kept / "summary.json").is_file()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from precsim.cli import short_name
+from precsim.compose import short_name
 
 
 def test_short_names_fit_and_stay_distinct_and_stable():

@@ -22,12 +22,13 @@ LAYERS = [
     ("model", ("precsim.families", "precsim.schemes", "precsim.schedule", "precsim.workload",
                "precsim.oracle", "precsim.cost", "precsim.metrics", "precsim.plots",
                "precsim.tasks", "precsim.serving")),
-    ("run directory", ("precsim.result", "precsim.checkpoint")),
+    ("run directory", ("precsim.rundir", "precsim.result", "precsim.checkpoint")),
     ("engines", ("precsim.engines",)),
     ("models, reports", ("precsim.models", "precsim.floor", "precsim.taskstats",
                          "precsim.report", "precsim.preflight")),
     ("api", ("precsim.api", "precsim.layers")),
-    ("command line", ("precsim.cli", "precsim.callbacks", "precsim.record",
+    ("command line", ("precsim.cli", "precsim.compose", "precsim.hydra_patches",
+                      "precsim.process", "precsim.callbacks", "precsim.record",
                       "precsim.lm_eval_adapter", "precsim.__main__", "precsim")),
 ]
 

@@ -200,7 +200,7 @@ def _wait_for(p: subprocess.Popen, moment: str, timeout: float = 120.0) -> None:
     """Until process ``p`` reaches ``moment`` of its start-up, read from ``/proc``: "handlers",
     it catches SIGTERM (its ``SigCgt`` mask: precsim's ``install_handlers``, the first thing
     ``cli.main`` does; Python itself catches only SIGINT); "warm-up", its second thread runs
-    (``cli._warm_up``'s, started just before Hydra is imported and composes)."""
+    (``process.warm_up``'s, started just before Hydra is imported and composes)."""
     status = Path(f"/proc/{p.pid}/status")
     if not status.exists():
         pytest.skip("no /proc: the process's state cannot be read here")

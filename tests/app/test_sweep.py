@@ -170,7 +170,7 @@ def test_a_bad_value_in_the_grid_is_one_line_before_any_job(tmp_path):
 
 
 def test_a_failed_jobs_traceback_is_on_the_terminal_only_for_a_bug(tmp_path, capsys, caplog):
-    """on_job_end: a setting error (cli.is_user_error) is one line on the terminal and its
+    """on_job_end: a setting error (errors.is_user_error) is one line on the terminal and its
     traceback goes to the job's log file and error.txt; a bug's traceback is on the terminal
     (the precsim logger) too."""
     import logging
@@ -416,11 +416,12 @@ def test_sweep_terminal_shows_progress_and_one_recommendation(tmp_path):
 
 
 def test_covering_jobs_keep_every_override_and_group_combination():
-    """The sweep's check before launching composes fewer jobs (cli._validate_sweeps_lightly) but
-    still every distinct override and every combination of config-group choices."""
+    """The sweep's check before launching composes fewer jobs
+    (hydra_patches.validate_sweeps_lightly) but still every distinct override and every
+    combination of config-group choices."""
     import itertools
 
-    from precsim.cli import covering_jobs
+    from precsim.hydra_patches import covering_jobs
 
     grid = [list(j) for j in itertools.product(
         ["schemes.c.fmt=fp32", "schemes.c.fmt=fp16", "schemes.c.fmt=bf16", "schemes.c.fmt=x"],
@@ -435,7 +436,7 @@ def test_covering_jobs_keep_every_override_and_group_combination():
 
 
 def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
-    """cli.reuse_compositions makes a job that differs from an earlier one only in scalar
+    """hydra_patches.reuse_compositions makes a job that differs from an earlier one only in scalar
     values from a copy of that job's config: every job of a grid (values of several types, a
     group switch, an added key) equals Hydra's full composition of it, Hydra's fields included
     (the task overrides, the run directory's name), and a bad value still fails."""
@@ -450,9 +451,10 @@ def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from precsim import cli
+    from precsim import hydra_patches
+    from precsim.compose import register_configs
 
-    cli.register_configs()
+    register_configs()
     GlobalHydra.instance().clear()
     current = ConfigLoaderImpl.load_sweep_config  # patched already by an in-process sweep?
     full = getattr(current, "__wrapped__", current)  # Hydra's own
@@ -478,7 +480,7 @@ def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
                                            RunMode.MULTIRUN)
         ConfigLoaderImpl.load_sweep_config = full  # a fresh patch: nothing made before
         try:
-            cli.reuse_compositions()
+            hydra_patches.reuse_compositions()
             assert ConfigLoaderImpl.load_sweep_config is not full
             made = [loader.load_sweep_config(master, job) for job in grid]
             with pytest.raises((ConfigCompositionException, OmegaConfBaseException)):
@@ -490,11 +492,11 @@ def test_sweep_jobs_made_from_an_earlier_composition_equal_hydras_own():
             assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(ref), job
             assert OmegaConf.is_struct(cfg) and not OmegaConf.is_readonly(cfg.hydra)
     GlobalHydra.instance().clear()
-    assert cli.override_shape(["replay.buffer_len=4", "model=gdn", "+a.b=1", "hydra.x=1",
+    assert hydra_patches.override_shape(["replay.buffer_len=4", "model=gdn", "+a.b=1", "hydra.x=1",
                                 "m.l=[1,2]"]) == [("=", "replay.buffer_len"), "model=gdn",
                                                   "+a.b=1", "hydra.x=1", "m.l=[1,2]"]
-    assert cli.override_shape(["run.seed=1", "++run.seed=5"]) is None
-    assert cli.override_shape(["a.b.c=1", "a.b={c:2}"]) is None
+    assert hydra_patches.override_shape(["run.seed=1", "++run.seed=5"]) is None
+    assert hydra_patches.override_shape(["a.b.c=1", "a.b={c:2}"]) is None
 
 
 def test_bad_group_option_in_a_later_job_fails_before_any_job_runs(tmp_path):
@@ -512,7 +514,7 @@ def test_scheme_sweeps_take_runtime_kernel_codes(monkeypatch):
     compile for every job); a sweep over anything else keeps per-configuration kernels."""
     from types import SimpleNamespace
 
-    from precsim.cli import sweeps_schemes
+    from precsim.compose import sweeps_schemes
 
     hc = SimpleNamespace(sweeper={"params": {"schemes.candidate.fmt": "fp32,fp16"}})
     assert sweeps_schemes(hc)
@@ -530,7 +532,7 @@ def test_sweep_blocks_name_every_block_size_the_jobs_need(monkeypatch):
     block size its jobs will use: the formats among the swept values and the job's own."""
     from types import SimpleNamespace
 
-    from precsim.cli import sweep_blocks
+    from precsim.compose import sweep_blocks
     from precsim.config import to_config
 
     c = to_config({"schemes": {"a": {"kind": "split", "fmt": "fp16", "read_fmt": "nvfp4"}}})

@@ -11,13 +11,14 @@ import json
 import sys
 import time
 
-from precsim.cli import _join_warm_up, _warm_up, compose_config, register_configs
+from precsim.compose import compose_config, register_configs
+from precsim.process import join_warm_up, warm_up
 
 over = ["experiment=seed_table", "model=nemotron3_super", "run.device=cuda", "run.progress=false"]
-_warm_up(over)
+warm_up(over)
 register_configs()
 c = compose_config(over)
-_join_warm_up()
+join_warm_up()
 
 import torch
 from precsim.kernels.metrics import NO_STEP, drift_partials, row_stats

@@ -27,14 +27,15 @@ CMD = [sys.executable, "-m", "precsim", "experiment=seed_table", "model=nemotron
 CHILD = """
 import cProfile, gc, io, json, pstats, sys, time
 t_proc = time.perf_counter()
-from precsim.cli import compose_config, _join_warm_up, _warm_up, register_configs
+from precsim.compose import compose_config, register_configs
+from precsim.process import join_warm_up, warm_up
 from precsim.engines import triton
 over = json.loads(sys.argv[1])
-_warm_up(over)
+warm_up(over)
 register_configs()
 c = compose_config(over)
 t_w = time.perf_counter()
-_join_warm_up()
+join_warm_up()
 ready = time.perf_counter()
 gc.freeze()
 prof = cProfile.Profile() if sys.argv[2] == "profile" else None

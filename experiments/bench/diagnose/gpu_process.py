@@ -94,14 +94,15 @@ def engine_first_run(out: Path, extra: list[str]) -> dict:
     import io
     import pstats
 
-    from precsim.cli import _join_warm_up, _warm_up, compose_config, register_configs
+    from precsim.compose import compose_config, register_configs
     from precsim.engines import run
+    from precsim.process import join_warm_up, warm_up
 
     over = [*CMD[3:], *extra, "run.progress=false"]
-    _warm_up(over)
+    warm_up(over)
     register_configs()
     c = compose_config(over)
-    _join_warm_up()
+    join_warm_up()
     prof = cProfile.Profile()
     t = time.perf_counter()
     prof.enable()
@@ -124,13 +125,14 @@ def engine_first_run(out: Path, extra: list[str]) -> dict:
 
 VARIANT = """
 import gc, json, sys, time
-from precsim.cli import compose_config, _join_warm_up, _warm_up, register_configs
+from precsim.compose import compose_config, register_configs
+from precsim.process import join_warm_up, warm_up
 from precsim.engines import triton
 over = json.loads(sys.argv[1])
-_warm_up(over)
+warm_up(over)
 register_configs()
 c = compose_config(over)
-_join_warm_up()
+join_warm_up()
 gc.freeze()
 t = time.perf_counter()
 opts = json.loads(sys.argv[2])

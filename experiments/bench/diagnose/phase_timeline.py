@@ -27,16 +27,16 @@ STAGES = [
     ("hydra._internal.hydra", "Hydra.run"),
     ("hydra._internal.core_plugins.basic_launcher", "BasicLauncher.launch"),
     ("precsim.cli", "_run_app"),
-    ("precsim.cli", "_join_warm_up"),
+    ("precsim.process", "join_warm_up"),
+    ("precsim.result", "write_outputs"),  # before precsim.api, which imports it by name
     ("precsim.api", "run"),
-    ("precsim.result", "write_outputs"),
     ("precsim.report", "aggregate"),
     ("precsim.report", "plot_pareto"),
     ("precsim.report", "plot_error_vs_length"),
     ("precsim.plots", "plot_error_vs_length"),
 ]
 OPTIONAL = [("precsim.engines.triton", "_compile_together"), ("precsim.engines.triton", "run"),
-            ("precsim.engines.numba_host", "run"), ("precsim.cli", "_warm_kernels"),
+            ("precsim.engines.numba_host", "run"), ("precsim.process", "warm_kernels"),
             ("triton.compiler", "compile"),  # each kernel's compile (JITFunction looks it up here)
             ("triton.runtime.build", "compile_module_from_src"),  # Triton's C stubs (a C compiler)
             ("triton.runtime.build", "compile_module_from_file"),
