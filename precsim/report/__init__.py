@@ -15,6 +15,11 @@ the CLI prints at the end of a single run. By concern:
 
 from __future__ import annotations
 
+# the run directory's file names the report reads and writes (their home: precsim.rundir)
+from ..rundir import ERROR_FILE
+from ..rundir import SWEEP_CSV_FILE as CSV_FILE
+from ..rundir import SWEEP_ERROR_PLOT as ERROR_PLOT
+from ..rundir import SWEEP_PARETO_PLOT as PARETO_PLOT
 from .command import REPORT_HELP, Aggregate, aggregate, main
 from .groups import Group, comparable_groups, longest_run, short_tags, workload_kind
 from .ranking import (
@@ -28,9 +33,9 @@ from .ranking import (
     recommend,
     relation_lines,
 )
-from .runs import ERROR_FILE, METRICS, Job, ReportError, check_run_dir, collect, layer_dirs
-from .sweep_plots import ERROR_PLOT, PARETO_PLOT, clip_low, plot_error_vs_length, plot_pareto
-from .table import CSV_FILE, summary_rows
+from .runs import METRICS, Job, ReportError, check_run_dir, collect, layer_dirs
+from .sweep_plots import clip_low, plot_error_vs_length, plot_pareto
+from .table import summary_rows
 from .verdict import (
     BUDGET_MEANING,
     MODEL_MEANING,

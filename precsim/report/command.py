@@ -10,11 +10,12 @@ from pathlib import Path
 
 from .. import result as res
 from ..errors import PrecsimError, print_error
+from ..rundir import SWEEP_CSV_FILE, SWEEP_ERROR_PLOT, SWEEP_PARETO_PLOT, atomic_write_text
 from .groups import longest_run
 from .ranking import decide, format_decision
 from .runs import METRICS, Job, ReportError, collect
-from .sweep_plots import ERROR_PLOT, PARETO_PLOT, plot_error_vs_length, plot_pareto
-from .table import CSV_FILE, summary_rows
+from .sweep_plots import plot_error_vs_length, plot_pareto
+from .table import summary_rows
 
 
 @dataclass
@@ -39,12 +40,12 @@ def aggregate(root: Path, plots: bool = True, budget: tuple[str, float] | None =
     if not jobs:
         raise ReportError(f"no run results (summary.json) under {root}")
     rows = summary_rows(jobs)
-    csv_path = root / CSV_FILE
-    res.atomic_write_text(csv_path, res.rows_to_csv(rows))
+    csv_path = root / SWEEP_CSV_FILE
+    atomic_write_text(csv_path, res.rows_to_csv(rows))
     written = []
     if plots and any(j.summary is not None for j in jobs):
-        written = [plot_error_vs_length(jobs, root / ERROR_PLOT, budget, horizon),
-                   plot_pareto(jobs, root / PARETO_PLOT, budget, horizon)]
+        written = [plot_error_vs_length(jobs, root / SWEEP_ERROR_PLOT, budget, horizon),
+                   plot_pareto(jobs, root / SWEEP_PARETO_PLOT, budget, horizon)]
     return Aggregate(jobs, rows, csv_path, written)
 
 

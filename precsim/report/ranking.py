@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..rundir import RECORD_FILE
 from .groups import Group, comparable_groups, short_tags
 from .runs import METRICS, Job, ReportError, costs
 
@@ -171,7 +172,7 @@ def _recording_model(src) -> str | None:
     import json
 
     try:
-        meta = json.loads((Path(str(src)) / "record.json").read_text())
+        meta = json.loads((Path(str(src)) / RECORD_FILE).read_text())
     except (OSError, ValueError, TypeError):
         return None
     return meta.get("model_path")

@@ -10,9 +10,17 @@ from pathlib import Path
 
 from .. import result as res
 from ..errors import PrecsimError
+from ..rundir import (
+    ERROR_FILE,
+    HYDRA_DIR,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    interrupted_at,
+    is_complete,
+    layer_dir_name,
+)
 
 METRICS = ("kl", "rel_err", "state_drift")
-ERROR_FILE = "error.txt"
 _IGNORED_OVERRIDES = ("run.progress", "run.out_dir")
 
 
@@ -40,18 +48,18 @@ def check_run_dir(path: Path) -> str | None:
     subs = layer_dirs(path)
     if subs:
         return next((f"{d}: {why}" for d in subs if (why := check_run_dir(path / d))), None)
-    if not res.is_complete(path):
-        return f"no complete {res.SUMMARY_FILE}"
+    if not is_complete(path):
+        return f"no complete {SUMMARY_FILE}"
     try:
-        summary = json.loads((path / res.SUMMARY_FILE).read_text())
-        rows = res.read_rows(path / res.METRICS_FILE)
+        summary = json.loads((path / SUMMARY_FILE).read_text())
+        rows = res.read_rows(path / METRICS_FILE)
     except (OSError, ValueError) as e:
         return f"unreadable result files ({e})"
     steps = summary.get("steps")
     for scheme in summary.get("schemes", {}):
         last = max((r.get("step", -1) for r in rows if r.get("scheme") == scheme), default=None)
         if last is None or (steps is not None and last != steps):
-            return f"{res.METRICS_FILE} is truncated (scheme {scheme} ends at step {last})"
+            return f"{METRICS_FILE} is truncated (scheme {scheme} ends at step {last})"
     return None
 
 
@@ -59,7 +67,7 @@ def layer_dirs(path: Path) -> list[str]:
     """The layer folders a complete run over every recorded layer of a trace names in its
     summary.json (``info.layer_dirs``, precsim.layers); none for any other run directory."""
     try:
-        s = json.loads((path / res.SUMMARY_FILE).read_text())
+        s = json.loads((path / SUMMARY_FILE).read_text())
         subs = s["info"]["layer_dirs"] if s.get("complete") is True else []
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return []
@@ -78,16 +86,16 @@ def scheme_rows(job: Job) -> dict[str, list[dict]]:
         d = "."
         if subs:
             worst = job.summary["figures"][s]["final"].get("worst_layer")
-            d = f"layer_{worst:02d}" if isinstance(worst, int) else ""
+            d = layer_dir_name(worst) if isinstance(worst, int) else ""
             d = d if d in subs else subs[0]
         if d not in files:
-            files[d] = res.read_rows(job.path / d / res.METRICS_FILE)
+            files[d] = res.read_rows(job.path / d / METRICS_FILE)
         out[s] = [r for r in files[d] if r["scheme"] == s]
     return out
 
 
 def _read_overrides(path: Path) -> dict[str, str]:
-    f = path / ".hydra" / "overrides.yaml"
+    f = path / HYDRA_DIR / "overrides.yaml"
     if not f.is_file():
         return {}
     import yaml
@@ -102,7 +110,7 @@ def _read_overrides(path: Path) -> dict[str, str]:
 
 
 def _is_job_dir(path: Path) -> bool:
-    return any((path / n).exists() for n in (res.SUMMARY_FILE, ".hydra", ERROR_FILE))
+    return any((path / n).exists() for n in (SUMMARY_FILE, HYDRA_DIR, ERROR_FILE))
 
 
 def collect(root: Path) -> list[Job]:
@@ -124,15 +132,15 @@ def collect(root: Path) -> list[Job]:
         job = Job(path=p, name=name, status="complete", overrides=_read_overrides(p))
         why = check_run_dir(p)
         if why is None:
-            job.summary = json.loads((p / res.SUMMARY_FILE).read_text())
+            job.summary = json.loads((p / SUMMARY_FILE).read_text())
         else:
             err = p / ERROR_FILE
-            at = res.interrupted_at(p)
+            at = interrupted_at(p)
             if err.is_file():
                 job.status, job.error = "failed", (err.read_text().splitlines() or [""])[0]
             elif at is not None:
                 job.status, job.error = "incomplete", f"interrupted at step {at:,}"
-            elif (p / res.SUMMARY_FILE).exists():
+            elif (p / SUMMARY_FILE).exists():
                 job.status, job.error = "broken", why
             else:
                 job.status = "incomplete"

@@ -11,8 +11,6 @@ from .groups import group_tags
 from .ranking import Candidate, decide, pareto_front, sig3
 from .runs import METRICS, Job, costs, scheme_rows
 
-ERROR_PLOT = "sweep_error_vs_length.png"
-PARETO_PLOT = "sweep_pareto.png"
 _KIND_MARKERS = {"conventional": "s", "shared": "^", "split": "o"}
 _SERIES_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "h")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .runs import METRICS, Job, costs
 
-CSV_FILE = "sweep_summary.csv"
 _COST_COLS = ("bytes_per_step", "fraction_of_fp32", "roofline_speedup",
               "state_transfers_per_step", "bytes_per_token")  # (per token: whole-model runs)
 

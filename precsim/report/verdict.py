@@ -186,7 +186,7 @@ def run_verdict(summary: dict, metric: str, budget: float, run_dir: Path | str) 
 
 def per_layer_lines(pl: dict) -> list[str]:
     """The per-layer block of a run's verdict: the assignment beside the best uniform scheme."""
-    from ..result import SENS_CSV, SENS_PNG
+    from ..rundir import SENS_CSV, SENS_PNG
 
     metric, budget = pl["metric"], pl["budget"]
     n = len(pl["layers"])
