@@ -59,7 +59,7 @@ def held_states(engine: str, cfg: Config, device: str = "cpu") -> dict:
     names = list(cfg.schemes)
     order = list(range(len(names)))
     if engine == "triton":  # storage slots: launch groups contiguous
-        from .triton import launch_groups, scheme_block, scheme_code
+        from .triton_codes import launch_groups, scheme_block, scheme_code
 
         sc = list(cfg.schemes.values())
         order = [i for _, idx in launch_groups([scheme_code(c) for c in sc],

@@ -35,7 +35,8 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     from precsim.kernels.rng import event_keys
 
     from ..engines.base import segment_phase
-    from ..engines.triton import BUF_IDS, ef_code, launch_span, scheme_block, scheme_code
+    from ..engines.triton import launch_span
+    from ..engines.triton_codes import BUF_IDS, ef_code, scheme_block, scheme_code
 
     fam = step.family
     T, b = step.shape

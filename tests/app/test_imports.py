@@ -24,6 +24,8 @@ LAYERS = [
                "precsim.tasks", "precsim.serving")),
     ("run directory", ("precsim.rundir", "precsim.result", "precsim.checkpoint")),
     ("engines", ("precsim.engines",)),
+    # (a package's prefix names every module in it: precsim.report is report/'s runs, groups,
+    # ranking, verdict, table, sweep_plots and command)
     ("models, reports", ("precsim.models", "precsim.floor", "precsim.taskstats",
                          "precsim.report", "precsim.preflight")),
     ("api", ("precsim.api", "precsim.layers")),
@@ -183,6 +185,8 @@ def test_the_graph_is_read():
     assert "precsim.formats" in graph["precsim.schemes"]
     assert "precsim" not in graph["precsim.schemes"]
     assert layer_of("precsim.engines.numba_host") > layer_of("precsim.result")
+    assert {"precsim.report.runs", "precsim.report.groups"} <= graph["precsim.report.ranking"]
+    assert layer_of("precsim.report.command") == layer_of("precsim.report")
     src = "from precsim.engines import numba as ne\nimport precsim.cli as c\nne._EL\nc._x = 1\n"
     p = ROOT / "tests" / "app" / "_probe_private.py"
     try:
