@@ -213,6 +213,77 @@ def test_committed_full_studies_notes_rederive():
         assert block.splitlines() == G.headline(G.read_results(nf.parent / "results.csv")), nf
 
 
+# the hand-written finding of study_full/NOTES.md: each figure it quotes, as the text says it,
+# and where results.csv holds it (task, weights, model, length, scheme, column)
+FINDING = [
+    ("0.38 / 0.47 / 0.59", [("mqar", "float32", f"full_{m}", 4096, "conv_nvfp4_sr", "acc")
+                            for m in ("mamba2_seed0", "mamba2_seed2", "gdn_seed1")]),
+    ("0.92 / 0.98 / 0.98", [("mqar", "float32", f"full_{m}", 4096, "fp32", "acc")
+                            for m in ("mamba2_seed0", "mamba2_seed2", "gdn_seed1")]),
+    ("(0.44 vs 1.00", [("passkey", "float32", "full_gdn_seed1", 1024, s, "acc")
+                       for s in ("conv_nvfp4_sr", "fp32")]),
+    ("(0.86 vs 1.00", [("passkey", "float32", "full_gdn_seed1", 1024, s, "acc")
+                       for s in ("conv_fp8_sr", "fp32")]),
+    ("(0.66 vs 0.93", [("mqar", "float32", "full_gdn_seed1", 32768, s, "acc")
+                       for s in ("conv_fp8_sr", "fp32")]),
+    ("(0.55 /\n  0.64 / 0.70 vs 0.91 / 0.84 / 0.99", [
+        ("passkey", "float32", f"full_{m}", 8192, s, "acc")
+        for s in ("shared_nvfp4_sr", "fp32") for m in ("mamba2_seed0", "mamba2_seed2",
+                                                         "gdn_seed1")]),
+    ("0.75 vs\n  0.90", [("mqar", "float32", "full_mamba2_seed0", 8192, s, "acc")
+                         for s in ("shared_nvfp4_sr", "fp32")]),
+    ("(GDN: 0.76 vs 0.93", [("mqar", "float32", "full_gdn_seed1", 32768, s, "acc")
+                            for s in ("shared_nvfp4_sr", "fp32")]),
+    ("(BF16 0.95 / 0.96", [("mqar", "float32", f"full_{m}", 32768, "conv_bf16", "acc")
+                           for m in ("mamba2_seed0", "mamba2_seed2")]),
+    ("MQAR 0.04 /\n  0.50 at 32,768", [("mqar", "float32", f"full_{m}", 32768, "fp32", "acc")
+                                       for m in ("mamba2_seed0", "mamba2_seed2")]),
+]
+
+
+def test_committed_full_study_finding_rederives():
+    """The figures study_full/NOTES.md's hand-written finding quotes are results.csv's, rounded
+    as written; and split's MQAR changes are within 2 items (|change| <= 0.02, p >= 0.5)."""
+    import csv
+
+    d = REPO / "experiments" / "recall" / "study_full"
+    if not (d / "results.csv").is_file():
+        pytest.skip("no GPU study_full committed yet")
+    notes = (d / "NOTES.md").read_text()
+    with (d / "results.csv").open() as f:
+        rows = {(r["task"], r["weights"], r["model"], int(r["length"]), r["scheme"]): r
+                for r in csv.DictReader(f)}
+    for text, keys in FINDING:
+        text = text.replace("\\n", "\n")
+        got = [f"{float(rows[k[:5]][k[5]]):.2f}" for k in keys]
+        assert text in notes, text
+        nums = [t for t in text.replace("(", " ").replace(",", " ").split()
+                if t[:1].isdigit() and "." in t]
+        assert nums == got, (text, got)
+    split = [r for k, r in rows.items() if k[0] == "mqar" and k[4].startswith("split_")]
+    assert split and max(abs(float(r["delta"])) for r in split) <= 0.02
+    assert min(float(r["p_mcnemar"]) for r in split) >= 0.5
+
+
+def test_unpack_merge_keeps_the_items_of_runs_unpacked_before(tmp_path):
+    """report() after a second unpack: items.csv.gz keeps the earlier runs' rows (their
+    items.csv were deleted by the first report) beside the new run's."""
+    import gzip
+
+    G = gpu_full()
+    d = tmp_path / "study_m"
+    _fake_run(d / "runs", G, "mamba2", 0, {"fp32": {1024: 1.0, 4096: 0.95}})
+    G.report(d)
+    with gzip.open(d / "items.csv.gz", "rt") as f:
+        first = f.read().splitlines()
+    _fake_run(d / "runs", G, "mamba2", 2, {"fp32": {1024: 1.0, 4096: 0.95}})
+    G.report(d)
+    with gzip.open(d / "items.csv.gz", "rt") as f:
+        both = f.read().splitlines()
+    assert len(first) > 1 and len(both) == 2 * len(first) - 1
+    assert set(first) <= set(both)
+
+
 def test_gpu_full_study_jobs(tmp_path):
     """The study's jobs: MQAR with float32 weights first, every SR scheme under the SR seeds,
     bf16 weights as model.dtype, error feedback among the schemes, >= 4 rows a pass."""
