@@ -1,6 +1,6 @@
 """Tables, figures and raw files of the corrected trained-model studies (``rerun.py``'s output):
 
-    python experiments/trained/analyse_rerun.py raw --work W   # W: rerun.py's OUT (part a, b)
+    python experiments/trained/analyse_rerun.py raw --work W   # W: every rerun.py OUT under it
     python experiments/trained/analyse_rerun.py tables         # from the committed raw files
 
 ``raw`` turns the runs' ``windows.npz`` into each study's ``results_raw.csv.gz`` (one row per
@@ -35,6 +35,7 @@ COLS = ["run", "model", "weights", "docs", "group", "scheme", "seed", "doc", "wi
 B = 2000
 LABEL = {"mamba2": "Mamba-2", "gdn": "GDN"}
 SHARED, SPLIT = "shared_nvfp4_sr", "split_fp32_nvfp4"
+DECAY = (0.25, 1.0, 4.0, 16.0)  # the intervention's half-life scales (1: the model as trained)
 SR_PAIRS = [("FP16", "conventional_fp16", "conventional_fp16_sr"),
             ("BF16", "conventional_bf16", "conventional_bf16_sr"),
             ("INT8 block (row)", "conventional_int8_b128", "conventional_int8_b128_sr"),
@@ -45,16 +46,55 @@ SR_PAIRS = [("FP16", "conventional_fp16", "conventional_fp16_sr"),
 # raw rows
 
 
-def raw(work: Path) -> None:
-    """Each study's ``results_raw.csv.gz`` from the runs in ``work`` (``raw.tar.gz`` files of
-    rerun.py's parts, unpacked or not)."""
-    runs = {}
-    for tf in sorted(work.rglob("raw.tar.gz")):
+def read_tarball(tf: Path) -> tuple[dict[str, dict], str | None]:
+    """The runs of one ``raw.tar.gz`` (run name -> its ``windows.npz`` arrays) and, when the
+    file is empty, truncated or otherwise unreadable, why (the runs whose ``windows.npz`` was read
+    whole before the damage are kept)."""
+    import zlib
+
+    runs: dict[str, dict] = {}
+    try:
         with tarfile.open(tf) as tar:
-            for m in tar.getmembers():
+            for m in tar:
                 if m.name.endswith("windows.npz"):
                     runs[m.name.split("/")[0]] = dict(np.load(io.BytesIO(
                         tar.extractfile(m).read())))
+    except (tarfile.TarError, EOFError, OSError, zlib.error, ValueError) as e:
+        return runs, " ".join(f"{type(e).__name__}: {e}".split())
+    return runs, None
+
+
+def raw(work: Path) -> None:
+    """Each study's ``results_raw.csv.gz`` from the runs in ``work``: every ``raw.tar.gz`` under
+    it (rerun.py's parts, and calls that redid failed runs with ``--match``), in sorted path
+    order. A run that failed in one call and succeeded in another is taken from the call where
+    it succeeded (failed runs are not in a tarball; they are in ``runs.jsonl`` with ``error``);
+    a run present in several tarballs is taken from the last one, which is said. An empty or
+    truncated tarball is skipped with a note (any run read whole before the damage, and listed
+    as done in its folder's ``runs.jsonl``, is kept). ``gpu_run/runs.jsonl`` keeps EVERY entry of
+    every call (the failures document themselves), each with ``call`` (its folder under
+    ``work``) and ``used`` (whether this run's rows come from that call)."""
+    runs, src, notes = {}, {}, []
+    for tf in sorted(work.rglob("raw.tar.gz")):
+        call = tf.parent.relative_to(work).as_posix()
+        got, err = read_tarball(tf)
+        if err is not None:
+            listed = set()
+            rj = tf.parent / "runs.jsonl"
+            if rj.exists():
+                listed = {d["name"] for d in map(json.loads, rj.read_text().splitlines())
+                          if "error" not in d}
+            kept = sorted(n for n in got if n in listed)
+            got = {n: got[n] for n in kept}
+            notes.append(f"{call}/raw.tar.gz unreadable ({err[:160]}): skipped"
+                         + (f", except {', '.join(kept)} (read whole, listed done)" if kept
+                            else ""))
+        for name, arr in got.items():
+            if name in runs:
+                notes.append(f"{name}: in {src[name]} and {call}; {call}'s taken")
+            runs[name], src[name] = arr, call
+    for n in notes:
+        print(f"note: {n}")
     docs = {"pair2k": "heldout2k", "engines2k": "heldout2k", "layers2k": "heldout2k",
             "pair16k": "heldout16k"}
     out = {KL_DIR: [], ENG_DIR: [], VER_DIR: []}
@@ -87,11 +127,26 @@ def raw(work: Path) -> None:
     gpu = KL_DIR / "gpu_run"
     gpu.mkdir(exist_ok=True)
     for f in ("bpb.json", "half_lives.json"):
-        for src in work.rglob(f):
-            shutil.copy(src, gpu / f)
-    for f in ("runs.jsonl", "log.txt"):
-        text = "".join(p.read_text() for p in sorted(work.rglob(f)))
-        (gpu / f).write_text(text)
+        found = sorted(work.rglob(f))
+        if len(found) > 1:
+            print(f"note: {len(found)} {f} files; {found[-1].relative_to(work)}'s taken")
+        for p in found[-1:]:
+            shutil.copy(p, gpu / f)
+    entries = []
+    for p in sorted(work.rglob("runs.jsonl")):
+        call = p.parent.relative_to(work).as_posix()
+        for line in p.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                entries.append({**d, "call": call,
+                                "used": "error" not in d and src.get(d["name"]) == call})
+    (gpu / "runs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in entries))
+    logs = [f"# analyse_rerun.py raw: {n}\n" for n in notes]
+    for p in sorted(work.rglob("log.txt")):
+        logs.append(f"## {p.relative_to(work).as_posix()}\n" + p.read_text())
+    (gpu / "log.txt").write_text("".join(logs))
+    print(f"{gpu}: runs.jsonl {len(entries)} entries ({sum(d['used'] for d in entries)} used, "
+          f"{sum('error' in d for d in entries)} failed), log.txt, bpb.json, half_lives.json")
 
 
 def load(path: Path) -> list[dict]:
@@ -250,7 +305,7 @@ def kl_tables(rows: list[dict], hl: dict, bpb: dict) -> tuple[str, list[dict]]:
                "(held out) | shared KL | split KL | ratio shared/split |")
     out.append("|---|---|---|---|---|---|---|---|")
     for m in ("mamba2", "gdn"):
-        for k in (0.25, 1.0, 4.0, 16.0):
+        for k in DECAY:
             run = f"pair16k_{m}_float32" if k == 1.0 else f"decay{k:g}_{m}_float32"
             h = np.asarray([v for vs in hl[f"{m}|x{k:g}"]["per_layer"].values() for v in vs])
             a, b = doc_matrix(rows, run, SHARED), doc_matrix(rows, run, SPLIT)
@@ -295,10 +350,14 @@ def engines_tables(rows: list[dict]) -> tuple[str, list[dict]]:
            "| model | format | weights | KL RTN | KL SR | SR / RTN | documents where SR < RTN |",
            "|---|---|---|---|---|---|---|"]
     res = []
+    ran = {r["run"] for r in rows}
     for m in ("mamba2", "gdn"):
         for lab, rtn, sr in SR_PAIRS:
             for dt in ("float32", "bfloat16"):
                 run = f"engines2k_{m}_{dt}"
+                if run not in ran:
+                    out.append(f"| {LABEL[m]} | {lab} | {dt} | not run (see the notes) | | | |")
+                    continue
                 a, b = doc_matrix(rows, run, sr), doc_matrix(rows, run, rtn)
                 r = stat(a, b)
                 wins = int((a.mean(0) < b.mean(0)).sum())
@@ -315,7 +374,11 @@ def engines_tables(rows: list[dict]) -> tuple[str, list[dict]]:
     for m in ("mamba2", "gdn"):
         for dt in ("float32", "bfloat16"):
             run = f"engines2k_{m}_{dt}"
-            for s in dict.fromkeys(r["scheme"] for r in rows if r["run"] == run):
+            if run not in ran:
+                out.append(f"| {LABEL[m]} | {dt} | not run (see the notes) | | |")
+            # "reference" is the baseline against itself (no KL: NaN in the raw rows)
+            for s in dict.fromkeys(r["scheme"] for r in rows if r["run"] == run
+                                   and r["scheme"] != "reference"):
                 k = stat(doc_matrix(rows, run, s))
                 t = stat(doc_matrix(rows, run, s, field="top1"))
                 out.append(f"| {LABEL[m]} | {dt} | {s} | {band(k)} | {t[0]:.4f} |")
@@ -406,8 +469,11 @@ def plots(kl_res: list[dict], eng_res: list[dict]) -> None:
     fmts = [p[0] for p in SR_PAIRS]
     for a, m in zip(ax, ("mamba2", "gdn"), strict=True):
         for j, (dt, c) in enumerate((("float32", "C0"), ("bfloat16", "C3"))):
-            R = [next(r for r in S if r["model"] == m and r["format"] == f
-                      and r["weights"] == dt) for f in fmts]
+            R = [next((r for r in S if r["model"] == m and r["format"] == f
+                       and r["weights"] == dt), None) for f in fmts]
+            if None in R:  # that run is missing
+                a.plot([], [], "o", c=c, label=f"{dt} weights: not run")
+                continue
             x = np.arange(len(fmts)) + (j - 0.5) * 0.2
             a.errorbar(x, [r["ratio"] for r in R], yerr=[[r["ratio"] - r["ratio_lo"] for r in R],
                                                         [r["ratio_hi"] - r["ratio"] for r in R]],
@@ -426,26 +492,49 @@ def plots(kl_res: list[dict], eng_res: list[dict]) -> None:
     plt.close(fig)
 
 
-def claims_kl(rows: list[dict], bpb: dict) -> list[str]:
+def claims_kl(rows: list[dict], bpb: dict, res: list[dict]) -> list[str]:
+    """The KL study's claims: shared/split per run, over the first L tokens of the 16K runs, per
+    layer; Spearman's ρ per model; half-life medians; bits/byte (``res``: kl_tables' rows)."""
     out = []
     for m in ("mamba2", "gdn"):
         for run in (f"pair2k_{m}_float32", f"pair2k_{m}_bfloat16", f"pair16k_{m}_float32",
                     *(f"decay{k:g}_{m}_float32" for k in (0.25, 4.0, 16.0))):
-            r = stat(doc_matrix(rows, run, SHARED), doc_matrix(rows, run, SPLIT))[0]
+            r = doc_matrix(rows, run, SHARED).mean() / doc_matrix(rows, run, SPLIT).mean()
             out.append(f"ratio {run} {SHARED}/{SPLIT} = {r:.2f}")
+        for r in res:
+            if r["model"] == m and r["table"] == "length":
+                out.append(f"ratio {r['run']} {SHARED}/{SPLIT} upto={r['length']} = "
+                           f"{r['ratio']:.2f}")
+        for r in res:
+            if r["model"] == m and r["table"] == "layer":
+                i = r["layer"]
+                out.append(f"ratio {r['run']} shared_L{i}/split_L{i} = {r['ratio']:.2f}")
         for dt in ("float32", "bfloat16"):
             for sp in ("heldout_dedup", "val_all"):
                 k = f"{m}|{dt}|{sp}|x1"
                 out.append(f"bpb {k} = {bpb[k]['bits_per_byte']:.3f}")
+        for k in DECAY:
+            if k != 1.0:
+                key = f"{m}|float32|heldout_dedup|x{k:g}"
+                out.append(f"bpb {key} = {bpb[key]['bits_per_byte']:.3f}")
+        for r in res:
+            if r["model"] == m and r["table"] == "decay":
+                out.append(f"halflife {m}|x{r['scale']:g} = {r['half_life_median']:.1f}")
+    for r in res:
+        if r["table"] == "spearman":
+            out.append(f"spearman {r['model']} = {r['rho']:.2f}")
     return out
 
 
 def claims_engines(rows: list[dict]) -> list[str]:
     out = []
+    ran = {r["run"] for r in rows}
     for m in ("mamba2", "gdn"):
         for _, rtn, sr in SR_PAIRS:
             for dt in ("float32", "bfloat16"):
                 run = f"engines2k_{m}_{dt}"
+                if run not in ran:
+                    continue
                 a, b = doc_matrix(rows, run, sr), doc_matrix(rows, run, rtn)
                 out.append(f"ratio {run} {sr}/{rtn} = {stat(a, b)[0]:.2f}")
                 out.append(f"wins {run} {sr}<{rtn} = {int((a.mean(0) < b.mean(0)).sum())}/"
@@ -497,7 +586,7 @@ def tables() -> None:
     (VER_DIR / "tables_whole_model.md").write_text(vtext)
     write_csv(VER_DIR / "results_whole_model.csv", v_res)
     plots(kl_res, eng_res)
-    fill_notes(KL_DIR / "NOTES.md", text, claims_kl(kl_rows, bpb))
+    fill_notes(KL_DIR / "NOTES.md", text, claims_kl(kl_rows, bpb, kl_res))
     fill_notes(ENG_DIR / "NOTES.md", etext, claims_engines(eng_rows))
     vrows = load(VER_DIR / "results_raw.csv.gz")
     fill_notes(VER_DIR / "NOTES.md", vtext, claims_verdict(vrows))
