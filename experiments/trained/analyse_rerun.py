@@ -499,8 +499,11 @@ def claims_kl(rows: list[dict], bpb: dict, res: list[dict]) -> list[str]:
     for m in ("mamba2", "gdn"):
         for run in (f"pair2k_{m}_float32", f"pair2k_{m}_bfloat16", f"pair16k_{m}_float32",
                     *(f"decay{k:g}_{m}_float32" for k in (0.25, 4.0, 16.0))):
-            r = doc_matrix(rows, run, SHARED).mean() / doc_matrix(rows, run, SPLIT).mean()
-            out.append(f"ratio {run} {SHARED}/{SPLIT} = {r:.2f}")
+            a, b = doc_matrix(rows, run, SHARED), doc_matrix(rows, run, SPLIT)
+            out.append(f"ratio {run} {SHARED}/{SPLIT} = {a.mean() / b.mean():.2f}")
+            if run.startswith("pair2k"):
+                out.append(f"wins {run} {SPLIT}<{SHARED} = "
+                           f"{int((b.mean(0) < a.mean(0)).sum())}/{a.shape[1]}")
         for r in res:
             if r["model"] == m and r["table"] == "length":
                 out.append(f"ratio {r['run']} {SHARED}/{SPLIT} upto={r['length']} = "
@@ -539,6 +542,10 @@ def claims_engines(rows: list[dict]) -> list[str]:
                 out.append(f"ratio {run} {sr}/{rtn} = {stat(a, b)[0]:.2f}")
                 out.append(f"wins {run} {sr}<{rtn} = {int((a.mean(0) < b.mean(0)).sum())}/"
                            f"{a.shape[1]}")
+    for run in sorted(ran):  # error feedback against RTN at the same format
+        for s in ("conventional_int8_b128", "conventional_int8_b128_ef",
+                  "conventional_fp8_b128", "conventional_fp8_b128_ef"):
+            out.append(f"mean {run} {s} = {fmt(doc_matrix(rows, run, s).mean())}")
     return out
 
 
