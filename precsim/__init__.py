@@ -8,6 +8,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .shadow import install as _install_shadow  # noqa: E402
+
+_install_shadow()  # the checkout's kernels/ does not hide an installed `kernels` (transformers')
+
 __all__ = ["simulate", "__version__"]
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..errors import PrecsimError
 from .load import HOOKED, ssm_layers
 
 
@@ -119,8 +120,35 @@ _LOCK = threading.Lock()
 _INSTALLED: dict[tuple[str, str], list] = {}  # (module, function) -> [original, active hooks]
 
 
-def _dispatcher(orig, fam: str, recurrent: bool, mod):
+def _named(sig: inspect.Signature) -> bool:
+    """Whether a signature names its parameters (not only ``*args, **kwargs``)."""
+    return any(p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values())
+
+
+def signature_of(orig) -> inspect.Signature:
+    """The parameters of transformers' scan function ``orig``. transformers >= 5.25 with
+    Hugging Face's ``kernels`` installed wraps it in a module whose ``forward`` takes
+    ``(*args, **kwargs)`` and calls the function it closes over: that function's signature."""
     sig = inspect.signature(orig)
+    if _named(sig):
+        return sig
+    fwd = getattr(type(orig), "forward", None)
+    for cell in getattr(fwd, "__closure__", None) or ():
+        f = cell.cell_contents
+        if callable(f) and not isinstance(f, type):
+            try:
+                inner = inspect.signature(f)
+            except (TypeError, ValueError):
+                continue
+            if _named(inner):
+                return inner
+    raise PrecsimError(f"cannot read the parameters of transformers' "
+                       f"{getattr(orig, '__name__', type(orig).__name__)} ({sig}); allowed: "
+                       "transformers 5.17 - 5.25, whose scan functions name them")
+
+
+def _dispatcher(orig, fam: str, recurrent: bool, mod):
+    sig = signature_of(orig)
     l2norm = getattr(mod, "l2norm", None)
 
     def dispatch(*args, **kwargs):

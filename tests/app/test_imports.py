@@ -15,7 +15,7 @@ DIRS = {"precsim": "precsim", "formats": "precsim.formats", "kernels": "precsim.
 # (a module belongs to the layer of the longest prefix that names it; "precsim" is the
 # package's __init__ alone)
 LAYERS = [
-    ("errors", ("precsim.errors", "precsim.conf")),
+    ("errors", ("precsim.errors", "precsim.conf", "precsim.shadow")),
     ("formats", ("precsim.formats",)),
     ("kernels", ("precsim.kernels",)),
     ("config", ("precsim.config",)),
