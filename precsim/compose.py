@@ -336,7 +336,7 @@ def check_model_vs_trace(hc, c) -> None:
     if not chosen or c.workload.kind != "trace" or not c.workload.path:
         return
     try:
-        from precsim.families import family_of
+        from precsim.families import FAMILIES, family_of
         from precsim.workload import load_trace_arrays, recorded_layers
 
         p = Path(c.workload.path)
@@ -348,10 +348,9 @@ def check_model_vs_trace(hc, c) -> None:
     except Exception:  # noqa: BLE001 - the workload reports an unreadable trace itself
         return
     if fam and fam != c.model.family:
-        names = {"mamba2": "Mamba-2", "gdn": "Gated DeltaNet"}
         match = [n for n in group_options()["model"] if model_family(n) == fam]
         raise PrecsimError(
-            f"model={chosen[-1]} (family {c.model.family}) with a {names.get(fam, fam)} trace "
+            f"model={chosen[-1]} (family {c.model.family}) with a {FAMILIES[fam].LABEL} trace "
             f"(workload.path={c.workload.path}): a trace fixes the layer's family and shape; "
             f"allowed: no model= (the trace's layer is used)"
             + (f" or model={'|'.join(match)}" if match else ""))

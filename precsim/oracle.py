@@ -30,9 +30,9 @@ def decode(trace: dict, form: str = "u", return_state: bool = False):
     d = validate_trace({k: np.asarray(v) for k, v in trace.items()})
     d = {k: v.astype(np.float64) for k, v in d.items()}
     fam = FAMILIES[family_of(d)]
-    step = fam.step_delta if form == "delta" and fam.name == "gdn" else fam.step
+    step = getattr(fam, "step_delta", fam.step) if form == "delta" else fam.step
     T, H = d[fam.KEYS[0]].shape
-    for k in ("B", "C", "q", "k"):  # grouped inputs: head h reads group h // (H / G)
+    for k in fam.GROUPED:  # grouped inputs: head h reads group h // (H / G)
         if k in d and d[k].shape[1] != H:
             d[k] = np.repeat(d[k], H // d[k].shape[1], axis=1)
     _, Dv, Dk = trace_dims(d, fam.name)

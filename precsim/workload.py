@@ -20,7 +20,7 @@ from precsim import formats as pf
 
 from .config import Config
 from .errors import PrecsimError
-from .families import FAMILIES, family_of
+from .families import FAMILIES, family_of, grouped_keys
 
 TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4, "g": 5, "beta": 6, "q": 7, "k": 8, "v": 9}
 
@@ -157,7 +157,8 @@ class TraceWorkload(Workload):
         m = cfg.model
         m.family = self.family
         m.heads, m.head_dim, m.state_dim = trace_dims(self.data, self.family)
-        m.groups = self.data["B"].shape[1] if self.family == "mamba2" else 1
+        fam = FAMILIES[self.family]
+        m.groups = self.data[fam.GROUPED[0]].shape[1] if fam.KERNEL_GROUPS else 1
         from .config import validate
 
         validate(cfg)
@@ -167,12 +168,9 @@ class TraceWorkload(Workload):
         if cfg.run.steps > self.max_steps:
             raise PrecsimError(f"run.steps={cfg.run.steps} exceeds the trace length "
                                f"T={self.max_steps}; allowed: 1..{self.max_steps}")
-        if self.family == "mamba2":
-            self.params = {"A": self.data["A"].astype(np.float64)}
-            if "D" in self.data:
-                self.params["D"] = self.data["D"].astype(np.float64)
-        else:
-            self.params = {}
+        self.params = {k: self.data[k].astype(np.float64)
+                       for k in (*fam.PARAMS, *([fam.SKIP] if fam.SKIP else ()))
+                       if k in self.data}  # (PARAMS are required: validate_trace)
 
     def chunk(self, t0: int, t1: int) -> dict:
         """Steps ``[t0, t1)`` as float64 tensors ``(m, 1, ...)`` on the device. From a
@@ -279,9 +277,8 @@ def load_trace_arrays(path) -> dict:
 
 def trace_dims(d: dict, family: str) -> tuple[int, int, int]:
     """``(heads, Dv, Dk)`` of a trace dict: Mamba-2 ``(H, P, N)``, GDN ``(H, V, K)``."""
-    if family == "mamba2":
-        return d["x"].shape[1], d["x"].shape[2], d["B"].shape[2]
-    return d["v"].shape[1], d["v"].shape[2], d["k"].shape[2]
+    f = FAMILIES[family]
+    return d[f.VALUE].shape[1], d[f.VALUE].shape[2], d[f.KEY].shape[2]
 
 
 def validate_trace(data: dict, where: str = "trace") -> dict:
@@ -363,7 +360,7 @@ def expand_groups(inp: dict, heads: int) -> dict:
     """Grouped inputs (Mamba-2's ``B``/``C``, GDN's ``q``/``k``: ``(m, S, G, N)``) repeated per
     head ``(m, S, H, N)``: head ``h`` reads group ``h // (H / G)``."""
     out = dict(inp)
-    for k in ("B", "C", "q", "k"):
+    for k in grouped_keys():
         if k in inp and inp[k].shape[2] != heads:
             out[k] = inp[k].repeat_interleave(heads // inp[k].shape[2], dim=2)
     return out

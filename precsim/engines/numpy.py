@@ -127,7 +127,7 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                     if last:  # flush: fold the buffer into the master, write back once
                         fold = _fold(buf[n], state[n], dt_)
                         if not spec:
-                            c = inp["C"][i] if fam == "mamba2" else inp["q"][i]
+                            c = inp[family.QUERY][i]
                             ys[n][i] = _out(fold, c)
                         state[n], resid[n] = qs[n].write(fold, resid[n], sc, events[n])
                         if sc.kind == "split":

@@ -201,7 +201,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
     acc.tf32 = kl_tf32
     params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
               for k, v in wl.params.items()}
-    D = params.get("D") if family.name == "mamba2" else None
+    D = params.get(family.SKIP) if family.SKIP else None
     nw = num_warps or (4 if P * N <= 8192 else 8)
     LB = max(16, 1 << (L - 1).bit_length())
     cuda = dev.type == "cuda"
@@ -374,7 +374,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
         ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
         (``families.decays``; with ``decay_exp=fast`` ``_a32`` is the kernels' ``tl.exp``)."""
         inp = wl.chunk(a, b)
-        if family.name == "gdn":  # the GDN kernel reads q/k per head (a trace keeps key heads)
+        if not family.KERNEL_GROUPS:  # GDN's kernel reads q/k per head (a trace keeps key heads)
             inp = expand_groups(inp, H)
         n = b - a
         d64 = decays(family.name, inp, params, torch.float64)  # the float32 ones round these

@@ -3,6 +3,11 @@
 A family module (``mamba2.py``, ``gdn.py``) defines:
 
 * ``KEYS``: the per-step input keys (trace schema); ``state_dims(model)`` the state's ``(Dv, Dk)``;
+* ``LABEL`` (its name in text), ``PARAMS`` (per-head constants), ``SKIP`` (an optional per-head
+  skip parameter, or None), the inputs by role: ``DECAY_INPUT`` (``(steps, heads)``), ``VALUE``
+  (the state's Dv axis), ``KEY`` (its Dk axis), ``QUERY`` (the readout), ``GROUPED`` (inputs a
+  trace may hold per group of heads) and ``KERNEL_GROUPS`` (whether the engines read those per
+  group, ``model.groups``, or expanded per head);
 * ``step(S, inp)``: **the** recurrence, one token, written once with operations NumPy and torch
   share, so it is the float64 oracle (:mod:`precsim.oracle`), the NumPy engine's step and the
   torch engine's conventional step alike. ``inp`` holds the token's inputs plus its decay ``a``;
@@ -34,6 +39,11 @@ LOG2E_F32 = float(torch.tensor(1.0 / math.log(2.0), dtype=torch.float32))
 def get_family(name: str):
     check_choice("model.family", name, FAMILIES)
     return FAMILIES[name]
+
+
+def grouped_keys() -> tuple[str, ...]:
+    """Every family's inputs that may come per group of heads."""
+    return tuple(k for f in FAMILIES.values() for k in f.GROUPED)
 
 
 def family_of(keys) -> str:
@@ -71,4 +81,5 @@ def decays(family: str, inp64: dict, params64: dict, dtype: torch.dtype,
     return {"a": a, "la": la}
 
 
-__all__ = ["FAMILIES", "get_family", "family_of", "family_params", "decays", "fast_exp32"]
+__all__ = ["FAMILIES", "get_family", "family_of", "grouped_keys", "family_params", "decays",
+           "fast_exp32"]

@@ -14,8 +14,14 @@ import torch
 from .base import decay_matrices, key_dot, step_dots
 
 name = "gdn"
+LABEL = "Gated DeltaNet"  # the family's name in messages and reports
 KEYS = ("g", "beta", "q", "k", "v")
 PARAMS = ()
+SKIP = None  # no per-head skip parameter
+# the per-step inputs by role (see mamba2.py): decay input, values, keys, readout
+DECAY_INPUT, VALUE, KEY, QUERY = "g", "v", "k", "q"
+GROUPED = ("q", "k")  # a trace may keep key heads (head h reads h // (H / G))
+KERNEL_GROUPS = False  # engines expand q/k per head (model.groups stays 1)
 
 
 def state_dims(model) -> tuple[int, int]:

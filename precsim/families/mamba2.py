@@ -13,8 +13,15 @@ import torch
 from .base import decay_matrices
 
 name = "mamba2"
+LABEL = "Mamba-2"  # the family's name in messages and reports
 KEYS = ("dt", "x", "B", "C")
 PARAMS = ("A",)
+SKIP = "D"  # an optional per-head parameter: y_t += D x_t (None: no skip)
+# the per-step inputs by role: the (steps, heads) decay input, the values (the state's Dv
+# axis), the keys (its Dk axis) and the readout (y = S C)
+DECAY_INPUT, VALUE, KEY, QUERY = "dt", "x", "B", "C"
+GROUPED = ("B", "C")  # inputs a trace may hold per group of heads (head h reads h // (H / G))
+KERNEL_GROUPS = True  # the kernels read GROUPED per group (model.groups); else expanded per head
 
 
 def state_dims(model) -> tuple[int, int]:

@@ -64,13 +64,13 @@ class LayerScheme:
         from ..families import decays, family_params
         from ..workload import expand_groups
 
-        H = st.inp["dt" if self.fam.name == "mamba2" else "g"].shape[2]
+        H = st.inp[self.fam.DECAY_INPUT].shape[2]
         inp64 = expand_groups({k: v.double() for k, v in st.inp.items()}, H)  # (1, 1, H, ...)
-        dev = inp64["x" if self.fam.name == "mamba2" else "v"].device
+        dev = inp64[self.fam.VALUE].device
         inp = {k: v.to(self.dtype) for k, v in inp64.items()}
         p64 = family_params(self.fam.name, st.const, dev, torch.float64)
         inp.update(decays(self.fam.name, inp64, p64, self.dtype, self.cfg.model.decay_exp))
-        val, key = (inp["x"], inp["B"]) if self.fam.name == "mamba2" else (inp["v"], inp["k"])
+        val, key = inp[self.fam.VALUE], inp[self.fam.KEY]
         if self.s.state is None:
             self.s.init((1, H, val.shape[3], key.shape[3]), dev, self.dtype)
         params = family_params(self.fam.name, st.const, dev, self.dtype)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import PrecsimError
+from ..families import FAMILIES
 from .load import HOOKED, ssm_layers
 
 
@@ -46,7 +47,7 @@ class Step:
     @property
     def shape(self) -> tuple[int, int]:
         """``(T, b)``."""
-        return tuple(self.inp["dt" if self.family == "mamba2" else "g"].shape[:2])
+        return tuple(self.inp[FAMILIES[self.family].DECAY_INPUT].shape[:2])
 
 
 Handler = Callable[[Step, Callable[[], tuple]], tuple]

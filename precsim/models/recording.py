@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import PrecsimError
+from ..families import FAMILIES
 from ..rundir import RECORD_FILE, layer_dir_name
 from .hook import Hook
 from .load import cache_io, devices_of, first_cache, input_device, ssm_layers
@@ -116,7 +117,7 @@ class _Recorder:
             w.write(step)
         y, state = scan(step, self.groups, step.shape[1], self.cfg, torch.float64, self.backend,
                         carry=True)
-        return y.to(step.inp["x" if step.family == "mamba2" else "v"].dtype), state
+        return y.to(step.inp[FAMILIES[step.family].VALUE].dtype), state
 
 
 def parse_layers(spec: str | None, model) -> list[int]:

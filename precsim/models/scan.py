@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..config import Config, SchemeConfig, scheme_at
-from ..families import decays, family_params, get_family
+from ..families import FAMILIES, decays, family_params, get_family
 from ..workload import expand_groups
 from .metrics import rel_ratio, row_dist
 
@@ -106,7 +106,7 @@ def scan(step, groups: list[Group], K: int, cfg: Config, compute: torch.dtype,
     call's state (``step.state``; None: zero), flush at the end, and return ``(outputs, final
     state (K, H, Dv, Dk) float64)``. ``chunks``: the call is the chunk of positions starting at
     ``chunks.offset``; every group's state continues from the previous chunk's."""
-    dev = step.inp["x" if step.family == "mamba2" else "v"].device  # the layer's device
+    dev = step.inp[FAMILIES[step.family].VALUE].device  # the layer's device
     if backend == "triton" and dev.type == "cuda":
         from .scan_triton import scan_triton
 
@@ -140,9 +140,9 @@ def _schemes(step, groups, K, cfg, compute, dev, kept=None):
     from ..schemes import SCHEMES, format_options
 
     fam = get_family(step.family)
-    H = step.inp["dt" if step.family == "mamba2" else "g"].shape[2]
-    Dv = step.inp["x" if step.family == "mamba2" else "v"].shape[-1]
-    Dk = step.inp["B" if step.family == "mamba2" else "k"].shape[-1]
+    H = step.inp[fam.DECAY_INPUT].shape[2]
+    Dv = step.inp[fam.VALUE].shape[-1]
+    Dk = step.inp[fam.KEY].shape[-1]
     out = []
     for i, g in enumerate(groups):
         sc = g.at(step.layer)
@@ -162,7 +162,7 @@ def _schemes(step, groups, K, cfg, compute, dev, kept=None):
 
 def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
     T, b = step.shape
-    dev = step.inp["x" if step.family == "mamba2" else "v"].device
+    dev = step.inp[FAMILIES[step.family].VALUE].device
     kept = chunks.layers.get(step.layer) if chunks is not None else None
     fam, H, runs = _schemes(step, groups, K, cfg, compute, dev, kept)
     if chunks is not None:

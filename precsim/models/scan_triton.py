@@ -19,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-from ..families import decays
+from ..families import FAMILIES, decays
 from ..workload import expand_groups
 from .metrics import rel_ratio, row_dist
 
@@ -40,10 +40,10 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
 
     fam = step.family
     T, b = step.shape
-    val = step.inp["x" if fam == "mamba2" else "v"]
+    val = step.inp[FAMILIES[fam].VALUE]
     dev = val.device
     H, P = val.shape[2], val.shape[3]
-    N = step.inp["B" if fam == "mamba2" else "k"].shape[-1]
+    N = step.inp[FAMILIES[fam].KEY].shape[-1]
     L = cfg.replay.buffer_len
     # no flush at the end of an incomplete last segment (unless carrying the state on)
     off = chunks.offset if chunks is not None else 0
@@ -107,7 +107,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 rows = slice(gi * K, (gi + 1) * K)
                 inp = {k: v[t0:t0 + n, rows].double().contiguous() for k, v in step.inp.items()}
-                if fam == "gdn":
+                if not FAMILIES[fam].KERNEL_GROUPS:
                     inp = expand_groups(inp, H)
                 d64 = decays(fam, inp, params, torch.float64)
                 la32 = d64["la"].to(torch.float32)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..families import FAMILIES
 from .runs import Job
 
 
@@ -30,7 +31,7 @@ def workload_kind(summary: dict) -> str:
     return "trace" if w.startswith("trace") else "synthetic"
 
 
-_FAMILY = {"mamba2": "Mamba-2", "gdn": "Gated DeltaNet"}
+_FAMILY = {name: f.LABEL for name, f in FAMILIES.items()}
 
 
 def _group_of(summary: dict) -> tuple[tuple, str]:
