@@ -377,10 +377,9 @@ def set_sweep_kernels(hc, c, multirun: bool) -> None:
     if runtime_codes or "precsim.engines.triton" in sys.modules:
         from precsim.engines import triton as triton_engine
 
-        triton_engine.RUNTIME_CODES[0] = runtime_codes  # one kernel serves every job's schemes
-        triton_engine.SWEEP_BLOCKS.clear()
-        if runtime_codes:
-            triton_engine.SWEEP_BLOCKS.update(sweep_blocks(hc, c))
+        # one kernel serves every job's schemes; the engine sets its own state
+        triton_engine.configure_sweep(runtime_codes,
+                                      sweep_blocks(hc, c) if runtime_codes else ())
 
 
 def interrupt_lines(e, args: list[str], left=()) -> list[str]:

@@ -62,6 +62,15 @@ LANES = os.environ.get("PRECSIM_KERNEL_LANES", "1").strip() != "0"
 SWEEP_BLOCKS: set = set()
 
 
+def configure_sweep(runtime_codes: bool, blocks=()) -> None:
+    """The engine's kernels for a sweep (the command line's one call): ``runtime_codes`` (one
+    kernel taking the schemes as arguments, for every job of a sweep over schemes) and the
+    block sizes its jobs will need; ``False`` and none: one kernel per configuration."""
+    RUNTIME_CODES[0] = bool(runtime_codes)
+    SWEEP_BLOCKS.clear()
+    SWEEP_BLOCKS.update(blocks)
+
+
 def runtime_codes_default() -> bool:
     env = os.environ.get("PRECSIM_KERNEL_CODES", "").strip().lower()
     return env == "runtime" if env in ("runtime", "constexpr") else RUNTIME_CODES[0]
