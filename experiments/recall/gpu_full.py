@@ -74,8 +74,29 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def ckpt_name(model: str, seed: int) -> str:
-    return f"full_{model}_seed{seed}"
+def ckpt_name(model: str, seed: int, tag: str = "full") -> str:
+    """A checkpoint's folder name: ``TAG_MODEL_seedS`` (``--tag``: one training recipe's set)."""
+    return f"{tag}_{model}_seed{seed}"
+
+
+CKPT_RE = re.compile(r"^(?P<tag>[A-Za-z0-9]+)_(?P<model>mamba2|gdn)_seed(?P<seed>\d+)$")
+
+
+def parse_steps(text: str | None, size: str) -> dict:
+    """``--steps``: one count for both models (``2400``) or per model (``mamba2=2400,gdn=2000``);
+    the recipe's counts where not given."""
+    steps = dict(STEPS[size])
+    if not text:
+        return steps
+    for part in text.split(","):
+        name, eq, val = part.partition("=")
+        if not eq:
+            steps = {m: int(name) for m in steps}
+            continue
+        if name not in steps:
+            raise SystemExit(f"gpu_full.py: --steps names {name!r}; allowed: {', '.join(steps)}")
+        steps[name] = int(val)
+    return steps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,15 +205,16 @@ def train(args) -> int:
     deadline = t0 + args.budget
     dev = ["--cpu", "--tiny"] if args.device == "cpu" else ["--gpu"]
     jobs = []
+    steps = parse_steps(args.steps, size)
     for s in SEEDS:
-        for m in MODELS:  # the first seed of each first (priority if the pool is smaller)
+        for m in args.models:  # the first seed of each first (priority if the pool is smaller)
             jobs.append({"name": f"train_{m}_seed{s}", "model": m, "seed": s, "cmd": [
                 sys.executable, str(HERE / "train_recall.py"), *dev, "--seed", str(s),
-                "--models", m, "--steps", str(args.steps or STEPS[size][m]),
+                "--models", m, "--steps", str(steps[m]),
                 "--gdn-chunk", str(args.gdn_chunk),
                 "--eval-lengths", ",".join(map(str, EVAL_LENGTHS[size])),
                 "--eval-items", str(EVAL_ITEMS[size]), "--eval-batch-tokens", str(1 << 18),
-                "--out", str(work / "train" / ckpt_name(m, s))]})
+                "--out", str(work / "train" / ckpt_name(m, s, args.tag))]})
     jobs.sort(key=lambda j: (j["seed"], j["model"]))
     # the memory measurement and packing need ~1 minute after training
     pool = Pool(args.workers, deadline - args.reserve, work / "logs")
@@ -200,7 +222,7 @@ def train(args) -> int:
     # per-head half-lives (CPU, one process per checkpoint, all at once)
     procs = []
     for j in done:
-        ck = work / "train" / ckpt_name(j["model"], j["seed"]) / j["model"]
+        ck = work / "train" / ckpt_name(j["model"], j["seed"], args.tag) / j["model"]
         if j["status"] == "ok" and (ck / "model.safetensors").is_file():
             procs.append((j, subprocess.Popen(
                 [sys.executable, str(HERE / "memory.py"), str(ck), "--length",
@@ -218,13 +240,13 @@ def train(args) -> int:
         log(f"memory {j['name']}: {j['memory']}")
     manifest = {"phase": "train", "size": size, "device": _device(), "date": _now(),
                 "argv": sys.argv, "budget_s": args.budget, "seconds": round(time.time() - t0, 1),
-                "steps": {m: args.steps or STEPS[size][m] for m in MODELS},
+                "steps": {m: steps[m] for m in args.models}, "tag": args.tag,
                 "gdn_train_chunk": args.gdn_chunk, "jobs": done}
     (work / "train" / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     out.mkdir(parents=True, exist_ok=True)
-    for m in MODELS:
-        pack(out, f"recall_train_{m}.tar.gz", work, [work / "train" / ckpt_name(m, s)
-                                                       for s in SEEDS]
+    for m in args.models:
+        tb = f"recall_train_{'' if args.tag == 'full' else args.tag + '_'}{m}.tar.gz"
+        pack(out, tb, work, [work / "train" / ckpt_name(m, s, args.tag) for s in SEEDS]
              + [work / "logs" / f"train_{m}_seed{s}.log" for s in SEEDS]
              + [work / "logs" / f"memory_{m}_seed{s}.log" for s in SEEDS]
              + [work / "train" / "manifest.json"])
@@ -251,6 +273,7 @@ def study_jobs(args, ckpts: dict) -> list[dict]:
     jobs = []
     order = [("mqar", "float32"), ("mqar", "bfloat16"), ("passkey", "float32"),
              ("passkey", "bfloat16")]
+    order = [(t, w) for t, w in order if t in args.tasks and w in args.weights]
     for task, wd in order:
         for s in SEEDS:
             for lg in LENGTH_GROUPS[size]:
@@ -259,10 +282,12 @@ def study_jobs(args, ckpts: dict) -> list[dict]:
                     if ck is None:
                         continue
                     sch = study_schemes(ck)
+                    if args.schemes:
+                        sch = {k: v for k, v in sch.items() if k in args.schemes}
                     G = n_groups(sch, args.sr_seeds)
                     # rows x positions x groups per pass: >= 4 rows of the longest length
                     bt = max(args.batch_tokens, 4 * G * max(lg))
-                    name = f"{ckpt_name(m, s)}_{wd}_{task}_L{max(lg)}"
+                    name = f"{ckpt_name(m, s, args.tag)}_{wd}_{task}_L{max(lg)}"
                     run_dir = args.work / "study" / "runs" / name
                     cmd = [sys.executable, "-m", "precsim", "experiment=task_eval",
                            f"model.path={ck}", f"model.dtype={wd}", f"task.name={task}",
@@ -273,7 +298,7 @@ def study_jobs(args, ckpts: dict) -> list[dict]:
                            f"run.sr_seeds={args.sr_seeds}", "replay.buffer_len=16",
                            "run.progress=true", "metrics.plot=false",
                            f"run.out_dir={run_dir}", *ST.overrides(sch)]
-                    meta = {"model": ckpt_name(m, s), "family": m, "train_seed": s,
+                    meta = {"model": ckpt_name(m, s, args.tag), "family": m, "train_seed": s,
                             "weights": wd, "task": task, "lengths": lg,
                             "checkpoint": str(ck), "items": args.items,
                             "sr_seeds": args.sr_seeds, "groups": G}
@@ -282,11 +307,11 @@ def study_jobs(args, ckpts: dict) -> list[dict]:
     return jobs
 
 
-def find_ckpts(root: Path) -> dict:
+def find_ckpts(root: Path, tag: str = "full") -> dict:
     out = {}
     for m in MODELS:
         for s in SEEDS:
-            d = root / ckpt_name(m, s)
+            d = root / ckpt_name(m, s, tag)
             for c in (d, d / m):
                 if (c / "config.json").is_file() and (c / "model.safetensors").is_file():
                     out[(m, s)] = c.resolve()
@@ -303,6 +328,11 @@ def study(args) -> int:
                          f"under {args.ckpts}")
     log(f"study: {len(ckpts)} checkpoints under {args.ckpts}: "
         + ", ".join(f"{m} seed {s}" for m, s in sorted(ckpts)))
+    if args.schemes:
+        known = set(study_schemes(next(iter(ckpts.values()))))
+        if args.schemes - known:
+            raise SystemExit(f"gpu_full.py study: --schemes names {sorted(args.schemes - known)}; "
+                             f"allowed: {', '.join(sorted(known))}")
     jobs = study_jobs(args, ckpts)
     if args.match:
         jobs = [j for j in jobs if re.search(args.match, j["name"])]
@@ -366,8 +396,10 @@ def unpack(args) -> int:
             tf.extractall(tmp, filter="data")
         if (tmp / "train").is_dir():
             man = json.loads((tmp / "train" / "manifest.json").read_text())
-            for d in sorted((tmp / "train").glob("full_*_seed*")):
-                m = d.name.split("_")[1]
+            for d in sorted((tmp / "train").glob("*_seed*")):
+                if not CKPT_RE.match(d.name):
+                    continue
+                m = CKPT_RE.match(d.name)["model"]
                 src = d / m
                 if not (src / "model.safetensors").is_file():
                     log(f"{d.name}: no checkpoint (training did not finish)")
@@ -735,8 +767,11 @@ def main(argv=None) -> int:
         p.add_argument("--reserve", type=float, default=None,
                        help="seconds kept for what follows the pool (default 75 train, 20 study)")
         p.add_argument("--workers", type=int, default=None)
+        p.add_argument("--tag", default="full", help="checkpoint set: TAG_{mamba2,gdn}_seed{0,1,2}")
         if ph == "train":
-            p.add_argument("--steps", type=int, default=None, help="override the step counts")
+            p.add_argument("--steps", default=None,
+                           help="step counts: N for both models or mamba2=N,gdn=M")
+            p.add_argument("--models", default=",".join(MODELS), help="comma list of models")
             p.add_argument("--gdn-chunk", type=int, default=256)
         else:
             p.add_argument("--ckpts", type=Path, default=HERE / "checkpoints")
@@ -749,6 +784,10 @@ def main(argv=None) -> int:
                            help="seconds per item x token x group before any job is done")
             p.add_argument("--only-first", type=int, default=0, help="the first N jobs only")
             p.add_argument("--match", default=None, help="jobs whose name matches (regex)")
+            p.add_argument("--schemes", default=None,
+                           help="comma list: only these of study.py's schemes (default: all)")
+            p.add_argument("--tasks", default="mqar,passkey")
+            p.add_argument("--weights", default=",".join(WEIGHTS))
     p = sub.add_parser("unpack")
     p.add_argument("tarballs", nargs="+", type=Path)
     p.add_argument("--dest", type=Path, default=HERE)
@@ -769,8 +808,16 @@ def main(argv=None) -> int:
         args.reserve = 75.0 if args.phase == "train" else 20.0
     if args.workers is None:
         args.workers = (6 if args.phase == "train" else 3) if args.device == "cuda" else 2
+    if not CKPT_RE.match(ckpt_name("mamba2", 0, args.tag)):
+        ap.error(f"--tag={args.tag!r}: letters and digits only")
     if args.phase == "train":
+        args.models = [m for m in args.models.split(",") if m]
+        if not args.models or set(args.models) - set(MODELS):
+            ap.error(f"--models={','.join(args.models)!r}; allowed: {', '.join(MODELS)}")
         return train(args)
+    args.schemes = set(args.schemes.split(",")) if args.schemes else None
+    args.tasks = args.tasks.split(",")
+    args.weights = args.weights.split(",")
     args.items = args.items or STUDY_ITEMS["tiny" if args.tiny else "full"]
     return study(args)
 

@@ -292,7 +292,8 @@ def test_gpu_full_study_jobs(tmp_path):
     ck.mkdir()
     (ck / "config.json").write_text(json.dumps({"state_size": 64}))
     a = type("A", (), dict(tiny=False, items=100, sr_seeds=3, batch_tokens=1 << 21, chunk=4096,
-                           device="cuda", work=tmp_path / "w"))()
+                           device="cuda", work=tmp_path / "w", tag="full", schemes=None,
+                           tasks=["mqar", "passkey"], weights=["float32", "bfloat16"]))()
     jobs = G.study_jobs(a, {("mamba2", 0): ck, ("gdn", 0): ck})
     assert jobs[0]["meta"]["task"] == "mqar" and jobs[0]["meta"]["weights"] == "float32"
     assert {j["meta"]["weights"] for j in jobs} == {"float32", "bfloat16"}
@@ -304,3 +305,28 @@ def test_gpu_full_study_jobs(tmp_path):
     for j in jobs:
         bt = int(next(x for x in j["cmd"] if x.startswith("task.batch_tokens=")).split("=")[1])
         assert bt // (G_ * max(j["meta"]["lengths"])) >= 4
+
+
+def test_gpu_full_subset_tag_and_steps(tmp_path):
+    """A second recipe's checkpoint set (``--tag``), a study over a subset of schemes, tasks and
+    weights, and ``--steps`` per model."""
+    G = gpu_full()
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"state_size": 64}))
+    a = type("A", (), dict(tiny=False, items=100, sr_seeds=3, batch_tokens=1 << 21, chunk=4096,
+                           device="cuda", work=tmp_path / "w", tag="long",
+                           schemes={"conv_nvfp4_sr", "split_fp32_nvfp4"}, tasks=["mqar"],
+                           weights=["float32"]))()
+    jobs = G.study_jobs(a, {("gdn", 1): ck})
+    assert [j["name"] for j in jobs] == [f"long_gdn_seed1_float32_mqar_L{L}"
+                                         for L in (8192, 16384, 32768)]
+    assert jobs[0]["meta"]["groups"] == 3 + 3 + 1  # reference, fp32, noise; 1 SR x 3; split
+    c = " ".join(jobs[0]["cmd"])
+    assert "conv_nvfp4_sr" in c and "split_fp32_nvfp4" in c and "shared_nvfp4_sr" not in c
+    assert G.parse_steps("mamba2=2400,gdn=2000", "full") == {"mamba2": 2400, "gdn": 2000}
+    assert G.parse_steps("7", "full") == {"mamba2": 7, "gdn": 7}
+    assert G.parse_steps(None, "full") == G.STEPS["full"]
+    with pytest.raises(SystemExit, match="allowed: mamba2, gdn"):
+        G.parse_steps("mamba3=5", "full")
+    assert G.CKPT_RE.match("long_gdn_seed2")["model"] == "gdn"
