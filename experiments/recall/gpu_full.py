@@ -8,7 +8,8 @@
 
 ``train`` trains the six recall models side by side (one process each; fixed step counts, no
 clock), measures each one's float32 accuracy with its own forward at 1K..32K and its heads'
-half-lives, and packs them (``recall_train_mamba2.tar.gz``, ``recall_train_gdn.tar.gz``).
+half-lives, and packs them (``recall_train_TAG_MODEL_seedS.tar.gz``); a model still training
+near the budget's end pauses (its state saved) and ``train --resume TARBALLS`` continues it.
 ``unpack`` puts them in ``experiments/recall/checkpoints/full_{mamba2,gdn}_seed{0,1,2}/``.
 
 ``study`` runs ``experiment=task_eval`` (``study.py``'s schemes plus two error-feedback ones, SR
@@ -53,6 +54,8 @@ SEEDS = (0, 1, 2)
 # fixed step counts (the recipe; no clock): Mamba-2's 1,200 steps reached MQAR 1.00 to 2,048
 # tokens on one H200 in 56 s; GDN's step ~1.5x a Mamba-2 step with --gdn-chunk 256 (op counts)
 STEPS = {"full": {"mamba2": 1200, "gdn": 1000}, "tiny": {"mamba2": 8, "gdn": 8}}
+# seconds kept after a model's last step for its evaluation and save (GDN's at 1K..32K: ~30 s)
+EVAL_MARGIN_S = {"full": 60.0, "tiny": 20.0}
 EVAL_LENGTHS = {"full": [1024, 4096, 8192, 16384, 32768], "tiny": [32, 64, 128]}
 EVAL_ITEMS = {"full": 100, "tiny": 4}
 # study: length groups (one process each), items per length, tasks and weights in priority order
@@ -108,9 +111,10 @@ class Pool:
     ``now + est <= deadline`` (``est`` may be a callable of the pool); at the deadline the
     running ones are stopped (their whole process group)."""
 
-    def __init__(self, workers: int, deadline: float, logdir: Path, env=None):
+    def __init__(self, workers: int, deadline: float, logdir: Path, env=None,
+                 append: bool = False):
         self.workers, self.deadline, self.logdir = workers, deadline, logdir
-        self.env = env
+        self.env, self.mode = env, "a" if append else "w"
         self.done: list[dict] = []
         logdir.mkdir(parents=True, exist_ok=True)
 
@@ -134,7 +138,7 @@ class Pool:
                     pending = []
                     break
                 pending.remove(pick)
-                f = (self.logdir / f"{pick['name']}.log").open("w")
+                f = (self.logdir / f"{pick['name']}.log").open(self.mode)
                 p = subprocess.Popen(pick["cmd"], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True, env=self.env)
                 pick.update(_p=p, _f=f, _t0=time.time())
@@ -206,6 +210,14 @@ def train(args) -> int:
     dev = ["--cpu", "--tiny"] if args.device == "cpu" else ["--gpu"]
     jobs = []
     steps = parse_steps(args.steps, size)
+    for tb in args.resume or []:  # an earlier call's tarballs: finished and paused models
+        with tarfile.open(tb) as tf:
+            tf.extractall(work, filter="data")
+        log(f"resume: unpacked {tb}")
+    # a model still training at this point saves its state and exits 75 ("paused"; a later call
+    # with --resume continues it): its evaluation, half-lives and packing still fit the budget
+    pause_at = max(1.0, deadline - args.reserve - EVAL_MARGIN_S[size] - time.time())
+    earlier = []
     for s in SEEDS:
         for m in args.models:  # the first seed of each first (priority if the pool is smaller)
             jobs.append({"name": f"train_{m}_seed{s}", "model": m, "seed": s, "cmd": [
@@ -214,16 +226,26 @@ def train(args) -> int:
                 "--gdn-chunk", str(args.gdn_chunk),
                 "--eval-lengths", ",".join(map(str, EVAL_LENGTHS[size])),
                 "--eval-items", str(EVAL_ITEMS[size]), "--eval-batch-tokens", str(1 << 18),
+                "--pause-at", f"{pause_at:.0f}",
                 "--out", str(work / "train" / ckpt_name(m, s, args.tag))]})
+            ck = work / "train" / ckpt_name(m, s, args.tag) / m
+            if (ck / "model.safetensors").is_file() and not (ck / "resume.pt").is_file():
+                earlier.append({**_pub(jobs.pop()), "status": "ok", "seconds": 0.0,
+                                "call": "earlier"})
+                log(f"{earlier[-1]['name']}: finished in an earlier call")
     jobs.sort(key=lambda j: (j["seed"], j["model"]))
     # the memory measurement and packing need ~1 minute after training
-    pool = Pool(args.workers, deadline - args.reserve, work / "logs")
+    pool = Pool(args.workers, deadline - args.reserve, work / "logs", append=bool(args.resume))
     done = pool.run(jobs)
+    for j in done:
+        if j["status"] == "failed (exit 75)":
+            j["status"] = "paused"
     # per-head half-lives (CPU, one process per checkpoint, all at once)
     procs = []
     for j in done:
         ck = work / "train" / ckpt_name(j["model"], j["seed"], args.tag) / j["model"]
-        if j["status"] == "ok" and (ck / "model.safetensors").is_file():
+        if (j["status"] == "ok" and (ck / "model.safetensors").is_file()
+                and not (ck.parent / "memory.json").is_file()):
             procs.append((j, subprocess.Popen(
                 [sys.executable, str(HERE / "memory.py"), str(ck), "--length",
                  str(EVAL_LENGTHS[size][0] * (2 if size == "full" else 1)), "--json",
@@ -241,18 +263,25 @@ def train(args) -> int:
     manifest = {"phase": "train", "size": size, "device": _device(), "date": _now(),
                 "argv": sys.argv, "budget_s": args.budget, "seconds": round(time.time() - t0, 1),
                 "steps": {m: steps[m] for m in args.models}, "tag": args.tag,
-                "gdn_train_chunk": args.gdn_chunk, "jobs": done}
-    (work / "train" / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+                "gdn_train_chunk": args.gdn_chunk, "jobs": earlier + done}
+    mpath = work / "train" / "manifest.json"
+    if mpath.is_file():  # the earlier calls' manifests stay in "calls"
+        old = json.loads(mpath.read_text())
+        manifest["calls"] = old.pop("calls", []) + [old]
+    mpath.write_text(json.dumps(manifest, indent=1) + "\n")
     out.mkdir(parents=True, exist_ok=True)
+    # one tarball per model (a paused model's state is ~12 MB: files come back <= 16 MB each)
     for m in args.models:
-        tb = f"recall_train_{'' if args.tag == 'full' else args.tag + '_'}{m}.tar.gz"
-        pack(out, tb, work, [work / "train" / ckpt_name(m, s, args.tag) for s in SEEDS]
-             + [work / "logs" / f"train_{m}_seed{s}.log" for s in SEEDS]
-             + [work / "logs" / f"memory_{m}_seed{s}.log" for s in SEEDS]
-             + [work / "train" / "manifest.json"])
-    ok = sum(j["status"] == "ok" for j in done)
-    log(f"train: {ok}/{len(done)} models in {time.time() - t0:.0f} s")
-    return 0 if ok else 1
+        for s in SEEDS:
+            pack(out, f"recall_train_{args.tag}_{m}_seed{s}.tar.gz", work,
+                 [work / "train" / ckpt_name(m, s, args.tag), work / "logs" /
+                  f"train_{m}_seed{s}.log", work / "logs" / f"memory_{m}_seed{s}.log", mpath])
+    ok = sum(j["status"] == "ok" for j in earlier + done)
+    paused = [j["name"] for j in done if j["status"] == "paused"]
+    log(f"train: {ok}/{len(earlier) + len(done)} models finished in {time.time() - t0:.0f} s"
+        + (f"; paused (continue with --resume OUT/recall_train_*.tar.gz): {', '.join(paused)}"
+           if paused else ""))
+    return 0 if ok or paused else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -772,6 +801,9 @@ def main(argv=None) -> int:
             p.add_argument("--steps", default=None,
                            help="step counts: N for both models or mamba2=N,gdn=M")
             p.add_argument("--models", default=",".join(MODELS), help="comma list of models")
+            p.add_argument("--resume", type=Path, nargs="+", default=None,
+                           help="an earlier call's recall_train_*.tar.gz: skip its finished "
+                                "models, continue its paused ones")
             p.add_argument("--gdn-chunk", type=int, default=256)
         else:
             p.add_argument("--ckpts", type=Path, default=HERE / "checkpoints")

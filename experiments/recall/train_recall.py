@@ -49,6 +49,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -69,6 +70,13 @@ from precsim.tasks import alphabets, builtin_items  # noqa: E402
 PAD, BOS = 0, 1  # below the tasks' reserved ranges (the vocabulary's first eighth)
 PHRASE = 16  # the filler phrase's tokens (precsim.tasks.builtin_items)
 MAX_BYTES = 8_000_000
+RESUME = "resume.pt"  # a paused model's training state (--pause-at / --pause-after)
+EXIT_PAUSED = 75  # EX_TEMPFAIL: paused, the same command continues
+T_START = time.monotonic()
+
+
+class Paused(Exception):
+    """A model's training paused (its state saved); the same command continues it."""
 
 # model shapes: head dims powers of two >= 16 (precsim's GPU kernels); float32 checkpoints <= 8 MB
 MAMBA2 = {
@@ -286,8 +294,22 @@ def train_one(mi: int, name: str, args, device, out: Path, R) -> dict:
     model = build(name, args.size, args.seed + mi, tr["vocab"], args.gdn_hybrid).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     hw = hl_windows(tr, args.eval_seed)
-    model.eval()
-    init_hl = R.half_lives(model, hw, device, amp)
+    rpath = out / name / RESUME
+    # what a paused run must share with the one that continues it
+    key = {"model": name, "size": args.size, "seed": args.seed, "steps": steps,
+           "tasks": args.tasks, "gdn_hybrid": args.gdn_hybrid, "gdn_chunk": args.gdn_chunk,
+           "device": device.type}
+    held = torch.load(rpath, map_location=device, weights_only=False) if rpath.is_file() else None
+    if held is not None and held["key"] != key:
+        raise SystemExit(f"train_recall.py: {rpath} was written by another command "
+                         f"({held['key']}); allowed: the same --seed/--steps/--tasks/--size, "
+                         f"or a new --out")
+    if held is None:
+        model.eval()
+        init_hl = R.half_lives(model, hw, device, amp)
+    else:
+        model.load_state_dict(held["model"])
+        init_hl = held["init_hl"]
     model.train()
     if name == "gdn":
         gdn_chunk(args.gdn_chunk)
@@ -301,10 +323,16 @@ def train_one(mi: int, name: str, args, device, out: Path, R) -> dict:
           f"{tr['tokens']} tokens, lengths {tr['lengths']} (curriculum), tasks {args.tasks}",
           flush=True)
     curve, acc_curve = [], []
-    t0 = time.perf_counter()
     tot, tot_ok, tot_n = 0.0, 0, 0
+    first, before = 0, 0.0  # the first step of this process, the paused parts' seconds
+    if held is not None:
+        opt.load_state_dict(held["opt"])
+        curve, acc_curve, (tot, tot_ok, tot_n) = held["curve"], held["acc_curve"], held["tot"]
+        first, before = held["step"], held["wall_s"]
+        print(f"[{name}] resuming from {rpath} at step {first}/{steps}", flush=True)
+    t0 = time.perf_counter() - before
     eval_every = args.eval_every or max(1, steps // 5)
-    for step in range(steps):
+    for step in range(first, steps):
         for g in opt.param_groups:
             g["lr"] = tr["lr"] * R.lr_at(step / steps, tr["warmup"])
         ids, mask = batch_at(args.seed, mi, step, steps, tr, args.tasks)
@@ -344,6 +372,19 @@ def train_one(mi: int, name: str, args, device, out: Path, R) -> dict:
                               **{t: v[tr["eval_lengths"][0]] for t, v in a.items()}})
             print(f"[{name}] step {done}: item accuracy at {tr['eval_lengths'][0]} tokens "
                   f"{acc_curve[-1]}", flush=True)
+        if done < steps and (done == args.pause_after or (
+                args.pause_at is not None and time.monotonic() - T_START >= args.pause_at)):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            rpath.parent.mkdir(parents=True, exist_ok=True)
+            tmp = rpath.with_suffix(".tmp")
+            torch.save({"key": key, "step": done, "model": model.state_dict(),
+                        "opt": opt.state_dict(), "curve": curve, "acc_curve": acc_curve,
+                        "tot": (tot, tot_ok, tot_n), "wall_s": time.perf_counter() - t0,
+                        "init_hl": init_hl}, tmp)
+            os.replace(tmp, rpath)
+            raise Paused(f"[{name}] paused at step {done}/{steps}: {rpath}; the same command "
+                         f"continues it")
     if device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
@@ -398,6 +439,7 @@ def train_one(mi: int, name: str, args, device, out: Path, R) -> dict:
                       "trained": hl, "init": init_hl, "change": R.change(init_hl, hl)},
     }
     (folder / "train_log.json").write_text(json.dumps(log, indent=1, default=float) + "\n")
+    rpath.unlink(missing_ok=True)
     s = hl["summary"]
     print(f"[{name}] done: {steps} steps, {wall:.1f} s; accuracy "
           + "; ".join(f"{t} " + " ".join(f"{k}:{v:.2f}" for k, v in a.items())
@@ -436,6 +478,11 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-batch-tokens", type=int, default=1 << 16,
                     help="final evaluation: rows x positions per forward pass")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (1: deterministic)")
+    ap.add_argument("--pause-at", type=float, default=None,
+                    help="seconds from the start: save the training state (NAME/resume.pt) at "
+                         "the first step after them and exit 75; the same command continues")
+    ap.add_argument("--pause-after", type=int, default=None,
+                    help="steps: pause after this step (as --pause-at; for tests)")
     args = ap.parse_args(argv)
     args.size = args.size or ("tiny" if args.tiny else ("small" if args.cpu else "full"))
     names = [m for m in args.models.split(",") if m]
@@ -449,7 +496,8 @@ def main(argv=None) -> int:
     if not args.cpu and not torch.cuda.is_available():
         ap.error("no CUDA device is visible; allowed: --cpu")
     out = Path(args.out)
-    if any((out / n / "model.safetensors").exists() for n in names):
+    resuming = any((out / n / RESUME).is_file() for n in names)
+    if not resuming and any((out / n / "model.safetensors").exists() for n in names):
         ap.error(f"--out={str(out)!r} already holds a checkpoint; allowed: a new folder")
     out.mkdir(parents=True, exist_ok=True)
     if args.cpu:
@@ -466,7 +514,17 @@ def main(argv=None) -> int:
     R.check_ssd_scan(mm)
     mm.mamba2_chunk_scan = R.ssd_scan  # training and measuring only: the checkpoint is unchanged
     t0 = time.perf_counter()
-    logs = [train_one(["mamba2", "gdn"].index(n), n, args, device, out, R) for n in names]
+    logs = []
+    for n in names:
+        done = out / n / "train_log.json"
+        if resuming and done.is_file() and not (out / n / RESUME).is_file():
+            logs.append(json.loads(done.read_text()))  # finished before the pause
+            continue
+        try:
+            logs.append(train_one(["mamba2", "gdn"].index(n), n, args, device, out, R))
+        except Paused as e:
+            print(e, flush=True)
+            return EXIT_PAUSED
     summary = {"command": " ".join(sys.argv), "size": args.size, "seed": args.seed,
                "device": logs[0]["device"],
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

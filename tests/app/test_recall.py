@@ -30,15 +30,24 @@ R = recipe()
 
 
 def test_two_cpu_runs_write_bit_identical_checkpoints(tmp_path):
+    """Two runs with the same seed and steps, and a third paused after step 2 of each model
+    (exit 75, ``NAME/resume.pt``) and continued by the same command twice: the same bytes."""
     outs = []
+    cmd = [sys.executable, str(SCRIPT), "--cpu", "--tiny", "--steps", "4", "--seed", "3"]
     for run in ("a", "b"):
         out = tmp_path / run
-        subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--tiny", "--steps", "4", "--seed",
-                        "3", "--out", str(out)], check=True, cwd=REPO, capture_output=True)
+        subprocess.run([*cmd, "--out", str(out)], check=True, cwd=REPO, capture_output=True)
         outs.append(out)
+    c = tmp_path / "c"
+    rcs = [subprocess.run([*cmd, "--out", str(c), "--pause-after", "2"], cwd=REPO,
+                          capture_output=True, text=True) for _ in range(3)]
+    assert [r.returncode for r in rcs] == [75, 75, 0], [r.stdout[-300:] for r in rcs]
+    assert "paused at step 2/4" in rcs[0].stdout and "resuming" in rcs[1].stdout
+    assert not list(c.glob("*/resume.pt"))
+    outs.append(c)
     for name in ("mamba2", "gdn"):
-        a, b = ((o / name / "model.safetensors").read_bytes() for o in outs)
-        assert a == b, name
+        a, b, p = ((o / name / "model.safetensors").read_bytes() for o in outs)
+        assert a == b == p, name
         assert (outs[0] / name / "config.json").read_bytes() == \
             (outs[1] / name / "config.json").read_bytes()
         log = json.loads((outs[0] / name / "train_log.json").read_text())
