@@ -305,7 +305,8 @@ def study_jobs(args, ckpts: dict) -> list[dict]:
     order = [(t, w) for t, w in order if t in args.tasks and w in args.weights]
     for task, wd in order:
         for s in SEEDS:
-            for lg in LENGTH_GROUPS[size]:
+            groups = LENGTH_GROUPS[size]
+            for lg in ([sorted(L for g in groups for L in g)] if args.one_job else groups):
                 for m in MODELS:
                     ck = ckpts.get((m, s))
                     if ck is None:
@@ -351,7 +352,7 @@ def find_ckpts(root: Path, tag: str = "full") -> dict:
 def study(args) -> int:
     t0 = time.time()
     deadline = t0 + args.budget - args.reserve
-    ckpts = find_ckpts(args.ckpts)
+    ckpts = find_ckpts(args.ckpts, args.tag)
     if not ckpts:
         raise SystemExit(f"gpu_full.py study: no full_{{mamba2,gdn}}_seed{{0,1,2}} checkpoint "
                          f"under {args.ckpts}")
@@ -733,6 +734,7 @@ def notes(dst: Path, rows: list[dict], mans: list[dict], n_items: int) -> str:
     not_run = list(dict.fromkeys(f"{j['name']} ({j['status']})" for j in jobs
                                  if j["status"] != "ok" and j["name"] not in ran))
     cmds = sorted({" ".join(m.get("argv", [])) for m in mans})
+    tags = sorted({CKPT_RE.match(r["model"])["tag"] for r in rows if CKPT_RE.match(r["model"])})
     dev = sorted({m.get("device", "?") for m in mans})
     secs = sum(m.get("seconds", 0) for m in mans)
     return "\n".join([
@@ -741,7 +743,7 @@ def notes(dst: Path, rows: list[dict], mans: list[dict], n_items: int) -> str:
         "Question: at what context length does each state format break recall, and which "
         "scheme keeps it?", "",
         f"- Models: {', '.join(fams)}; training seeds {seeds} (`experiments/recall/checkpoints/"
-        "full_*_seed*/`, float32 checkpoints).",
+        f"{'|'.join(tags)}_*_seed*/`, float32 checkpoints).",
         f"- Weights dtype: {', '.join(wds)} (`model.dtype`; the state float32 in the baseline, "
         "float64 in the reference).",
         f"- Tasks: {', '.join(tasks)} (`experiment=task_eval task.name=...`, task.key_len=4, "
@@ -819,6 +821,8 @@ def main(argv=None) -> int:
             p.add_argument("--schemes", default=None,
                            help="comma list: only these of study.py's schemes (default: all)")
             p.add_argument("--tasks", default="mqar,passkey")
+            p.add_argument("--one-job", action="store_true",
+                           help="every length in one process per model and task")
             p.add_argument("--weights", default=",".join(WEIGHTS))
     p = sub.add_parser("unpack")
     p.add_argument("tarballs", nargs="+", type=Path)

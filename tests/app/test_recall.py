@@ -214,7 +214,8 @@ def test_one_training_seed_decides_alone(tmp_path):
 def test_committed_full_studies_notes_rederive():
     """Every committed study_full*/: NOTES.md's headline table re-derives from its results.csv."""
     G = gpu_full()
-    dirs = sorted((REPO / "experiments" / "recall").glob("study_full*/NOTES.md"))
+    dirs = sorted([*(REPO / "experiments" / "recall").glob("study_full*/NOTES.md"),
+                   *(REPO / "experiments" / "recall").glob("study_long*/NOTES.md")])
     if not dirs:
         pytest.skip("no GPU study_full* committed yet")
     for nf in dirs:
@@ -250,19 +251,54 @@ FINDING = [
 ]
 
 
-def test_committed_full_study_finding_rederives():
-    """The figures study_full/NOTES.md's hand-written finding quotes are results.csv's, rounded
+def _m(*names):
+    return [f"long_{n}" for n in names]
+
+
+# study_long/NOTES.md's finding (the retrained models), as FINDING
+FINDING_LONG = [
+    ("0 / 1 / 2 at 0.77 / 0.85 / 0.83 against 1.00 / 1.00 / 1.00", [
+        ("mqar", "float32", m, 4096, s, "acc") for s in ("conv_nvfp4_sr", "fp32")
+        for m in _m("mamba2_seed0", "mamba2_seed1", "mamba2_seed2")]),
+    ("GDN seed 1 at 0.34 against 1.00", [("mqar", "float32", "long_gdn_seed1", 4096, s, "acc")
+                                         for s in ("conv_nvfp4_sr", "fp32")]),
+    ("(0.66 / 0.45 / 0.79 against\n  0.91 / 0.76 / 0.82", [
+        ("mqar", "float32", m, 16384, s, "acc") for s in ("shared_nvfp4_sr", "fp32")
+        for m in _m("mamba2_seed0", "mamba2_seed1", "mamba2_seed2")]),
+    ("(0.66 vs\n  0.84", [("mqar", "float32", "long_gdn_seed1", 32768, s, "acc")
+                          for s in ("shared_nvfp4_sr", "fp32")]),
+    ("(0.73 vs 0.84", [("mqar", "float32", "long_gdn_seed1", 32768, s, "acc")
+                        for s in ("conv_fp8_sr", "fp32")]),
+    ("(conventional NVFP4-SR 0.18 and shared NVFP4-SR 0.76 at 4,096 against 1.00", [
+        ("passkey", "float32", "long_mamba2_seed0", 4096, s, "acc")
+        for s in ("conv_nvfp4_sr", "shared_nvfp4_sr", "fp32")]),
+    ("FP8-SR 0.71 vs 0.96 at 8,192; split 0.99", [
+        ("passkey", "float32", "long_mamba2_seed0", L, s, "acc")
+        for L, s in ((8192, "conv_fp8_sr"), (8192, "fp32"), (4096, "split_fp32_nvfp4"))]),
+    ("0.75 and split FP16-SR / NVFP4 0.78 against 0.93 at 1,024", [
+        ("passkey", "float32", "long_gdn_seed0", 1024, s, "acc")
+        for s in ("split_fp32_nvfp4", "split_fp16sr_nvfp4", "fp32")]),
+    ("FP8-SR 0.43, shared NVFP4-SR 0.28, conventional NVFP4-SR 0.01", [
+        ("passkey", "float32", "long_gdn_seed0", 1024, s, "acc")
+        for s in ("conv_fp8_sr", "shared_nvfp4_sr", "conv_nvfp4_sr")]),
+]
+
+
+@pytest.mark.parametrize("name, finding", [("study_full", FINDING),
+                                           ("study_long", FINDING_LONG)])
+def test_committed_full_study_finding_rederives(name, finding):
+    """The figures a study's hand-written finding (NOTES.md) quotes are results.csv's, rounded
     as written; and split's MQAR changes are within 2 items (|change| <= 0.02, p >= 0.5)."""
     import csv
 
-    d = REPO / "experiments" / "recall" / "study_full"
+    d = REPO / "experiments" / "recall" / name
     if not (d / "results.csv").is_file():
-        pytest.skip("no GPU study_full committed yet")
+        pytest.skip(f"no GPU {name} committed yet")
     notes = (d / "NOTES.md").read_text()
     with (d / "results.csv").open() as f:
         rows = {(r["task"], r["weights"], r["model"], int(r["length"]), r["scheme"]): r
                 for r in csv.DictReader(f)}
-    for text, keys in FINDING:
+    for text, keys in finding:
         text = text.replace("\\n", "\n")
         got = [f"{float(rows[k[:5]][k[5]]):.2f}" for k in keys]
         assert text in notes, text
@@ -302,7 +338,8 @@ def test_gpu_full_study_jobs(tmp_path):
     (ck / "config.json").write_text(json.dumps({"state_size": 64}))
     a = type("A", (), dict(tiny=False, items=100, sr_seeds=3, batch_tokens=1 << 21, chunk=4096,
                            device="cuda", work=tmp_path / "w", tag="full", schemes=None,
-                           tasks=["mqar", "passkey"], weights=["float32", "bfloat16"]))()
+                           tasks=["mqar", "passkey"], weights=["float32", "bfloat16"],
+                           one_job=False))()
     jobs = G.study_jobs(a, {("mamba2", 0): ck, ("gdn", 0): ck})
     assert jobs[0]["meta"]["task"] == "mqar" and jobs[0]["meta"]["weights"] == "float32"
     assert {j["meta"]["weights"] for j in jobs} == {"float32", "bfloat16"}
@@ -326,7 +363,7 @@ def test_gpu_full_subset_tag_and_steps(tmp_path):
     a = type("A", (), dict(tiny=False, items=100, sr_seeds=3, batch_tokens=1 << 21, chunk=4096,
                            device="cuda", work=tmp_path / "w", tag="long",
                            schemes={"conv_nvfp4_sr", "split_fp32_nvfp4"}, tasks=["mqar"],
-                           weights=["float32"]))()
+                           weights=["float32"], one_job=False))()
     jobs = G.study_jobs(a, {("gdn", 1): ck})
     assert [j["name"] for j in jobs] == [f"long_gdn_seed1_float32_mqar_L{L}"
                                          for L in (8192, 16384, 32768)]
