@@ -5,6 +5,7 @@ wherever numba keeps the cache."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -15,7 +16,12 @@ import pytest
 
 pytest.importorskip("numba")
 
-from precsim.engines.numba_jit import cache  # noqa: E402
+from numba.core.caching import NullCache  # noqa: E402
+from numba.core.dispatcher import Dispatcher  # noqa: E402
+
+from precsim.config import SchemeConfig  # noqa: E402
+from precsim.engines import numba as ne  # noqa: E402
+from precsim.engines.numba_jit import cache, gdn, mamba2, quant, rounding, stats  # noqa: E402
 
 JIT = Path(cache.__file__).parent
 
@@ -83,3 +89,46 @@ def test_folder_key_follows_every_python_file(tmp_path):
     assert len({key, key_b, cache.folder_key(tmp_path)}) == 3
     assert cache.folder_key(tmp_path / "missing") is None
     assert cache.KEY == cache.folder_key(JIT)
+
+
+def test_every_cached_function_of_the_engine_is_keyed():
+    """Every compiled function of ``numba_jit`` is either uncached (numba's ``inline``
+    helpers) or cached under the package's key; so are the tasks built per scheme."""
+    dispatchers = [v for m in (rounding, quant, mamba2, gdn, stats) for v in vars(m).values()
+                   if isinstance(v, Dispatcher)]
+    keyed = [d for d in dispatchers if cache.is_keyed(d, cache.KEY)]
+    assert len(keyed) >= 20
+    assert all(d in keyed or isinstance(d._cache, NullCache) for d in dispatchers)
+    consts = ne.scheme_consts(ne.scheme_codes(SchemeConfig("split", "fp16", "sr", "nvfp4")))
+    for gdn_ in (False, True):
+        assert cache.is_keyed(ne.task_function(gdn_, None), cache.KEY)
+        assert cache.is_keyed(ne.task_function(gdn_, consts), cache.KEY)
+    assert cache.is_keyed(ne.task_function(None, None), cache.KEY)
+    assert cache.is_keyed(quant.quantize_many(ne.fmt_code("nvfp4"), 8), cache.KEY)
+
+
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """``(level, module, names)`` of every import of ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module or "", [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(0, a.name, []) for a in node.names]
+    return out
+
+
+def test_the_key_covers_all_compiled_code():
+    """The compiled code is the package's alone: its modules take ``njit`` from ``.cache``
+    (numba's own would cache under numba's key) and import nothing else of ``precsim.engines``,
+    and no other module of precsim has numba cache a function."""
+    for p in JIT.glob("*.py"):
+        for level, mod, names in _imports(p):
+            assert p.name == "cache.py" or not (mod.startswith("numba") and "njit" in names), p
+            assert level != 2 and not (level == 0 and mod.startswith("precsim.engines")), (p, mod)
+    for p in JIT.parents[1].rglob("*.py"):  # precsim/
+        if JIT in p.parents or not any(m.startswith("numba") for _, m, _ in _imports(p)):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            assert not (isinstance(node, ast.keyword) and node.arg == "cache"
+                        and getattr(node.value, "value", None) is True), p
