@@ -32,10 +32,10 @@ from precsim.engines.numba import (  # noqa: E402
 from precsim.engines.numba_host import run as run_numba  # noqa: E402
 from precsim.engines.torch import run as run_torch  # noqa: E402
 
-# The compiled engine: a scheme's kind and formats are constants of its task (numba.scheme_consts),
+# The compiled engine: a scheme's kind and formats are constants of its task (scheme_consts),
 # so every distinct scheme here is a whole task compiled (~3-4 CPU-s on 2 cores; CI's numba cache
-# is always cold). The task code that depends on the format is the quantiser (_qin through
-# _store), the same compiled code test_quantize_bit_equal checks bit for bit for every format,
+# is always cold). The task code that depends on the format is the quantiser (qin through
+# store), the same compiled code test_quantize_bit_equal checks bit for bit for every format,
 # rounding, SR lane width and overflow; the engine-level runs below cover each kind of scheme
 # with each class of format as master and as read copy, and each SR lane width:
 ENGINE = {
@@ -428,10 +428,10 @@ def test_a_run_compiles_its_own_formats_only_and_caches_them(tmp_path):
     code = f"""
 import json
 from precsim.config import to_config
-from precsim.engines import numba as nb
 from precsim.engines.numba_host import run
-typed, impl = [], nb._qin_impl
-nb._qin_impl = lambda f, lane: typed.append((f, lane)) or impl(f, lane)
+from precsim.engines.numba_jit import quant
+typed, impl = [], quant._qin_impl
+quant._qin_impl = lambda f, lane: typed.append((f, lane)) or impl(f, lane)
 cfg = to_config(json.loads({json.dumps(json.dumps(cfg))}))
 cfg.run.threads = THREADS
 res = run(cfg, progress=False)
