@@ -457,3 +457,17 @@ def test_compile_helper_fills_the_cache_the_engine_reads(tmp_path):
              "print(h._cached(nb.row_stats, nb.row_stats_signature()))")
     assert _python(check, tmp_path).stdout.strip() == b"True"
     assert _python(check, tmp_path / "empty").stdout.strip() == b"False"
+
+
+def test_without_numba_auto_falls_back_and_numba_is_refused_in_one_line():
+    """numba is optional (extra ``cpu``): without it the engine module still imports,
+    ``run.engine=auto`` on the CPU resolves to another engine and the numba engine's one-line
+    reason names the extra (no ImportError)."""
+    code = ("import sys; sys.modules['numba'] = None\n"
+            "from precsim.engines import engine_module, resolve_engine\n"
+            "print(resolve_engine('auto', 'cpu'))\n"
+            "print('refused:', engine_module('numba').supports(None, 'cpu'))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-800:]
+    first, second = r.stdout.splitlines()[:2]
+    assert first in ("torch", "numpy") and second.startswith("refused:") and "[cpu]" in second
