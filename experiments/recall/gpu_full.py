@@ -10,7 +10,8 @@
 clock), measures each one's float32 accuracy with its own forward at 1K..32K and its heads'
 half-lives, and packs them (``recall_train_TAG_MODEL_seedS.tar.gz``); a model still training
 near the budget's end pauses (its state saved) and ``train --resume TARBALLS`` continues it.
-``unpack`` puts them in ``experiments/recall/checkpoints/full_{mamba2,gdn}_seed{0,1,2}/``.
+``unpack`` puts them in ``experiments/recall/checkpoints/TAG_{mamba2,gdn}_seed{0,1,2}/``
+(``--tag``, ``full`` by default: one recipe's set).
 
 ``study`` runs ``experiment=task_eval`` (``study.py``'s schemes plus two error-feedback ones, SR
 schemes under ``--sr-seeds`` seeds) on those checkpoints, one process per (model, weights dtype,
@@ -354,8 +355,8 @@ def study(args) -> int:
     deadline = t0 + args.budget - args.reserve
     ckpts = find_ckpts(args.ckpts, args.tag)
     if not ckpts:
-        raise SystemExit(f"gpu_full.py study: no full_{{mamba2,gdn}}_seed{{0,1,2}} checkpoint "
-                         f"under {args.ckpts}")
+        raise SystemExit(f"gpu_full.py study: no {args.tag}_{{mamba2,gdn}}_seed{{0,1,2}} "
+                         f"checkpoint under {args.ckpts}")
     log(f"study: {len(ckpts)} checkpoints under {args.ckpts}: "
         + ", ".join(f"{m} seed {s}" for m, s in sorted(ckpts)))
     if args.schemes:
@@ -427,9 +428,10 @@ def unpack(args) -> int:
         if (tmp / "train").is_dir():
             man = json.loads((tmp / "train" / "manifest.json").read_text())
             for d in sorted((tmp / "train").glob("*_seed*")):
-                if not CKPT_RE.match(d.name):
+                hit = CKPT_RE.match(d.name)
+                if not hit:
                     continue
-                m = CKPT_RE.match(d.name)["model"]
+                m = hit["model"]
                 src = d / m
                 if not (src / "model.safetensors").is_file():
                     log(f"{d.name}: no checkpoint (training did not finish)")
