@@ -26,9 +26,16 @@ SUPPORTED = ("1.3",)  # hydra-core major.minor versions the patches were written
 
 
 def hydra_version() -> str:
-    import hydra
+    """The installed hydra-core's version, from its metadata: nothing is imported, so this is
+    safe while ``hydra`` is half imported (an interrupt that lands during ``import hydra``
+    reaches :func:`jobs_left` through the command line's handler; importing hydra again there
+    failed with "partially initialized module 'hydra'" and a traceback)."""
+    from importlib import metadata
 
-    return str(getattr(hydra, "__version__", "?"))
+    try:
+        return metadata.version("hydra-core")
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def supported() -> bool:

@@ -343,3 +343,24 @@ def test_an_interrupt_lost_in_a_finaliser_is_delivered_again(capfd):
     assert "Exception ignored" not in capfd.readouterr().err
     assert sys.unraisablehook is sys.__unraisablehook__ or "_unraisable" not in repr(
         sys.unraisablehook)
+
+
+def test_interrupt_while_hydra_is_half_imported_is_one_line(monkeypatch):
+    """An interrupt that lands while ``import hydra`` runs reaches the command line's handler
+    with hydra unusable: its lines (the version check behind :func:`jobs_left` included) import
+    nothing of hydra. ``sys.modules["hydra"] = None`` makes any import of it fail, as the
+    half-imported module did (a flaky "partially initialized module 'hydra'" traceback, run 20
+    of a test loop)."""
+    from importlib import metadata
+
+    from precsim import hydra_patches
+    from precsim.checkpoint import Interrupted
+    from precsim.compose import interrupt_lines
+
+    monkeypatch.setitem(sys.modules, "hydra", None)
+    with pytest.raises(ImportError):
+        import hydra  # noqa: F401 - the state the handler meets
+    assert hydra_patches.hydra_version() == metadata.version("hydra-core")
+    e = Interrupted(signal.SIGINT)
+    lines = interrupt_lines(e, list(SMALL), hydra_patches.jobs_left(e))
+    assert lines == ["precsim: interrupted (SIGINT) before a run started; nothing to resume"]
