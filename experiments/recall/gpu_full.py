@@ -225,6 +225,9 @@ def train(args) -> int:
                 sys.executable, str(HERE / "train_recall.py"), *dev, "--seed", str(s),
                 "--models", m, "--steps", str(steps[m]),
                 "--gdn-chunk", str(args.gdn_chunk),
+                *(["--lr", str(args.lr)] if args.lr is not None else []),
+                *(["--first-stage", str(args.first_stage)] if args.first_stage is not None
+                  else []),
                 "--eval-lengths", ",".join(map(str, EVAL_LENGTHS[size])),
                 "--eval-items", str(EVAL_ITEMS[size]), "--eval-batch-tokens", str(1 << 18),
                 "--pause-at", f"{pause_at:.0f}",
@@ -264,7 +267,8 @@ def train(args) -> int:
     manifest = {"phase": "train", "size": size, "device": _device(), "date": _now(),
                 "argv": sys.argv, "budget_s": args.budget, "seconds": round(time.time() - t0, 1),
                 "steps": {m: steps[m] for m in args.models}, "tag": args.tag,
-                "gdn_train_chunk": args.gdn_chunk, "jobs": earlier + done}
+                "gdn_train_chunk": args.gdn_chunk, "lr": args.lr,
+                "first_stage": args.first_stage, "jobs": earlier + done}
     mpath = work / "train" / "manifest.json"
     if mpath.is_file():  # the earlier calls' manifests stay in "calls"
         old = json.loads(mpath.read_text())
@@ -809,6 +813,10 @@ def main(argv=None) -> int:
                            help="an earlier call's recall_train_*.tar.gz: skip its finished "
                                 "models, continue its paused ones")
             p.add_argument("--gdn-chunk", type=int, default=256)
+            p.add_argument("--lr", type=float, default=None,
+                           help="peak learning rate for train_recall.py (default: its recipe's)")
+            p.add_argument("--first-stage", type=int, default=None,
+                           help="train_recall.py --first-stage (steps of the first length alone)")
         else:
             p.add_argument("--ckpts", type=Path, default=HERE / "checkpoints")
             p.add_argument("--items", type=int, default=None)

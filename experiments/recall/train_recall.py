@@ -175,7 +175,13 @@ def batch_at(seed: int, model_i: int, step: int, steps: int, tr: dict,
     of a random task, ``k`` in 1..max_k and filler kind."""
     rng = np.random.default_rng([seed, model_i, step])
     Ls = tr["lengths"]
-    unlocked = min(len(Ls), 1 + step * len(Ls) // max(1, steps))
+    first = tr.get("first_stage")
+    if first is None:
+        unlocked = min(len(Ls), 1 + step * len(Ls) // max(1, steps))
+    elif step < first:  # --first-stage: the first length alone for its steps, then the rest
+        unlocked = 1
+    else:
+        unlocked = min(len(Ls), 2 + (step - first) * (len(Ls) - 1) // max(1, steps - first))
     n = int(Ls[int(rng.integers(unlocked))])
     b = max(1, tr["tokens"] // n)
     alph = alphabets(tr["vocab"])
@@ -284,10 +290,25 @@ def gdn_chunk(size: int) -> None:
     q.torch_chunk_gated_delta_rule = fn
 
 
+def gdn_kernel() -> str:
+    """Which GDN scan trained the model: transformers uses flash-linear-attention's Triton
+    ``chunk_gated_delta_rule`` when ``fla`` imports (and then ignores ``--gdn-chunk``), else its
+    own torch loop."""
+    try:
+        import fla
+    except Exception:
+        return "transformers torch_chunk_gated_delta_rule"
+    return f"flash-linear-attention {getattr(fla, '__version__', '?')} chunk_gated_delta_rule"
+
+
 def train_one(mi: int, name: str, args, device, out: Path, R) -> dict:
     import transformers as tf
 
-    tr = TRAIN[args.size]
+    tr = dict(TRAIN[args.size])
+    if args.lr is not None:  # --lr: the recipe's peak learning rate replaced
+        tr["lr"] = args.lr
+    if args.first_stage is not None:  # --first-stage: the curriculum's first stage, in steps
+        tr["first_stage"] = args.first_stage
     steps = args.steps or tr["steps"][name]
     amp = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
            else torch.autocast("cpu", enabled=False))
@@ -298,7 +319,8 @@ def train_one(mi: int, name: str, args, device, out: Path, R) -> dict:
     # what a paused run must share with the one that continues it
     key = {"model": name, "size": args.size, "seed": args.seed, "steps": steps,
            "tasks": args.tasks, "gdn_hybrid": args.gdn_hybrid, "gdn_chunk": args.gdn_chunk,
-           "device": device.type}
+           "device": device.type, **({"lr": args.lr} if args.lr is not None else {}),
+           **({"first_stage": args.first_stage} if args.first_stage is not None else {})}
     held = torch.load(rpath, map_location=device, weights_only=False) if rpath.is_file() else None
     if held is not None and held["key"] != key:
         raise SystemExit(f"train_recall.py: {rpath} was written by another command "
@@ -432,6 +454,7 @@ def train_one(mi: int, name: str, args, device, out: Path, R) -> dict:
                      "items_per_length": args.eval_items or tr["eval_items"],
                      "by_task": {t: {str(k): v for k, v in a.items()} for t, a in acc.items()}},
         "gdn_train_chunk": args.gdn_chunk if name == "gdn" else None,
+        "gdn_train_kernel": gdn_kernel() if name == "gdn" else None,
         "train_curve": curve, "accuracy_curve": acc_curve,
         "half_life": {"unit": "tokens; per head, the median over the measured tokens "
                               "(experiments/trained/train.py half_lives)",
@@ -477,6 +500,11 @@ def main(argv=None) -> int:
                          "(64: its own; 256: a quarter of the launches, the same recurrence)")
     ap.add_argument("--eval-batch-tokens", type=int, default=1 << 16,
                     help="final evaluation: rows x positions per forward pass")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="peak learning rate (default: the size's recipe, 3e-3)")
+    ap.add_argument("--first-stage", type=int, default=None,
+                    help="steps of the curriculum's first length alone; the other lengths then "
+                         "unlock evenly over the remaining steps (default: all stages equal)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (1: deterministic)")
     ap.add_argument("--pause-at", type=float, default=None,
                     help="seconds from the start: save the training state (NAME/resume.pt) at "
@@ -484,6 +512,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pause-after", type=int, default=None,
                     help="steps: pause after this step (as --pause-at; for tests)")
     args = ap.parse_args(argv)
+    if args.lr is not None and not args.lr > 0:
+        ap.error(f"--lr={args.lr}; allowed: a learning rate > 0")
+    if args.first_stage is not None and args.first_stage < 0:
+        ap.error(f"--first-stage={args.first_stage}; allowed: a step count >= 0")
     args.size = args.size or ("tiny" if args.tiny else ("small" if args.cpu else "full"))
     names = [m for m in args.models.split(",") if m]
     if not names or set(names) - {"mamba2", "gdn"}:

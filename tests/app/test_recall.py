@@ -68,6 +68,42 @@ def test_batches_are_reproducible_from_the_seed():
     assert ids.shape == (tr["tokens"] // tr["lengths"][0], tr["lengths"][0])
 
 
+def test_first_stage_holds_the_first_length_then_unlocks_the_rest():
+    """``--first-stage F``: steps < F draw only the first length; the others unlock evenly over
+    the remaining steps, the last stage reached before the end."""
+    tr = dict(R.TRAIN["small"], first_stage=40)
+    Ls, steps = tr["lengths"], 120
+    seen = [R.batch_at(0, 1, s, steps, tr, ["mqar"])[0].shape[1] for s in range(steps)]
+    assert set(seen[:40]) == {Ls[0]}
+    assert set(seen[40:]) == set(Ls)
+    # the last length unlocks at F + (n-2)/(n-1) of the rest: never before it
+    last_at = 40 + (len(Ls) - 2) * (steps - 40) // (len(Ls) - 1)
+    assert Ls[-1] not in seen[:last_at]
+    # unset, the equal stages as before (step 0 .. steps/n: the first length only)
+    plain = [R.batch_at(0, 1, s, steps, R.TRAIN["small"], ["mqar"])[0].shape[1]
+             for s in range(steps // len(Ls))]
+    assert set(plain) == {Ls[0]}
+
+
+def test_lr_and_first_stage_are_recorded_and_bind_a_paused_run(tmp_path):
+    """``--lr`` / ``--first-stage`` go to train_log.json; a paused run continued with another
+    ``--lr`` is refused in one line naming the allowed continuation."""
+    out = tmp_path / "o"
+    cmd = [sys.executable, str(SCRIPT), "--cpu", "--tiny", "--steps", "4", "--seed", "3",
+           "--models", "gdn", "--first-stage", "2", "--out", str(out)]
+    r = subprocess.run([*cmd, "--lr", "1e-3", "--pause-after", "2"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 75, r.stderr[-500:]
+    r = subprocess.run([*cmd, "--lr", "2e-3"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode != 0 and "written by another command" in r.stderr + r.stdout
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([*cmd, "--lr", "1e-3"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-500:]
+    log = json.loads((out / "gdn" / "train_log.json").read_text())
+    assert log["train"]["lr"] == 1e-3 and log["train"]["first_stage"] == 2
+    assert log["gdn_train_kernel"].startswith("transformers")  # no flash-linear-attention here
+
+
 @pytest.mark.parametrize("iid", [False, True])
 def test_answers_are_decidable_only_from_the_planted_key(iid):
     alph = R.alphabets(128)
