@@ -78,9 +78,28 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def ckpt_name(model: str, seed: int, tag: str = "full") -> str:
-    """A checkpoint's folder name: ``TAG_MODEL_seedS`` (``--tag``: one training recipe's set)."""
+def ckpt_name(model: str, seed: int, tag: str | dict = "full") -> str:
+    """A checkpoint's folder name: ``TAG_MODEL_seedS`` (``--tag``: one training recipe's set;
+    a dict: each model's own, e.g. ``{"mamba2": "long", "gdn": "lr1e3"}``)."""
+    if isinstance(tag, dict):
+        tag = tag[model]
     return f"{tag}_{model}_seed{seed}"
+
+
+def parse_tag(text: str) -> str | dict:
+    """``--tag``: ``TAG`` for every model, or ``mamba2=TAG,gdn=TAG`` (one recipe's set each)."""
+    if "=" not in text:
+        tags = {m: text for m in MODELS}
+    else:
+        tags = dict(part.partition("=")[::2] for part in text.split(","))
+        if set(tags) != set(MODELS):
+            raise SystemExit(f"gpu_full.py: --tag={text!r} names {', '.join(sorted(tags))}; "
+                             f"allowed: TAG, or a tag for each of {', '.join(MODELS)} "
+                             "(mamba2=TAG,gdn=TAG)")
+    for t in tags.values():
+        if not CKPT_RE.match(ckpt_name("mamba2", 0, t)):
+            raise SystemExit(f"gpu_full.py: --tag={text!r}: letters and digits only")
+    return text if "=" not in text else tags
 
 
 CKPT_RE = re.compile(r"^(?P<tag>[A-Za-z0-9]+)_(?P<model>mamba2|gdn)_seed(?P<seed>\d+)$")
@@ -359,8 +378,8 @@ def study(args) -> int:
     deadline = t0 + args.budget - args.reserve
     ckpts = find_ckpts(args.ckpts, args.tag)
     if not ckpts:
-        raise SystemExit(f"gpu_full.py study: no {args.tag}_{{mamba2,gdn}}_seed{{0,1,2}} "
-                         f"checkpoint under {args.ckpts}")
+        want = " or ".join(dict.fromkeys(ckpt_name(m, "{0,1,2}", args.tag) for m in MODELS))
+        raise SystemExit(f"gpu_full.py study: no {want} checkpoint under {args.ckpts}")
     log(f"study: {len(ckpts)} checkpoints under {args.ckpts}: "
         + ", ".join(f"{m} seed {s}" for m, s in sorted(ckpts)))
     if args.schemes:
@@ -804,7 +823,9 @@ def main(argv=None) -> int:
         p.add_argument("--reserve", type=float, default=None,
                        help="seconds kept for what follows the pool (default 75 train, 20 study)")
         p.add_argument("--workers", type=int, default=None)
-        p.add_argument("--tag", default="full", help="checkpoint set: TAG_{mamba2,gdn}_seed{0,1,2}")
+        p.add_argument("--tag", default="full",
+                       help="checkpoint set: TAG_{mamba2,gdn}_seed{0,1,2}; study: also "
+                            "mamba2=TAG,gdn=TAG (each model's own set)")
         if ph == "train":
             p.add_argument("--steps", default=None,
                            help="step counts: N for both models or mamba2=N,gdn=M")
@@ -854,8 +875,9 @@ def main(argv=None) -> int:
         args.reserve = 75.0 if args.phase == "train" else 20.0
     if args.workers is None:
         args.workers = (6 if args.phase == "train" else 3) if args.device == "cuda" else 2
-    if not CKPT_RE.match(ckpt_name("mamba2", 0, args.tag)):
-        ap.error(f"--tag={args.tag!r}: letters and digits only")
+    args.tag = parse_tag(args.tag)
+    if args.phase == "train" and isinstance(args.tag, dict):
+        ap.error(f"--tag={args.tag!r}: train takes one tag (TAG); allowed: letters and digits")
     if args.phase == "train":
         args.models = [m for m in args.models.split(",") if m]
         if not args.models or set(args.models) - set(MODELS):

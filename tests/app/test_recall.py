@@ -412,3 +412,24 @@ def test_gpu_full_subset_tag_and_steps(tmp_path):
     with pytest.raises(SystemExit, match="allowed: mamba2, gdn"):
         G.parse_steps("mamba3=5", "full")
     assert G.CKPT_RE.match("long_gdn_seed2")["model"] == "gdn"
+    # each model's own recipe set: --tag mamba2=long,gdn=lr1e3
+    tags = G.parse_tag("mamba2=long,gdn=lr1e3")
+    assert tags == {"mamba2": "long", "gdn": "lr1e3"} and G.parse_tag("long") == "long"
+    a.tag, a.schemes = tags, {"conv_nvfp4_sr"}
+    names = {j["name"].split("_float32")[0] for j in
+             G.study_jobs(a, {("gdn", 1): ck, ("mamba2", 0): ck})}
+    assert names == {"lr1e3_gdn_seed1", "long_mamba2_seed0"}
+    for bad in ("gdn=lr1e3", "mamba2=long,gdn=x_y", "mamba3=a,gdn=b"):
+        with pytest.raises(SystemExit, match="allowed|letters and digits"):
+            G.parse_tag(bad)
+    ck2 = tmp_path / "ck2"
+    (ck2 / "long_mamba2_seed2").mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        (ck2 / "long_mamba2_seed2" / f).write_text("{}")
+    assert set(G.find_ckpts(ck2, tags)) == {("mamba2", 2)}
+    script = REPO / "experiments" / "recall" / "gpu_full.py"
+    r = subprocess.run([sys.executable, str(script), "study", "--out", str(tmp_path / "o"),
+                        "--ckpts", str(tmp_path / "none"), "--tag", "mamba2=long,gdn=lr1e3"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "no long_mamba2_seed{0,1,2} or lr1e3_gdn_seed{0,1,2} checkpoint" in r.stderr
