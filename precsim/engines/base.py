@@ -1,19 +1,29 @@
-"""What every engine shares: the flush schedule (from :mod:`precsim.schedule`, below the engines:
-the cost model uses it too), the progress bar and the slow-start notice, the buffer rounder.
+"""What every engine shares: the run loop (:class:`Engine`), the flush schedule (from
+:mod:`precsim.schedule`, below the engines: the cost model uses it too), the progress bar and the
+slow-start notice, the buffer rounder.
 
 An engine is one module in this package with ``NAME``, ``supports(cfg, device) -> str | None``
-(None, or why it cannot run ``cfg`` there) and ``run(cfg, device, progress) -> Result``; it
-advances the float64 truth and every scheme in lockstep over ``make_workload(cfg, device)`` and
-reduces the outputs with ``precsim.metrics.Accumulator``, then builds its
-``precsim.result.Result`` with ``make_result``.
+(None, or why it cannot run ``cfg`` there) and ``run(cfg, device, progress, ...) -> Result``,
+which runs the module's :class:`Engine` subclass. :meth:`Engine.run` is the one loop: it makes
+the workload (``make_workload``), falls back to the torch engine where the engine cannot run the
+config, resumes from the checkpoint, walks the engine's spans of steps with the progress bar,
+saves and stops at window boundaries (:mod:`precsim.checkpoint`), and builds the
+``precsim.result.Result`` from the metrics accumulator and the dead schemes. A subclass only
+does the math: it prepares its state, advances a span of steps (the float64 truth and every
+scheme in lockstep, the outputs to the accumulator), exposes the states it holds (drift) and
+saves/loads them for a checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import time
 
 import numpy as np
 
+from ..checkpoint import Checkpoint, restore_acc
 from ..config import Config
 from ..schedule import (  # noqa: F401 - the engines' flush schedule, re-exported
     acceptance_profile,
@@ -180,3 +190,139 @@ def torch_threads(threads) -> int | None:
     if threads == "auto":
         return 1
     return None if threads == 0 else int(threads)
+
+
+class Engine:
+    """One run of a config on one engine: :meth:`run` is the loop every engine shares; a
+    subclass provides the hooks below it (the math). ``record_outputs`` keeps every output in
+    ``info["outputs"]`` (tests, small runs); ``ckpt`` saves and restores the engine's state
+    (:mod:`precsim.checkpoint`; None: never saved, signals still stop the run)."""
+
+    NAME = ""
+    LABEL = ""  # the engine in a fallback note
+    log = logging.getLogger("precsim")
+    where = None  # the device its results name (None: the run's device)
+    workload_device = None  # the device its inputs are drawn on (None: the run's device)
+    resume_device = None  # where a resumed state's tensors go (None: the CPU)
+
+    def __init__(self, cfg: Config, device: str = "cpu", progress: bool = True,
+                 record_outputs=False, ckpt: Checkpoint | None = None):
+        self.cfg, self.device, self.progress = cfg, device, progress
+        self.record_outputs = record_outputs
+        self.ck = ckpt or Checkpoint(cfg, None)
+        self.acc = self.bar = None
+        self.dead: dict[str, int | None] = {}  # scheme -> its first non-finite step
+        self.recorded: dict[str, list] = {}  # name -> outputs per span (record_outputs)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self):
+        from ..result import make_result
+        from ..workload import make_workload
+
+        cfg, ck = self.cfg, self.ck
+        self.t_start = time.perf_counter()
+        wl = make_workload(cfg, self.workload_device or self.device)  # first: a trace fixes
+        reason = self.unsupported()  # model.family and the shape
+        if reason is not None:
+            return self.fallback(reason)
+        ck.start(self.NAME, self.where or self.device, self.t_start)
+        self.prepare(wl)
+        self.bar = progress_bar(cfg, self.progress)
+        pos = 0
+        saved = ck.resume(self.resume_device)
+        if saved is not None:
+            pos = self.load(saved)
+            restore_acc(self.acc, saved["acc"])
+            if self.bar is not None:
+                self.bar.update(pos)
+        with self.session():
+            for a, b in self.spans(pos):
+                self.advance(a, b)
+                if self.bar is not None:
+                    self.bar.update(b - a)
+                if ck.due(b):  # a save or a stop: the state whole at b first
+                    self.settle()
+                    ck.window(b, self.save)
+            self.settle()
+        self.close()
+        if self.bar is not None:
+            self.bar.close()
+        info = {**self.info(), **ck.info()}
+        if self.recorded:
+            info["outputs"] = {k: np.concatenate(v) for k, v in self.recorded.items()}
+        return make_result(cfg, self.acc, self.dead_at(), engine=self.NAME,
+                           device=self.where or self.device, t_start=self.t_start, info=info)
+
+    def fallback(self, reason: str):
+        """The torch engine runs a config this engine does not cover, with a logged note
+        (``Result.info["<engine>_fallback"]``)."""
+        from .torch import TorchEngine
+
+        self.log.warning("precsim: the %s engine does not support %s; running the torch engine",
+                         self.LABEL, reason)
+        res = TorchEngine(self.cfg, self.device, self.progress, self.fallback_records(),
+                          self.ck).run()
+        res.info[f"{self.NAME}_fallback"] = reason
+        return res
+
+    def push(self, end: int, y_ref, ys: dict) -> None:
+        """A span's outputs (torch tensors; ``ys[name]`` None: a dead scheme) to the
+        accumulator, the outputs kept, and a drift sample of the held states if one is due."""
+        self.acc.push(y_ref, ys)
+        if self.record_outputs:
+            self.record("truth", y_ref.cpu().numpy())
+            for n, y in ys.items():
+                self.record(n, np.full(y_ref.shape, np.nan) if y is None else y.cpu().numpy())
+        if self.acc.want_drift(end):
+            self.acc.record_drift(end, *self.held())
+
+    def record(self, name: str, y: np.ndarray) -> None:
+        self.recorded.setdefault(name, []).append(y)
+
+    # -- what an engine provides ------------------------------------------------------------
+    def unsupported(self) -> str | None:
+        """Why this engine cannot run the config (after the workload is made); None: it can."""
+        return None
+
+    def fallback_records(self):
+        return self.record_outputs
+
+    def prepare(self, wl) -> None:
+        """Allocate the state and the accumulator (``self.acc``) for workload ``wl``."""
+        raise NotImplementedError
+
+    def spans(self, pos: int):
+        """The ``(a, b)`` spans of steps the run advances by, from step ``pos``."""
+        raise NotImplementedError
+
+    def advance(self, a: int, b: int) -> None:
+        """Advance the truth and every scheme over steps [a, b), the outputs to the metrics."""
+        raise NotImplementedError
+
+    def settle(self) -> None:
+        """Make the state whole at the last span's end (an engine that overlaps spans)."""
+
+    def held(self) -> tuple:
+        """``(truth state, {scheme: None (dead) or {"state": ..., ["read": ...]}})``."""
+        raise NotImplementedError
+
+    def save(self) -> dict:
+        """The state a checkpoint keeps (with ``pos``, ``acc`` and ``dead_at``)."""
+        raise NotImplementedError
+
+    def load(self, saved: dict) -> int:
+        """Restore :meth:`save`'s state; the step it was saved at."""
+        raise NotImplementedError
+
+    def session(self):
+        """A context the spans run in (threads, streams)."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        self.acc.finish()
+
+    def dead_at(self) -> dict:
+        return self.dead
+
+    def info(self) -> dict:
+        return {}

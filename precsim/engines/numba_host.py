@@ -16,19 +16,18 @@ import torch
 
 from precsim import formats as pf
 
-from ..checkpoint import Checkpoint, restore_acc
+from ..checkpoint import Checkpoint
 from ..config import Config
 from ..families import decays
 from ..families.base import step_dots
 from ..metrics import Accumulator, Readout
-from ..result import make_result
 from ..schemes import build_schemes
-from ..workload import expand_groups, make_workload
+from ..workload import expand_groups
 from .base import (
+    Engine,
     cpu_threads,
     flush_events,
     launch_ends,
-    progress_bar,
     segment_ends,
     segment_phase,
 )
@@ -198,275 +197,284 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True, record_outputs:
     ``record_outputs`` keeps every output in ``info["outputs"]`` (tests, small runs); ``ckpt``
     saves and restores its state (:mod:`precsim.checkpoint`).
     """
-    t_start = time.perf_counter()
-    wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
-    reason = supports(cfg, device)
-    if reason is not None:  # the torch engine runs it, with a note
-        import logging
+    return NumbaEngine(cfg, device, progress, record_outputs, ckpt).run()
 
-        from . import torch as torch_engine
 
-        logging.getLogger("precsim").warning(
-            "precsim: the numba engine does not support %s; running the torch engine", reason)
-        res = torch_engine.run(cfg, device, progress=progress, record_outputs=record_outputs,
-                               ckpt=ckpt)
-        res.info["numba_fallback"] = reason
-        return res
-    threads = min(cpu_threads(cfg.run.threads), numba.config.NUMBA_NUM_THREADS)
-    ck = ckpt or Checkpoint(cfg, None)
-    ck.start(NAME, "cpu", t_start)
-    m = cfg.model
-    Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
-    SH = Sq * H
-    steps, L = cfg.run.steps, cfg.replay.buffer_len
-    schemes = build_schemes(cfg)
-    ns = len(schemes)
-    codes = np.stack([scheme_codes(s.cfg) for s in schemes]) if ns else np.zeros((0, NCODE),
-                                                                                   np.int64)
-    S64 = np.zeros((SH, P, N))
-    st = np.zeros((ns, SH, P, N), dtype=np.float32)
-    rd = np.zeros_like(st)
-    # error feedback's residuals (empty matrices when no scheme has it)
-    ef = np.zeros((ns, SH, P, N) if (codes[:, C_EF] >= 0).any() else (ns, SH, 0, 0), np.float32)
-    k0 = pf.stream_keys(cfg.run.seed, 0)[0]
-    ev = np.arange(steps, dtype=np.int64)
-    seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
-    flush_ev = flush_events(seg_ends, steps)
-    phase = segment_phase(seg_ends, steps, cfg.replay.drafts == 0)
-    keys = np.zeros((ns, steps), dtype=np.uint32)
-    for i, s in enumerate(schemes):
-        if s.cfg.rounding == "sr":
-            keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else flush_ev, 0)[1]
-    gdn = cfg.model.family == "gdn"
-    A64 = None if gdn else np.asarray(wl.params["A"], dtype=np.float64)
-    D = wl.params.get("D")
-    D64 = torch.as_tensor(D, dtype=torch.float64) if D is not None else None
-    readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
-        if cfg.metrics.kl else None
-    acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
-    bufdt = cfg.replay.buffer_dtype
-    floor, scope_none = cfg.formats.scale_floor == "normal", cfg.formats.tensor_scope == "none"
-    recip = cfg.formats.nvfp4_scale == "reciprocal"
-    bar = progress_bar(cfg, progress)
-    names = ["truth", *(s.name for s in schemes)]
-    recorded: dict[str, list] = {n: [] for n in names}
-    dead_at: list[int | None] = [None] * ns
-    t_kernel: list[float] = []
+class NumbaEngine(Engine):
+    """Per launch window (:func:`launch_ends`): the inputs and buffer terms on the host, the
+    compiled tasks, then the window's metrics. With more than one thread, threads - 1 workers
+    take a window's tasks while the host draws the next window's inputs and reduces the last
+    window's metrics (torch, one thread), then takes tasks too: the cores stay busy whichever
+    side has more to do (a numba parallel kernel beside the host thread oversubscribed the
+    cores). One thread: window after window."""
 
-    el = limits()  # the formats' limits the compiled quantisers read (formats.ids)
+    NAME, LABEL = NAME, "numba"
+    where = workload_device = "cpu"
 
-    def lens(t0: int, t1: int) -> np.ndarray:
-        """The lengths of the segments of steps [t0, t1) (t0 and t1 are flushes)."""
-        e = seg_ends[(seg_ends > t0) & (seg_ends <= t1)]
-        return np.diff(e, prepend=t0)
+    def unsupported(self) -> str | None:
+        return supports(self.cfg, self.device)  # the torch engine runs it, with a note
 
-    def prepare(t0: int, t1: int) -> dict:
-        """The window's inputs, decays and buffer terms (host, torch/NumPy)."""
-        n = t1 - t0
-        raw_t = expand_groups(wl.chunk(t0, t1), H)
-        raw = {k: v.numpy() for k, v in raw_t.items()}
-        if gdn:
-            return prepare_gdn(t0, t1, raw_t, raw)
-        dt_t = torch.from_numpy(raw["dt"]).to(torch.float32)  # (n, S, H)
-        x_t = torch.from_numpy(raw["x"]).to(torch.float32)
-        B_t = torch.from_numpy(raw["B"]).to(torch.float32)
-        C_t = torch.from_numpy(raw["C"]).to(torch.float32)
-        dec = decays("mamba2", raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
-                     cfg.model.decay_exp)  # the torch engine's decays
-        xb, Bb = x_t, B_t
-        if bufdt not in ("fp32", "fp64"):
-            xb, Bb = pf.quantize(x_t, bufdt, "rne"), pf.quantize(B_t, bufdt, "rne")
-        gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), dec["la"], xb, Bb, C_t, lens(t0, t1),
-                                    Sq, H)
-        y64 = np.empty((n, SH, P))
-        y32 = np.empty((ns, n, SH, P), dtype=np.float32)
-        args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
-                np.exp(raw["dt"] * A64).reshape(n, SH),
-                np.ascontiguousarray(raw["dt"].reshape(n, SH)),
-                np.ascontiguousarray(raw["x"].reshape(n, SH, P)),
-                np.ascontiguousarray(raw["B"].reshape(n, SH, N)),
-                np.ascontiguousarray(raw["C"].reshape(n, SH, N)), y64,
-                dec["a"].reshape(n, SH).numpy(), dt_t.reshape(n, SH).numpy(),
-                x_t.reshape(n, SH, P).numpy(), B_t.reshape(n, SH, N).numpy(),
-                C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32,
-                phase[t0:t1], floor, scope_none, recip, el)
-        return {"t0": t0, "t1": t1, "x": raw["x"], "x_t": x_t, "y64": y64, "y32": y32,
-                "args": args, "next": itertools.count()}
+    def prepare(self, wl) -> None:
+        cfg = self.cfg
+        threads = min(cpu_threads(cfg.run.threads), numba.config.NUMBA_NUM_THREADS)
+        overlap = threads > 1
+        m = cfg.model
+        Sq, H, P, N = cfg.run.seqs, m.heads, m.head_dim, m.state_dim
+        SH = Sq * H
+        steps, L = cfg.run.steps, cfg.replay.buffer_len
+        schemes = build_schemes(cfg)
+        ns = len(schemes)
+        codes = np.stack([scheme_codes(s.cfg) for s in schemes]) if ns else np.zeros((0, NCODE),
+                                                                                       np.int64)
+        S64 = np.zeros((SH, P, N))
+        st = np.zeros((ns, SH, P, N), dtype=np.float32)
+        rd = np.zeros_like(st)
+        # error feedback's residuals (empty matrices when no scheme has it)
+        ef = np.zeros((ns, SH, P, N) if (codes[:, C_EF] >= 0).any() else (ns, SH, 0, 0),
+                      np.float32)
+        k0 = pf.stream_keys(cfg.run.seed, 0)[0]
+        ev = np.arange(steps, dtype=np.int64)
+        seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
+        flush_ev = flush_events(seg_ends, steps)
+        phase = segment_phase(seg_ends, steps, cfg.replay.drafts == 0)
+        keys = np.zeros((ns, steps), dtype=np.uint32)
+        for i, s in enumerate(schemes):
+            if s.cfg.rounding == "sr":
+                keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else flush_ev, 0)[1]
+        gdn = cfg.model.family == "gdn"
+        A64 = None if gdn else np.asarray(wl.params["A"], dtype=np.float64)
+        D = wl.params.get("D")
+        D64 = torch.as_tensor(D, dtype=torch.float64) if D is not None else None
+        readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
+            if cfg.metrics.kl else None
+        acc = Accumulator([s.name for s in schemes], cfg.metrics.window, readout)
+        bufdt = cfg.replay.buffer_dtype
+        floor, scope_none = cfg.formats.scale_floor == "normal", cfg.formats.tensor_scope == "none"
+        recip = cfg.formats.nvfp4_scale == "reciprocal"
+        dead_at: list[int | None] = [None] * ns
+        t_kernel: list[float] = []
 
-    u_master = cfg.replay.gdn_u_source == "master"
+        el = limits()  # the formats' limits the compiled quantisers read (formats.ids)
 
-    def prepare_gdn(t0: int, t1: int, raw_t: dict, raw: dict) -> dict:
-        """:func:`prepare` for Gated DeltaNet: the inputs in float64 (the truth) and float32, the
-        decays and the segments' input-only matrices (:func:`_gdn_terms`)."""
-        n = t1 - t0
-        f32 = {k: torch.from_numpy(raw[k]).to(torch.float32) for k in ("beta", "q", "k", "v")}
-        dec = decays("gdn", raw_t, {}, torch.float32, cfg.model.decay_exp)
-        gam, Am, Mm, wlast = _gdn_terms(dec["la"], f32["q"], f32["k"], lens(t0, t1), L, Sq, H)
+        def lens(t0: int, t1: int) -> np.ndarray:
+            """The lengths of the segments of steps [t0, t1) (t0 and t1 are flushes)."""
+            e = seg_ends[(seg_ends > t0) & (seg_ends <= t1)]
+            return np.diff(e, prepend=t0)
 
-        def flat(a, *tail):
-            return np.ascontiguousarray(a.reshape(n, SH, *tail))
+        def prepare(t0: int, t1: int) -> dict:
+            """The window's inputs, decays and buffer terms (host, torch/NumPy)."""
+            n = t1 - t0
+            raw_t = expand_groups(wl.chunk(t0, t1), H)
+            raw = {k: v.numpy() for k, v in raw_t.items()}
+            if gdn:
+                return prepare_gdn(t0, t1, raw_t, raw)
+            dt_t = torch.from_numpy(raw["dt"]).to(torch.float32)  # (n, S, H)
+            x_t = torch.from_numpy(raw["x"]).to(torch.float32)
+            B_t = torch.from_numpy(raw["B"]).to(torch.float32)
+            C_t = torch.from_numpy(raw["C"]).to(torch.float32)
+            dec = decays("mamba2", raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
+                         cfg.model.decay_exp)  # the torch engine's decays
+            xb, Bb = x_t, B_t
+            if bufdt not in ("fp32", "fp64"):
+                xb, Bb = pf.quantize(x_t, bufdt, "rne"), pf.quantize(B_t, bufdt, "rne")
+            gam, Yb, Fb = _buffer_terms(dt_t.reshape(n, Sq, H), dec["la"], xb, Bb, C_t,
+                                        lens(t0, t1), Sq, H)
+            y64 = np.empty((n, SH, P))
+            y32 = np.empty((ns, n, SH, P), dtype=np.float32)
+            args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
+                    np.exp(raw["dt"] * A64).reshape(n, SH),
+                    np.ascontiguousarray(raw["dt"].reshape(n, SH)),
+                    np.ascontiguousarray(raw["x"].reshape(n, SH, P)),
+                    np.ascontiguousarray(raw["B"].reshape(n, SH, N)),
+                    np.ascontiguousarray(raw["C"].reshape(n, SH, N)), y64,
+                    dec["a"].reshape(n, SH).numpy(), dt_t.reshape(n, SH).numpy(),
+                    x_t.reshape(n, SH, P).numpy(), B_t.reshape(n, SH, N).numpy(),
+                    C_t.reshape(n, SH, N).numpy(), Yb.numpy(), gam.numpy(), Fb.numpy(), y32,
+                    phase[t0:t1], floor, scope_none, recip, el)
+            return {"t0": t0, "t1": t1, "x": raw["x"], "x_t": x_t, "y64": y64, "y32": y32,
+                    "args": args, "next": itertools.count()}
 
-        y64 = np.empty((n, SH, P))
-        y32 = np.empty((ns, n, SH, P), dtype=np.float32)
-        args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
-                flat(np.exp(raw["g"])), flat(raw["beta"]), flat(raw["q"], N), flat(raw["k"], N),
-                flat(raw["v"], P), y64, flat(dec["a"].numpy()), flat(f32["beta"].numpy()),
-                flat(f32["q"].numpy(), N), flat(f32["k"].numpy(), N), flat(f32["v"].numpy(), P),
-                gam.numpy(), Am.numpy(), Mm.numpy(), wlast.numpy(), y32, phase[t0:t1], floor,
-                scope_none, recip, el, u_master)
-        return {"t0": t0, "t1": t1, "x": None, "x_t": None, "y64": y64, "y32": y32,
-                "args": args, "next": itertools.count()}
+        u_master = cfg.replay.gdn_u_source == "master"
 
-    # each task's compiled function: the truth's (slot 0), its scheme's kind and formats
-    tasks = [(gdn, None), *((gdn, scheme_consts(c)) for c in codes)]
-    fns = [task_function(*k) for k in tasks]
-    calls = [(fns[t % (ns + 1)], t) for t in task_order(codes, SH).tolist()]
-    ntask = len(calls)
-    ahead = threading.Lock()
-    ready: list[bool] = []
+        def prepare_gdn(t0: int, t1: int, raw_t: dict, raw: dict) -> dict:
+            """:func:`prepare` for Gated DeltaNet: the inputs in float64 (the truth) and
+            float32, the decays and the segments' input-only matrices (:func:`_gdn_terms`)."""
+            n = t1 - t0
+            f32 = {k: torch.from_numpy(raw[k]).to(torch.float32) for k in ("beta", "q", "k", "v")}
+            dec = decays("gdn", raw_t, {}, torch.float32, cfg.model.decay_exp)
+            gam, Am, Mm, wlast = _gdn_terms(dec["la"], f32["q"], f32["k"], lens(t0, t1), L, Sq, H)
 
-    def kernel(w: dict) -> None:
-        """Take the window's tasks one at a time until none is left (any number of threads:
-        the workers and, between its own work, the host)."""
-        tk = time.perf_counter()
-        args, cnt = w["args"], w["next"]
-        with ahead:  # the first window's first caller: every task compiled or loaded first
-            if not ready:
-                compile_ahead(tasks, fns, args, threads)
-                ready.append(True)
-        while (j := next(cnt)) < ntask:  # itertools.count: one task per caller, atomic
-            fn, t = calls[j]
-            fn(t, *args)
-        t_kernel.append(time.perf_counter() - tk)  # summed: the kernel's seconds, all threads
+            def flat(a, *tail):
+                return np.ascontiguousarray(a.reshape(n, SH, *tail))
 
-    def snapshot(w: dict) -> None:
-        """The held states at the window's end, if a drift sample is due (before the next
-        window's kernel overwrites them)."""
-        if acc.want_drift(w["t1"]):
-            w["states"] = (S64.copy(), st.copy(), rd.copy()) if overlap else (S64, st, rd)
+            y64 = np.empty((n, SH, P))
+            y32 = np.empty((ns, n, SH, P), dtype=np.float32)
+            args = (S64, st, rd, ef, codes, np.ascontiguousarray(keys[:, t0:t1]), k0,
+                    flat(np.exp(raw["g"])), flat(raw["beta"]), flat(raw["q"], N), flat(raw["k"], N),
+                    flat(raw["v"], P), y64, flat(dec["a"].numpy()), flat(f32["beta"].numpy()),
+                    flat(f32["q"].numpy(), N), flat(f32["k"].numpy(), N), flat(f32["v"].numpy(), P),
+                    gam.numpy(), Am.numpy(), Mm.numpy(), wlast.numpy(), y32, phase[t0:t1], floor,
+                    scope_none, recip, el, u_master)
+            return {"t0": t0, "t1": t1, "x": None, "x_t": None, "y64": y64, "y32": y32,
+                    "args": args, "next": itertools.count()}
 
-    W = H * P
-    D64n = np.asarray(D, dtype=np.float64) if D is not None else np.zeros(0)
-    want_kl = readout is not None
+        # each task's compiled function: the truth's (slot 0), its scheme's kind and formats
+        tasks = [(gdn, None), *((gdn, scheme_consts(c)) for c in codes)]
+        fns = [task_function(*k) for k in tasks]
+        calls = [(fns[t % (ns + 1)], t) for t in task_order(codes, SH).tolist()]
+        ntask = len(calls)
+        ahead = threading.Lock()
+        ready: list[bool] = []
 
-    def finish(w: dict) -> None:
-        """Dead schemes, the metrics (rows by ``row_stats``, the KL from them), the drift
-        sample, the outputs kept, the bar."""
-        t0, t1 = w["t0"], w["t1"]
-        n = t1 - t0
-        rows = n * Sq
-        err, s_ss, yh = np.empty((ns, rows)), np.empty((ns, rows)), np.empty((rows, W))
-        d = np.empty((ns, rows, W) if want_kl else (0, 0, 0), dtype=np.float32)
-        no = np.zeros((0, 0))
-        x64 = np.ascontiguousarray(w["x"]).reshape(rows, W) if D is not None else no
-        row_stats(w["y32"].reshape(ns, rows, W), w["y64"].reshape(rows, W), x64,
-                   x64.astype(np.float32), D64n, D64n.astype(np.float32), P, want_kl, err, s_ss,
-                   d, yh)
-        cuts = []
-        for i in range(ns):
-            if dead_at[i] is None:  # the first step with a non-finite output (any sequence)
-                bad = ~np.isfinite(s_ss[i]).reshape(n, Sq).all(axis=1)
-                if bad.any():
-                    dead_at[i] = t0 + int(np.argmax(bad)) + 1
-            cuts.append(_dead_cut(dead_at[i], t0, n, seg_ends))
-            err[i, cuts[i] * Sq:] = math.nan  # after the dying segment: NaN outputs
-            if want_kl:
-                d[i, cuts[i] * Sq:] = math.nan
-        acc.push_rows(torch.from_numpy(err).view(ns, n, Sq),
-                      torch.from_numpy(yh).view(n, Sq, W) if want_kl else None,
-                      torch.from_numpy(d).view(ns, n, Sq, W) if want_kl else None)
-        if record_outputs:
-            y_ref = torch.from_numpy(w["y64"]).view(n, Sq, H, P)
-            if D64 is not None:
-                y_ref = y_ref + D64[:, None] * torch.from_numpy(w["x"])
-            recorded["truth"].append(y_ref.numpy())
-            for i, s in enumerate(schemes):
-                y = torch.from_numpy(w["y32"][i]).view(n, Sq, H, P)
+        def kernel(w: dict) -> None:
+            """Take the window's tasks one at a time until none is left (any number of threads:
+            the workers and, between its own work, the host)."""
+            tk = time.perf_counter()
+            args, cnt = w["args"], w["next"]
+            with ahead:  # the first window's first caller: every task compiled or loaded first
+                if not ready:
+                    compile_ahead(tasks, fns, args, threads)
+                    ready.append(True)
+            while (j := next(cnt)) < ntask:  # itertools.count: one task per caller, atomic
+                fn, t = calls[j]
+                fn(t, *args)
+            t_kernel.append(time.perf_counter() - tk)  # summed: the kernel's seconds, all threads
+
+        def snapshot(w: dict) -> None:
+            """The held states at the window's end, if a drift sample is due (before the next
+            window's kernel overwrites them)."""
+            if acc.want_drift(w["t1"]):
+                w["states"] = (S64.copy(), st.copy(), rd.copy()) if overlap else (S64, st, rd)
+
+        W = H * P
+        D64n = np.asarray(D, dtype=np.float64) if D is not None else np.zeros(0)
+        want_kl = readout is not None
+
+        def finish(w: dict) -> None:
+            """Dead schemes, the metrics (rows by ``row_stats``, the KL from them), the drift
+            sample, the outputs kept, the bar."""
+            t0, t1 = w["t0"], w["t1"]
+            n = t1 - t0
+            rows = n * Sq
+            err, s_ss, yh = np.empty((ns, rows)), np.empty((ns, rows)), np.empty((rows, W))
+            d = np.empty((ns, rows, W) if want_kl else (0, 0, 0), dtype=np.float32)
+            no = np.zeros((0, 0))
+            x64 = np.ascontiguousarray(w["x"]).reshape(rows, W) if D is not None else no
+            row_stats(w["y32"].reshape(ns, rows, W), w["y64"].reshape(rows, W), x64,
+                       x64.astype(np.float32), D64n, D64n.astype(np.float32), P, want_kl, err, s_ss,
+                       d, yh)
+            cuts = []
+            for i in range(ns):
+                if dead_at[i] is None:  # the first step with a non-finite output (any sequence)
+                    bad = ~np.isfinite(s_ss[i]).reshape(n, Sq).all(axis=1)
+                    if bad.any():
+                        dead_at[i] = t0 + int(np.argmax(bad)) + 1
+                cuts.append(_dead_cut(dead_at[i], t0, n, seg_ends))
+                err[i, cuts[i] * Sq:] = math.nan  # after the dying segment: NaN outputs
+                if want_kl:
+                    d[i, cuts[i] * Sq:] = math.nan
+            acc.push_rows(torch.from_numpy(err).view(ns, n, Sq),
+                          torch.from_numpy(yh).view(n, Sq, W) if want_kl else None,
+                          torch.from_numpy(d).view(ns, n, Sq, W) if want_kl else None)
+            if self.record_outputs:
+                y_ref = torch.from_numpy(w["y64"]).view(n, Sq, H, P)
                 if D64 is not None:
-                    y = y + D64.to(torch.float32)[:, None] * w["x_t"]
-                y = y.clone()
-                y[cuts[i]:] = math.nan
-                recorded[s.name].append(y.numpy())
-        if "states" in w:
-            s64, s32, r32 = w["states"]
-            def v4(a):
-                return torch.from_numpy(a).view(Sq, H, P, N)
+                    y_ref = y_ref + D64[:, None] * torch.from_numpy(w["x"])
+                self.record("truth", y_ref.numpy())
+                for i, s in enumerate(schemes):
+                    y = torch.from_numpy(w["y32"][i]).view(n, Sq, H, P)
+                    if D64 is not None:
+                        y = y + D64.to(torch.float32)[:, None] * w["x_t"]
+                    y = y.clone()
+                    y[cuts[i]:] = math.nan
+                    self.record(s.name, y.numpy())
+            if "states" in w:
+                s64, s32, r32 = w["states"]
+                def v4(a):
+                    return torch.from_numpy(a).view(Sq, H, P, N)
 
-            acc.record_drift(t1, v4(s64), {s.name: None if dead_at[i] is not None else {
-                "state": v4(s32[i]), **({"read": v4(r32[i])} if s.kind == "split" else {})}
-                for i, s in enumerate(schemes)})
-        if bar is not None:
-            bar.update(n)
+                acc.record_drift(t1, v4(s64), {s.name: None if dead_at[i] is not None else {
+                    "state": v4(s32[i]), **({"read": v4(r32[i])} if s.kind == "split" else {})}
+                    for i, s in enumerate(schemes)})
 
-    # With more than one thread, threads - 1 workers take the window's tasks while the host
-    # draws the next window's inputs and reduces the last window's metrics (torch, one thread),
-    # then takes tasks too: the cores stay busy whichever side has more to do (a numba parallel
-    # kernel beside the host thread oversubscribed the cores). One thread: window after window.
-    overlap = threads > 1
-    ends = launch_ends(seg_ends, cfg.metrics.window)
-    t0 = 0
-    saved = ck.resume()
-    if saved is not None:  # the arrays in place: every window's arguments refer to them
-        t0, dead_at[:] = saved["pos"], saved["dead"]
-        for a, k in ((S64, "S64"), (st, "st"), (rd, "rd"), (ef, "ef")):
+        self.threads, self.overlap = threads, threads > 1
+        self.seg_ends, self.schemes, self.acc = seg_ends, schemes, acc
+        self.S64, self.st, self.rd, self.ef = S64, st, rd, ef
+        self.dead_list, self.t_kernel = dead_at, t_kernel
+        self._window, self._kernel, self._snapshot, self._finish = prepare, kernel, snapshot, finish
+        self.prev, self.futs, self.pool = None, [], None
+
+    def spans(self, pos: int):
+        t0 = pos
+        for t1 in launch_ends(self.seg_ends, self.cfg.metrics.window):
+            if t1 > pos:
+                yield t0, t1
+                t0 = t1
+
+    def load(self, saved: dict) -> int:  # the arrays in place: every window's arguments
+        self.dead_list[:] = saved["dead"]  # refer to them
+        for a, k in ((self.S64, "S64"), (self.st, "st"), (self.rd, "rd"), (self.ef, "ef")):
             a[...] = saved.get(k, a)
-        restore_acc(acc, saved["acc"])
-        ends = [e for e in ends if e > t0]
-        if bar is not None:
-            bar.update(t0)
+        return saved["pos"]
 
-    def whole(pos: int):  # the state when window ``pos`` is finished and the next not started
-        return lambda: {"pos": pos, "S64": S64, "st": st, "rd": rd, "ef": ef, "dead": dead_at,
-                        "acc": acc,
-                        "dead_at": {s.name: dead_at[i] for i, s in enumerate(schemes)}}
+    def advance(self, t0: int, t1: int) -> None:
+        w = self._window(t0, t1)
+        if not self.overlap:
+            self._kernel(w)
+            self._snapshot(w)
+            self._finish(w)
+            self.pos = t1
+            return
+        prev = self.prev
+        if prev is not None:
+            self._wait(prev)  # the host's share of the running window
+        self.futs = [self.pool.submit(self._kernel, w) for _ in range(self.threads - 1)]
+        if prev is not None:
+            self._finish(prev)
+        self.prev = w
 
-    if not overlap:
-        for t1 in ends:
-            w = prepare(t0, t1)
-            kernel(w)
-            snapshot(w)
-            finish(w)
-            t0 = t1
-            ck.window(t1, whole(t1))
-    else:
-        from concurrent.futures import ThreadPoolExecutor, wait
+    def _wait(self, w: dict) -> None:
+        from concurrent.futures import wait
 
-        with ThreadPoolExecutor(threads - 1, thread_name_prefix="precsim-numba") as pool:
-            futs, prev = [], None
-            for t1 in ends:
-                w = prepare(t0, t1)
-                if prev is not None:
-                    kernel(prev)  # the host's share of the running window
-                    wait(futs)
-                    for f in futs:
-                        f.result()
-                    snapshot(prev)
-                    if ck.due(prev["t1"]):  # whole: finish it before the next one starts
-                        finish(prev)
-                        ck.window(prev["t1"], whole(prev["t1"]))
-                        prev = None
-                futs = [pool.submit(kernel, w) for _ in range(threads - 1)]
-                if prev is not None:
-                    finish(prev)
-                prev, t0 = w, t1
-            kernel(prev)
-            for f in futs:
-                f.result()
-            snapshot(prev)
-            finish(prev)
-    acc.finish()
-    if bar is not None:
-        bar.close()
-    for i, s in enumerate(schemes):
-        s.dead_at = dead_at[i]
-    n_flush = len(seg_ends)
-    info = {"flushes": n_flush, "workload": cfg.workload.kind,
-            "mean_segment": steps / max(n_flush, 1), "kernel_s": sum(t_kernel),
-            "threads": threads, **ck.info()}
-    if record_outputs:
-        info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
-    return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,
-                       device="cpu", t_start=t_start, info=info)
+        self._kernel(w)
+        wait(self.futs)
+        for f in self.futs:
+            f.result()
+        self._snapshot(w)
+
+    def settle(self) -> None:
+        """The window in flight finished (its kernel, metrics): the state whole at its end."""
+        if self.prev is not None:
+            self._wait(self.prev)
+            self._finish(self.prev)
+            self.pos, self.prev = self.prev["t1"], None
+
+    def session(self):
+        import contextlib
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not self.overlap:
+            return contextlib.nullcontext()
+        self.pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="precsim-numba")
+        return self.pool
+
+    def save(self) -> dict:  # the state when window ``pos`` is finished and the next not started
+        return {"pos": self.pos, "S64": self.S64, "st": self.st, "rd": self.rd, "ef": self.ef,
+                "dead": self.dead_list, "acc": self.acc, "dead_at": self.dead_at()}
+
+    def dead_at(self) -> dict:
+        return {s.name: self.dead_list[i] for i, s in enumerate(self.schemes)}
+
+    def close(self) -> None:
+        self.acc.finish()
+        for i, s in enumerate(self.schemes):
+            s.dead_at = self.dead_list[i]
+
+    def info(self) -> dict:
+        n_flush = len(self.seg_ends)
+        return {"flushes": n_flush, "workload": self.cfg.workload.kind,
+                "mean_segment": self.cfg.run.steps / max(n_flush, 1),
+                "kernel_s": sum(self.t_kernel), "threads": self.threads}
 
 
 def _dead_cut(dead_at: int | None, t0: int, n: int, seg_ends: np.ndarray) -> int:

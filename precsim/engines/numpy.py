@@ -11,19 +11,17 @@ baseline of ``experiments/bench/bench_cpu.py``.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
-from ..checkpoint import Checkpoint, restore_acc
+from ..checkpoint import Checkpoint
 from ..config import Config
 from ..families import decays, get_family
 from ..metrics import Accumulator, Readout
-from ..result import Result, make_result
+from ..result import Result
 from ..schemes import format_options, quantize_state, write_state
-from ..workload import expand_groups, make_workload
-from .base import buffer_rounder, flush_schedule, progress_bar, skip_to
+from ..workload import expand_groups
+from .base import Engine, buffer_rounder, flush_schedule, skip_to
 
 NAME = "numpy"
 
@@ -55,63 +53,75 @@ def supports(cfg: Config, device: str) -> str | None:
 
 def run(cfg: Config, device: str = "cpu", progress: bool = True,
         record_outputs: bool = False, ckpt: Checkpoint | None = None) -> Result:
-    t_start = time.perf_counter()
-    ck = ckpt or Checkpoint(cfg, None)
-    ck.start(NAME, "cpu", t_start)
-    wl = make_workload(cfg)  # first: a trace fixes model.family and the shape
-    fam = cfg.model.family
-    family = get_family(fam)
-    p64 = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in wl.params.items()}
-    dt_ = NP_DTYPES[cfg.run.compute_dtype]
-    Sq, H = cfg.run.seqs, cfg.model.heads
-    P, N = cfg.model.head_dim, cfg.model.state_dim
-    shape = (Sq, H, P, N)
-    names = list(cfg.schemes)
-    qs = {n: _Q(n, cfg, sc) for n, sc in cfg.schemes.items()}
-    state = {n: np.zeros(shape, dt_) for n in names}
-    read = {n: np.zeros(shape, dt_) for n in names}
-    resid = {n: np.zeros(shape, dt_) for n in names}  # error feedback's residuals
-    events = dict.fromkeys(names, 0)
-    buf: dict[str, list] = {n: [] for n in names}
-    dead: dict[str, int | None] = dict.fromkeys(names)
-    D = wl.params.get("D")
-    S_ref = np.zeros(shape)
-    u_master = cfg.replay.gdn_u_source == "master"
-    spec = cfg.replay.drafts > 0
-    bround = buffer_rounder(cfg.replay.buffer_dtype, 32 if dt_ == np.float32 else 64)
+    return NumpyEngine(cfg, "cpu", progress, record_outputs, ckpt).run()
 
-    readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
-        if cfg.metrics.kl else None
-    acc = Accumulator(names, cfg.metrics.window, readout)
-    recorded: dict[str, list] = {n: [] for n in ["truth", *names]}
-    bar = progress_bar(cfg, progress)
-    tdt = torch.float32 if dt_ == np.float32 else torch.float64
-    pos = 0
-    saved = ck.resume()
-    if saved is not None:
-        pos, S_ref, state, read, events, dead = (saved[k] for k in (
-            "pos", "S_ref", "state", "read", "events", "dead_at"))
-        resid = saved.get("resid", resid)
-        restore_acc(acc, saved["acc"])
-        if bar is not None:
-            bar.update(pos)
 
-    def whole() -> dict:  # the state at a flush (every buffer empty)
-        return {"pos": pos, "S_ref": S_ref, "state": state, "read": read, "events": events,
-                "resid": resid, "dead_at": dead, "acc": acc}
+class NumpyEngine(Engine):
+    NAME = "numpy"
+    where = workload_device = "cpu"
 
-    for m in skip_to(flush_schedule(cfg), pos):
-        t64 = expand_groups(wl.chunk(pos, pos + m), H)
+    def prepare(self, wl) -> None:
+        cfg = self.cfg
+        self.wl = wl
+        self.fam = fam = cfg.model.family
+        self.family = get_family(fam)
+        self.p64 = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in wl.params.items()}
+        self.dt_ = dt_ = NP_DTYPES[cfg.run.compute_dtype]
+        Sq, H = cfg.run.seqs, cfg.model.heads
+        P, N = cfg.model.head_dim, cfg.model.state_dim
+        shape = (Sq, H, P, N)
+        self.names = names = list(cfg.schemes)
+        self.qs = {n: _Q(n, cfg, sc) for n, sc in cfg.schemes.items()}
+        self.state = {n: np.zeros(shape, dt_) for n in names}
+        self.read = {n: np.zeros(shape, dt_) for n in names}
+        self.resid = {n: np.zeros(shape, dt_) for n in names}  # error feedback's residuals
+        self.events = dict.fromkeys(names, 0)
+        self.buf: dict[str, list] = {n: [] for n in names}
+        self.dead = dict.fromkeys(names)
+        self.D = wl.params.get("D")
+        self.S_ref = np.zeros(shape)
+        self.u_master = cfg.replay.gdn_u_source == "master"
+        self.spec = cfg.replay.drafts > 0
+        self.bround = buffer_rounder(cfg.replay.buffer_dtype, 32 if dt_ == np.float32 else 64)
+        readout = Readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, "cpu") \
+            if cfg.metrics.kl else None
+        self.acc = Accumulator(names, cfg.metrics.window, readout)
+        self.tdt = torch.float32 if dt_ == np.float32 else torch.float64
+
+    def load(self, saved: dict) -> int:
+        self.S_ref, self.state, self.read, self.events, self.dead = (saved[k] for k in (
+            "S_ref", "state", "read", "events", "dead_at"))
+        self.resid = saved.get("resid", self.resid)
+        return saved["pos"]
+
+    def save(self) -> dict:  # the state at a flush (every buffer empty)
+        return {"pos": self.pos, "S_ref": self.S_ref, "state": self.state, "read": self.read,
+                "events": self.events, "resid": self.resid, "dead_at": self.dead,
+                "acc": self.acc}
+
+    def spans(self, pos: int):
+        for m in skip_to(flush_schedule(self.cfg), pos):
+            yield pos, pos + m
+            pos += m
+
+    def advance(self, pos: int, end: int) -> None:
+        cfg, fam, family, dt_ = self.cfg, self.fam, self.family, self.dt_
+        names, state, read, resid, events, buf, dead, qs, D = (
+            self.names, self.state, self.read, self.resid, self.events, self.buf, self.dead,
+            self.qs, self.D)
+        m = end - pos
+        Sq, H, P = cfg.run.seqs, cfg.model.heads, cfg.model.head_dim
+        t64 = expand_groups(self.wl.chunk(pos, pos + m), H)
         inp64 = {k: v.numpy() for k, v in t64.items()}
-        inp64.update({k: v.numpy() for k, v in decays(fam, t64, p64, torch.float64).items()})
+        inp64.update({k: v.numpy() for k, v in decays(fam, t64, self.p64, torch.float64).items()})
         inp = {k: v.astype(dt_) for k, v in inp64.items()}
-        inp.update({k: v.numpy() for k, v in decays(fam, t64, p64, tdt,
+        inp.update({k: v.numpy() for k, v in decays(fam, t64, self.p64, self.tdt,
                                                        cfg.model.decay_exp).items()})
         y_ref = np.empty((m, Sq, H, P))
         ys = {n: np.empty((m, Sq, H, P), dt_) for n in names}
         for i in range(m):
             last = i == m - 1
-            S_ref, y_ref[i] = family.step(S_ref, _at(inp64, i))
+            self.S_ref, y_ref[i] = family.step(self.S_ref, _at(inp64, i))
             for n in names:
                 sc = cfg.schemes[n]
                 if dead[n] is not None:
@@ -123,10 +133,11 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                     events[n] += 1
                 else:
                     R = state[n] if sc.kind == "shared" else read[n]
-                    ys[n][i] = _replay_step(fam, buf[n], R, state[n], inp, i, bround, u_master)
+                    ys[n][i] = _replay_step(fam, buf[n], R, state[n], inp, i, self.bround,
+                                            self.u_master)
                     if last:  # flush: fold the buffer into the master, write back once
                         fold = _fold(buf[n], state[n], dt_)
-                        if not spec:
+                        if not self.spec:
                             c = inp[family.QUERY][i]
                             ys[n][i] = _out(fold, c)
                         state[n], resid[n] = qs[n].write(fold, resid[n], sc, events[n])
@@ -140,28 +151,17 @@ def run(cfg: Config, device: str = "cpu", progress: bool = True,
                     dead[n] = pos + i + 1
             if D is not None:
                 y_ref[i] += D[:, None] * inp64["x"][i]
-        pos += m
-        acc.push(torch.from_numpy(y_ref), {n: torch.from_numpy(ys[n]) for n in names})
-        if record_outputs:
-            recorded["truth"].append(y_ref)
-            for n in names:
-                recorded[n].append(ys[n])
-        if acc.want_drift(pos):  # what each live scheme holds: its state (and split's read copy)
-            held = {n: {"state": state[n], "read": read[n]} if cfg.schemes[n].kind == "split"
-                    else {"state": state[n]} for n in names}
-            acc.record_drift(pos, torch.from_numpy(S_ref), {
-                n: None if dead[n] is not None else {k: torch.from_numpy(v) for k, v in h.items()}
-                for n, h in held.items()})
-        if bar is not None:
-            bar.update(m)
-        ck.window(pos, whole)
-    acc.finish()
-    if bar is not None:
-        bar.close()
-    info = ck.info()
-    if record_outputs:
-        info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
-    return make_result(cfg, acc, dead, engine=NAME, device="cpu", t_start=t_start, info=info)
+        self.pos = end
+        self.push(end, torch.from_numpy(y_ref), {n: torch.from_numpy(ys[n]) for n in names})
+
+    def held(self) -> tuple:  # what each live scheme holds: its state (and split's read copy)
+        held = {n: {"state": self.state[n], "read": self.read[n]}
+                if self.cfg.schemes[n].kind == "split" else {"state": self.state[n]}
+                for n in self.names}
+        return torch.from_numpy(self.S_ref), {
+            n: None if self.dead[n] is not None else {k: torch.from_numpy(v)
+                                                      for k, v in h.items()}
+            for n, h in held.items()}
 
 
 def _at(inp: dict, i: int) -> dict:
