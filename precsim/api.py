@@ -73,9 +73,10 @@ def simulate(cfg, out_dir: str | Path | None = None, progress: bool = True) -> R
     return result
 
 
-def run(cfg: Config, progress: bool = True, ckpt=None) -> RunResult:
-    """Run a validated config: a layer on its engine (:func:`precsim.engines.run`), or with
-    ``model.path`` a whole checkpoint (:func:`precsim.models.run_model_kl`)."""
+def run(cfg: Config, progress: bool = True, ckpt=None, sweep_blocks=None) -> RunResult:
+    """Run a validated config: a layer on its engine (:func:`precsim.engines.run`; a sweep's
+    ``sweep_blocks``: :func:`precsim.compose.sweep_kernels`), or with ``model.path`` a whole
+    checkpoint (:func:`precsim.models.run_model_kl`)."""
     if cfg.model.path:
         from .models import run_model_kl
 
@@ -87,7 +88,8 @@ def run(cfg: Config, progress: bool = True, ckpt=None) -> RunResult:
         else:
             result = run_model_kl(cfg, dev, progress=progress, ckpt=ckpt)
     else:
-        result = engines.run(at_layer(cfg), progress=progress, ckpt=ckpt)
+        result = engines.run(at_layer(cfg), progress=progress, ckpt=ckpt,
+                             sweep_blocks=sweep_blocks)
     return _judged(result, cfg)  # (its summary() and verdict())
 
 
@@ -114,27 +116,31 @@ def at_layer(cfg: Config) -> Config:
                                              for n, s in cfg.schemes.items()})
 
 
-def run_layers(cfg: Config, out: Path, say=print, progress: bool = True) -> dict:
+def run_layers(cfg: Config, out: Path, say=print, progress: bool = True,
+               sweep_blocks=None) -> dict:
     """Every recorded layer of ``cfg.workload.path`` (:func:`precsim.layers.run_all`), each an
     ordinary run into ``out/layer_XX/`` (reused when complete); the combined summary."""
     from .layers import run_all
 
     def one(c: Config, sub: Path) -> dict:
         stored = reusable(c, sub)
-        return stored if stored is not None else write_outputs(c, run(c, progress=progress), sub)
+        return stored if stored is not None else write_outputs(
+            c, run(c, progress=progress, sweep_blocks=sweep_blocks), sub)
 
     return run_all(cfg, out, one, say)
 
 
 def run_into(cfg: Config, out: Path, say=print, progress: bool = True, task: bool = False,
-             note=None, startup_s: float | None = None) -> tuple[str, dict | None]:
+             note=None, startup_s: float | None = None,
+             sweep_blocks=None) -> tuple[str, dict | None]:
     """Run a validated config into the run directory ``out`` as the command line does; returns
     ``(how, summary)``, ``how`` one of ``"task"`` (``task.*`` or ``task``: a task evaluation,
     which prints its own table; no summary), ``"layers"`` (every layer of a recording),
     ``"reused"`` (``out`` held this config's complete result) and ``"run"``. ``say`` prints the
     table and the run's facts, ``note`` (if given) a long run's estimate; ``startup_s`` is
-    recorded among the phases. An interrupt writes the windows done so far (``complete:
-    false``) and its :class:`~precsim.checkpoint.Interrupted` goes on, ``out`` set on it."""
+    recorded among the phases; ``sweep_blocks``: a sweep's kernels (:func:`run`). An interrupt
+    writes the windows done so far (``complete: false``) and its
+    :class:`~precsim.checkpoint.Interrupted` goes on, ``out`` set on it."""
     from .checkpoint import Interrupted, job_signals
 
     if cfg.task.path or cfg.task.name or task:
@@ -158,11 +164,11 @@ def run_into(cfg: Config, out: Path, say=print, progress: bool = True, task: boo
     from .layers import is_record_dir
 
     if is_record_dir(cfg):  # every recorded layer, then the worst layer's verdict
-        return "layers", run_layers(cfg, out, say, progress=progress)
+        return "layers", run_layers(cfg, out, say, progress=progress, sweep_blocks=sweep_blocks)
     ck.load()  # another config's checkpoint: a one-line error before the engine starts
     try:
         with ck, job_signals():
-            result = run(cfg, progress=progress, ckpt=ck)
+            result = run(cfg, progress=progress, ckpt=ck, sweep_blocks=sweep_blocks)
     except Interrupted as e:  # the windows done so far, marked incomplete
         e.out = out
         if e.partial is not None:

@@ -241,7 +241,6 @@ def _run_app(cfg) -> None:
     c = compose.checked_config(cfg)
     if c.metrics.plot is None:  # a sweep job draws no PNG of its own unless asked
         c.metrics.plot = not multirun
-    compose.set_sweep_kernels(hc, c, multirun)
     say = job_log if multirun else _say
     compose.check_model_vs_trace(hc, c)
     for line in inverted_split_notes(c):  # allowed (a study may want one), but said
@@ -254,8 +253,9 @@ def _run_app(cfg) -> None:
     try:
         how, summary = run_into(c, out, say, progress=not multirun,
                                 task=experiment == "task_eval",
-                                note=None if multirun else _note,
-                                startup_s=None if multirun else age)  # a sweep: one process
+                                note=None if multirun else _note,  # a sweep: one process
+                                startup_s=None if multirun else age,
+                                sweep_blocks=compose.sweep_kernels(hc, c, multirun))
     except Interrupted as e:
         e.job = hc.job.num if multirun else None
         raise

@@ -2,7 +2,7 @@
 ``${precsim_uid:}``, ``${precsim_gpus:}``, ``${precsim_short:}``), the config groups' presets, the
 checks of the overrides before Hydra makes a directory (:func:`precheck`), the composition of a
 validated :class:`~precsim.config.Config` (:func:`compose_config`), and what a sweep's jobs need
-of the command line (:func:`set_sweep_kernels`), and the lines an interrupted command prints
+of the command line (:func:`sweep_kernels`), and the lines an interrupted command prints
 (:func:`interrupt_lines`: where each job stopped, the command that resumes it). Imports inside
 functions keep ``--help`` fast.
 """
@@ -320,7 +320,7 @@ def swept(hc) -> list[tuple[str, str]]:
 def sweeps_schemes(hc) -> bool:
     """Whether this sweep varies its schemes (a ``schemes`` key among :func:`swept`): then the
     Triton engine compiles one kernel taking the schemes as runtime arguments, not one per job
-    (``engines.triton.RUNTIME_CODES``)."""
+    (:func:`sweep_kernels`)."""
     return any(k == "schemes" or k.startswith("schemes.") for k, _ in swept(hc))
 
 
@@ -368,18 +368,14 @@ def model_family(preset: str) -> str | None:
         return None
 
 
-def set_sweep_kernels(hc, c, multirun: bool) -> None:
-    """A sweep on the GPU that varies its schemes (:func:`sweeps_schemes`): the Triton engine
-    compiles one kernel taking the schemes as runtime arguments, for every block size the jobs
-    need (:func:`sweep_blocks`); anything else: one kernel per job's schemes (an in-process
-    caller's next command starts afresh)."""
-    runtime_codes = multirun and c.run.device != "cpu" and sweeps_schemes(hc)
-    if runtime_codes or "precsim.engines.triton" in sys.modules:
-        from precsim.engines import triton as triton_engine
-
-        # one kernel serves every job's schemes; the engine sets its own state
-        triton_engine.configure_sweep(runtime_codes,
-                                      sweep_blocks(hc, c) if runtime_codes else ())
+def sweep_kernels(hc, c, multirun: bool) -> frozenset | None:
+    """A sweep on the GPU that varies its schemes (:func:`sweeps_schemes`): the block sizes its
+    jobs need (:func:`sweep_blocks`), for which the Triton engine compiles one kernel taking the
+    schemes as runtime arguments (``engines.run``'s ``sweep_blocks``); None for anything else
+    (one kernel per job's schemes)."""
+    if multirun and c.run.device != "cpu" and sweeps_schemes(hc):
+        return frozenset(sweep_blocks(hc, c))
+    return None
 
 
 def interrupt_lines(e, args: list[str], left=()) -> list[str]:

@@ -71,11 +71,12 @@ def sync(device):
 def study(steps, device, smoke, kl=True, only=None, **kw):
     """Wall seconds and Result of the Triton engine on the study."""
     from precsim.engines.triton import run as run_triton
+    from precsim.engines.triton import settings
 
     cfg = make_cfg(steps, smoke, kl, only)
     sync(device)
     t = time.perf_counter()
-    r = run_triton(cfg, device, progress=False, **kw)
+    r = run_triton(cfg, device, progress=False, **settings(**kw))  # options, diagnosis
     sync(device)
     return time.perf_counter() - t, r
 

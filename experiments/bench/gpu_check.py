@@ -121,12 +121,13 @@ def oracle_outputs(tr: dict, heads: int, workers: int = 8) -> np.ndarray:
 def compare(name, cfg, device, rows, oracle=True):
     """Triton vs the torch engine's rows (same device, same inputs) and truth vs the oracle."""
     from precsim.engines.torch import run as run_torch
+    from precsim.engines.triton import Diagnosis
     from precsim.engines.triton import run as run_triton
     from precsim.workload import make_workload
 
     run_triton(cfg_small(cfg), device, progress=False)  # compile outside the timing
     t = time.perf_counter()
-    tri = run_triton(cfg, device, progress=False, poison=True,
+    tri = run_triton(cfg, device, progress=False, diagnosis=Diagnosis(poison=True),
                      record_outputs=["truth"] if oracle else False)
     t_tri = time.perf_counter() - t
     t = time.perf_counter()

@@ -9,7 +9,7 @@ per-configuration ones).
 
 Every process gets ``run.out_dir`` / ``hydra.sweep.dir`` under a fresh folder, so no row finds
 an earlier row's results. ``PRECSIM_KERNEL_CODES=runtime`` selects the runtime-argument
-kernels for the comparison row (``precsim.engines.triton.RUNTIME_CODES``).
+kernels for the comparison row (``precsim.engines.triton.Options.runtime_codes``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def whole(args: list[str], out: Path, tag: str, cache: Path, env: dict | None = 
 def kernels(steps: int, smoke: bool, runtime: bool, repeat: int = 2,
             lanes: bool | None = None) -> dict:
     """Engine seconds of the seed-table study (diagnosis: in-process, after a warm-up run).
-    ``lanes``: each scheme in a launch of its own (``engines.triton.LANES``; None: the
+    ``lanes``: each scheme in a launch of its own (``engines.triton.Diagnosis.lanes``; None: the
     engine's default)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_gpu import study

@@ -67,9 +67,12 @@ def resolve_engine(name: str, device: str, cfg: Config | None = None) -> str:
     return name
 
 
-def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
+def run(cfg: Config, progress: bool = True, ckpt=None, sweep_blocks=None) -> Result:
     """Run a validated config on the engine and device it asks for; ``ckpt``: its
-    :class:`precsim.checkpoint.Checkpoint` (saves and restores the engine's state)."""
+    :class:`precsim.checkpoint.Checkpoint` (saves and restores the engine's state);
+    ``sweep_blocks``: a job of a sweep over schemes (:func:`precsim.compose.sweep_kernels`): the
+    Triton engine's kernels take the schemes as runtime arguments, compiled for these block
+    sizes too (None: one kernel per configuration)."""
     import torch
 
     device = resolve_device(cfg.run.device)
@@ -77,6 +80,11 @@ def run(cfg: Config, progress: bool = True, ckpt=None) -> Result:
     nt = torch_threads(cfg.run.threads)
     if nt is not None and torch.get_num_threads() != nt:
         torch.set_num_threads(nt)
+    if engine == "triton":
+        tri = engine_module("triton")
+        opt = tri.Options() if sweep_blocks is None else tri.Options(
+            runtime_codes=None, sweep_blocks=frozenset(sweep_blocks))
+        return tri.run(cfg, device, progress=progress, ckpt=ckpt, options=opt)
     return engine_module(engine).run(cfg, device, progress=progress, ckpt=ckpt)
 
 

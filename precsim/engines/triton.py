@@ -17,19 +17,26 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
-from ..checkpoint import Checkpoint, restore_acc
+from ..checkpoint import Checkpoint
 from ..config import Config, ef_fmt
 from ..families import decays, fast_exp32, get_family
 from ..metrics import DeviceAccumulator, Readout, kl_rows
-from ..result import Result, make_result
+from ..result import Result
 from ..schemes import build_schemes
-from ..workload import expand_groups, make_workload
-from .base import flush_events, launch_ends, progress_bar, segment_ends, segment_phase, slow_notice
+from ..workload import expand_groups
+from .base import (
+    Engine,
+    flush_events,
+    launch_ends,
+    segment_ends,
+    segment_phase,
+    slow_notice,
+)
 from .triton_codes import (
     BUF_IDS,
     ef_code,
@@ -41,39 +48,21 @@ from .triton_codes import (
 
 NAME = "triton"
 log = logging.getLogger("precsim.engines.triton")
-# the default of Options.runtime_codes: the schemes' kinds, formats and roundings as runtime
-# arguments of one kernel compiled per shape (True: what a sweep over schemes wants, one compile
-# for all its jobs; the CLI sets it for such sweeps), or constexprs, a kernel compiled per
-# configuration (False: 2.3x faster kernels, measured on the H200; docs/performance.md).
-# ``PRECSIM_KERNEL_CODES=runtime|constexpr`` overrides both.
-RUNTIME_CODES = [False]
 # Per-configuration kernels (not runtime codes): the truth and each scheme in a launch of its
 # own, the launches of a window on streams of their own (on CUDA) so that they run side by side
 # as the slots of one launch did. Triton compiles a kernel's code as a whole, and a launch of k
 # schemes is one kernel of k schemes' code: split, the kernels compile at the same time
 # (engines.triton._compile_together) and a run's first compile takes about its costliest
-# scheme's time instead of their sum (experiments/bench/gpu_sweep.md). Options.lanes=False:
+# scheme's time instead of their sum (experiments/bench/gpu_sweep.md). Diagnosis.lanes=False:
 # one launch per block size, as before (``PRECSIM_KERNEL_LANES=0`` too: diagnosis).
 LANES = os.environ.get("PRECSIM_KERNEL_LANES", "1").strip() != "0"
 
 
-# block sizes a sweep over schemes will need (the CLI's ``sweep_blocks``): with runtime codes
-# the first job compiles their kernels beside its own (one kernel per block size serves the sweep)
-SWEEP_BLOCKS: set = set()
-
-
-def configure_sweep(runtime_codes: bool, blocks=()) -> None:
-    """The engine's kernels for a sweep (the command line's one call): ``runtime_codes`` (one
-    kernel taking the schemes as arguments, for every job of a sweep over schemes) and the
-    block sizes its jobs will need; ``False`` and none: one kernel per configuration."""
-    RUNTIME_CODES[0] = bool(runtime_codes)
-    SWEEP_BLOCKS.clear()
-    SWEEP_BLOCKS.update(blocks)
-
-
-def runtime_codes_default() -> bool:
+def runtime_codes_default(sweep: bool = False) -> bool:
+    """:attr:`Options.runtime_codes` left None: ``PRECSIM_KERNEL_CODES=runtime|constexpr``, else
+    runtime codes for a sweep over schemes and per-configuration kernels otherwise."""
     env = os.environ.get("PRECSIM_KERNEL_CODES", "").strip().lower()
-    return env == "runtime" if env in ("runtime", "constexpr") else RUNTIME_CODES[0]
+    return env == "runtime" if env in ("runtime", "constexpr") else sweep
 
 
 def supports(cfg: Config, device: str) -> str | None:
@@ -87,31 +76,53 @@ def supports(cfg: Config, device: str) -> str | None:
 
 @dataclass
 class Options:
-    """Settings of the Triton engine beyond the config (benchmarks and diagnosis).
+    """What a user of the Triton engine sets beyond the config.
 
     ``record_outputs``: True or a list of names ("truth", scheme names) whose per-step outputs go
-    to ``info["outputs"]``. ``overlap`` (default: on CUDA) reduces window k's metrics on a side
-    stream while window k+1's kernel runs. ``skip_metrics`` leaves the metrics stage out (no
-    rows). ``poison`` fills the output buffers with NaN before each launch (checks that the
-    kernels write every output). ``kl_tf32``: the KL's difference matmul in TF32 on CUDA (~1e-3
-    relative on the KL; False: IEEE float32). ``fused_metrics``: each window's outputs reduced in
-    one Triton pass (False: the torch ops of ``DeviceAccumulator.push``, also used when outputs
-    are recorded). ``lpt``: the costliest slots' programs first (``kernels.codes.dispatch_order``).
-    ``maxnreg`` caps the kernels' registers per thread. ``kl_fused``: the KL after its two
-    matmuls in one Triton pass. ``prefetch`` (CUDA): the next batch's inputs are drawn on a side
-    stream while the current kernel runs. ``metrics_batch``: launch windows whose inputs and
-    fused window metrics are drawn and reduced together. ``priority`` (CUDA): the kernels run on a
-    high-priority stream. ``inflight``: launches the host may queue ahead of the GPU (it then
-    waits for the oldest). ``metrics_lag`` (with ``overlap``, without ``metrics_thread``): a
-    batch's metrics are reduced once this many later batches are queued behind it. Neither
-    changed a first run's time on the H200 machine (5-64 launches, lags 1-4; docs/performance.md,
-    GPU section). ``metrics_thread`` (with ``overlap``): a thread of its own queues each batch's
-    metrics, after calling every metrics kernel once on zeros while the first batch launches
-    (a first run: 0.46-0.48 s against 0.47-0.48 s without, and no stall between launches).
+    to ``info["outputs"]``. ``runtime_codes``: the schemes' kinds, formats and roundings as
+    runtime arguments of one kernel compiled per shape (True: what a sweep over schemes wants,
+    one compile for all its jobs), or constexprs, a kernel compiled per configuration (False:
+    2.3x faster kernels, measured on the H200; docs/performance.md); None:
+    :func:`runtime_codes_default`.
+    ``sweep_blocks``: a job of a sweep over schemes (None: not one): the block sizes the sweep's
+    jobs will need (the command line's ``compose.sweep_kernels``); runtime codes are then the
+    default, and the first job compiles the kernels of these blocks beside its own (one kernel per
+    block size serves the sweep).
+    """
+
+    record_outputs: bool | list = False
+    runtime_codes: bool | None = None
+    sweep_blocks: frozenset | None = None
+
+
+@dataclass
+class Diagnosis:
+    """Knobs of the Triton engine for benchmarks and diagnosis (``run(..., diagnosis=...)``;
+    None: these defaults).
+
+    ``overlap`` (default: on CUDA) reduces window k's metrics on a side stream while window k+1's
+    kernel runs. ``skip_metrics`` leaves the metrics stage out (no rows). ``poison`` fills the
+    output buffers with NaN before each launch (checks that the kernels write every output).
+    ``kl_tf32``: the KL's difference matmul in TF32 on CUDA (~1e-3 relative on the KL; False:
+    IEEE float32). ``fused_metrics``: each window's outputs reduced in one Triton pass (False:
+    the torch ops of ``DeviceAccumulator.push``, also used when outputs are recorded). ``lpt``:
+    the costliest slots' programs first (``kernels.codes.dispatch_order``). ``maxnreg`` caps the
+    kernels' registers per thread. ``kl_fused``: the KL after its two matmuls in one Triton pass.
+    ``prefetch`` (CUDA): the next batch's inputs are drawn on a side stream while the current
+    kernel runs. ``metrics_batch``: launch windows whose inputs and fused window metrics are
+    drawn and reduced together. ``priority`` (CUDA): the kernels run on a high-priority stream.
+    ``inflight``: launches the host may queue ahead of the GPU (it then waits for the oldest).
+    ``metrics_lag`` (with ``overlap``, without ``metrics_thread``): a batch's metrics are reduced
+    once this many later batches are queued behind it. Neither changed a first run's time on the
+    H200 machine (5-64 launches, lags 1-4; docs/performance.md, GPU section). ``metrics_thread``
+    (with ``overlap``): a thread of its own queues each batch's metrics, after calling every
+    metrics kernel once on zeros while the first batch launches (a first run: 0.46-0.48 s
+    against 0.47-0.48 s without, and no stall between launches). ``lanes``: the truth and each
+    scheme in a launch of its own (None: :data:`LANES` without runtime codes; False: one launch
+    per block size, as before).
     """
 
     num_warps: int | None = None
-    record_outputs: bool | list = False
     overlap: bool | None = None
     skip_metrics: bool = False
     poison: bool = False
@@ -126,311 +137,357 @@ class Options:
     inflight: int = 32
     metrics_lag: int = 2
     metrics_thread: bool = True
-    runtime_codes: bool | None = None
     lanes: bool | None = None
 
 
+def settings(**kw) -> dict:
+    """:func:`run`'s ``options`` and ``diagnosis`` from fields of either (benchmark scripts that
+    take both from their command line): ``run(cfg, dev, **settings(num_warps=8, ...))``."""
+    mine = {f.name for f in fields(Options)}
+    return {"options": Options(**{k: v for k, v in kw.items() if k in mine}),
+            "diagnosis": Diagnosis(**{k: v for k, v in kw.items() if k not in mine})}
+
+
 def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Options | None = None,
-        ckpt: Checkpoint | None = None, **kw) -> Result:
-    """Run ``cfg`` with the fused kernels (``kw``: fields of :class:`Options`). Settings the
-    kernels do not cover fall back to the torch engine with a logged note
-    (``Result.info["triton_fallback"]``). ``ckpt`` saves and restores its state at batch
-    boundaries (:mod:`precsim.checkpoint`)."""
-    opt = options or Options(**kw)
-    (num_warps, record_outputs, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt,
-     maxnreg, kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag,
-     metrics_thread, runtime_codes, lanes) = (
-        opt.num_warps, opt.record_outputs, opt.overlap, opt.skip_metrics, opt.poison,
-        opt.kl_tf32, opt.fused_metrics, opt.lpt, opt.maxnreg, opt.kl_fused, opt.prefetch,
-        opt.metrics_batch, opt.priority, max(1, opt.inflight), max(1, opt.metrics_lag),
-        opt.metrics_thread, opt.runtime_codes, opt.lanes)  # by name: a field added cannot
-    # shift the others
-    if runtime_codes is None:
-        runtime_codes = runtime_codes_default()
-    if lanes is None:  # runtime codes: one kernel's code serves every scheme anyway
-        lanes = LANES and not runtime_codes
-    phases = {"start": time.perf_counter()}
-    wl = make_workload(cfg, device)  # a trace may reset model.* from its own shape
-    reason = unsupported_reason(cfg)
-    if reason is not None:
-        from . import torch as torch_engine
+        ckpt: Checkpoint | None = None, diagnosis: Diagnosis | None = None, **kw) -> Result:
+    """Run ``cfg`` with the fused kernels (``kw``: fields of :class:`Options`; ``diagnosis``:
+    :class:`Diagnosis`, benchmarks). Settings the kernels do not cover fall back to the torch
+    engine with a logged note (``Result.info["triton_fallback"]``). ``ckpt`` saves and restores
+    its state at batch boundaries (:mod:`precsim.checkpoint`)."""
+    return TritonEngine(cfg, device, progress, options or Options(**kw), ckpt, diagnosis).run()
 
-        log.warning("precsim: the Triton engine does not support %s; running the torch engine",
-                    reason)
-        res = torch_engine.run(cfg, device, progress=progress, ckpt=ckpt)
-        res.info["triton_fallback"] = reason
-        return res
-    t_start = time.perf_counter()
-    ck = ckpt or Checkpoint(cfg, None)
-    ck.start(NAME, device, t_start)
-    from precsim.kernels import gdn as gdn_kernels
-    from precsim.kernels import mamba2 as mamba2_kernels
-    from precsim.kernels.codes import dispatch_order, slot_cost
-    from precsim.kernels.inputs import exp_f32
-    from precsim.kernels.metrics import NO_STEP, drift_from_partials, drift_partials, row_stats
-    from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, as_int32, scale_flags
-    from precsim.kernels.rng import event_keys
 
-    dev = torch.device(device)
-    family = get_family(cfg.model.family)
-    m = cfg.model
-    Sq, H = cfg.run.seqs, m.heads
-    P, N = family.state_dims(m)
-    schemes = build_schemes(cfg)
-    ns = len(schemes)
-    L, steps = cfg.replay.buffer_len, cfg.run.steps
-    codes = [scheme_code(s.cfg) for s in schemes]
-    groups = launch_groups(codes, [scheme_block(s.cfg) for s in schemes], lanes)
-    order = [i for _, idx in groups for i in idx]  # storage slot of each scheme: groups contiguous
-    slot = {i: order.index(i) for i in range(ns)}
-    SH = Sq * H
-    S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
-    st = torch.zeros((max(ns, 1), SH, P, N), dtype=torch.float32, device=dev)
-    rd = torch.zeros_like(st)
-    # error feedback's residuals; per launch group the slots' codes (kernels' EFS)
-    ef = torch.zeros_like(st) if any(ef_fmt(s.cfg) for s in schemes) else None
-    efs = [sum(ef_code(schemes[i].cfg) << (6 * k) for k, i in enumerate(idx))
-           for _, idx in groups]
-    keys = np.zeros((max(ns, 1), steps), dtype=np.uint32)
-    ev = np.arange(steps, dtype=np.int64)
-    seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
-    flush_ev = flush_events(seg_ends, steps)
-    k0 = 0
-    for i, s in enumerate(schemes):
-        if s.cfg.rounding == "sr":
-            k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name, ev if not s.replay else flush_ev,
-                                           0)
-    k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
-    ph = torch.from_numpy(segment_phase(seg_ends, steps, cfg.replay.drafts == 0)).to(dev)
-    # the readout head is drawn when the first window's metrics need it, after the first
-    # launches are queued (not before them)
-    want_kl = bool(cfg.metrics.kl)
-    readout = None
-    acc = DeviceAccumulator([s.name for s in schemes], cfg.metrics.window, None)
-    acc.tf32 = kl_tf32
-    params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
-              for k, v in wl.params.items()}
-    D = params.get(family.SKIP) if family.SKIP else None
-    nw = num_warps or (4 if P * N <= 8192 else 8)
-    LB = max(16, 1 << (L - 1).bit_length())
-    cuda = dev.type == "cuda"
-    overlap = cuda if overlap is None else (overlap and cuda)
-    side = torch.cuda.Stream(device=dev) if overlap else None
-    names = ["truth", *(s.name for s in schemes)]
-    want = set(names) if record_outputs is True else set(record_outputs or ())
-    recorded: dict[str, list] = {n: [] for n in names if n in want}
-    shape4 = (Sq, H, P, N)
-    # dead schemes, tracked on the device in storage order (no host sync per window): with
-    # the fused metrics row_stats keeps first_bad, else dead / dead_at below
-    dead = torch.zeros(max(ns, 1), dtype=torch.bool, device=dev)
-    dead_at = torch.full((max(ns, 1),), -1, dtype=torch.int64, device=dev)
-    by_slot = sorted(range(ns), key=lambda i: slot[i])
-    split = [schemes[i].kind == "split" for i in by_slot]
-    # fused window metrics (kernels.metrics.row_stats) unless per-step outputs are recorded
-    fused = ns > 0 and not recorded and fused_metrics
-    perm = [slot[i] for i in range(ns)]  # storage slot of each scheme, in order
-    first_bad = torch.full((max(ns, 1),), NO_STEP, dtype=torch.int32, device=dev)  # fused
+class TritonEngine(Engine):
+    """The horizon in batches of launch windows: per batch the inputs on the device, one kernel
+    launch per window and launch group, the batch's metrics queued behind them (a side stream
+    or thread on CUDA); a save or a stop waits for every queued batch (:meth:`settle`)."""
 
-    def draw_readout() -> Readout:
-        return _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev)
+    NAME, LABEL, log = NAME, "Triton", log
 
-    def process(item) -> None:
-        """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
-        schemes at once (few device ops per window: the host must stay ahead of the GPU)."""
-        nonlocal dead, dead_at, readout
-        t0, t1, inp, y64, y32, states, done = item
-        n = t1 - t0
-        ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
-        with ctx:
-            if side is not None:  # kernel done; main-stream memory is in use on side too
-                side.wait_event(done)
-                for t in (y64, y32, *inp.values(), *(states or ())):
-                    t.record_stream(side)
-            if want_kl and readout is None:  # drawn on the stream that uses it
-                readout = acc.readout = draw_readout()
-            if fused:  # one Triton pass per window: rel_err, first non-finite step, KL inputs
-                err, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, first_bad, t0, Sq,
-                                        n * Sq, P, want_kl and not skip_metrics)
+    def __init__(self, cfg: Config, device: str, progress: bool, options: Options,
+                 ckpt: Checkpoint | None, diagnosis: Diagnosis | None = None):
+        super().__init__(cfg, device, progress, options.record_outputs, ckpt)
+        self.opt, self.diag = options, diagnosis or Diagnosis()
+
+    def unsupported(self) -> str | None:
+        return unsupported_reason(self.cfg)
+
+    def fallback_records(self):
+        return False
+
+    def prepare(self, wl) -> None:
+        self.phases = phases = {"start": self.t_start}
+        fns = self._build(wl, self.cfg, self.device, self.opt, self.diag, phases)
+        (self._advance, self.settle, self.session, self.save, self._load, self.close,
+         self.info, self.spans) = fns
+
+    def advance(self, a: int, b: int) -> None:
+        self._advance(a, b)
+
+    def load(self, saved: dict) -> int:
+        return self._load(saved)
+
+    def _build(self, wl, cfg: Config, device: str, opt: Options, diag: Diagnosis,
+               phases: dict) -> tuple:
+        """The run's state on the device and the closures that advance, settle, save and load
+        it (they share the run's streams, threads and queues)."""
+        (num_warps, overlap, skip_metrics, poison, kl_tf32, fused_metrics, lpt, maxnreg,
+         kl_fused, prefetch, metrics_batch, priority, inflight, metrics_lag, metrics_thread,
+         lanes) = (diag.num_warps, diag.overlap, diag.skip_metrics, diag.poison, diag.kl_tf32,
+                   diag.fused_metrics, diag.lpt, diag.maxnreg, diag.kl_fused, diag.prefetch,
+                   diag.metrics_batch, diag.priority, max(1, diag.inflight),
+                   max(1, diag.metrics_lag), diag.metrics_thread, diag.lanes)  # by name
+        record_outputs, runtime_codes = opt.record_outputs, opt.runtime_codes
+        sweep_blocks = opt.sweep_blocks or ()
+        if runtime_codes is None:
+            runtime_codes = runtime_codes_default(opt.sweep_blocks is not None)
+        if lanes is None:  # runtime codes: one kernel's code serves every scheme anyway
+            lanes = LANES and not runtime_codes
+        from precsim.kernels import gdn as gdn_kernels
+        from precsim.kernels import mamba2 as mamba2_kernels
+        from precsim.kernels.codes import dispatch_order, slot_cost
+        from precsim.kernels.inputs import exp_f32
+        from precsim.kernels.metrics import NO_STEP, drift_from_partials, drift_partials, row_stats
+        from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, as_int32, scale_flags
+        from precsim.kernels.rng import event_keys
+
+        dev = torch.device(device)
+        family = get_family(cfg.model.family)
+        m = cfg.model
+        Sq, H = cfg.run.seqs, m.heads
+        P, N = family.state_dims(m)
+        schemes = build_schemes(cfg)
+        ns = len(schemes)
+        L, steps = cfg.replay.buffer_len, cfg.run.steps
+        codes = [scheme_code(s.cfg) for s in schemes]
+        groups = launch_groups(codes, [scheme_block(s.cfg) for s in schemes], lanes)
+        # storage slot of each scheme: groups contiguous
+        order = [i for _, idx in groups for i in idx]
+        slot = {i: order.index(i) for i in range(ns)}
+        SH = Sq * H
+        S64 = torch.zeros((SH, P, N), dtype=torch.float64, device=dev)
+        st = torch.zeros((max(ns, 1), SH, P, N), dtype=torch.float32, device=dev)
+        rd = torch.zeros_like(st)
+        # error feedback's residuals; per launch group the slots' codes (kernels' EFS)
+        ef = torch.zeros_like(st) if any(ef_fmt(s.cfg) for s in schemes) else None
+        efs = [sum(ef_code(schemes[i].cfg) << (6 * k) for k, i in enumerate(idx))
+               for _, idx in groups]
+        keys = np.zeros((max(ns, 1), steps), dtype=np.uint32)
+        ev = np.arange(steps, dtype=np.int64)
+        seg_ends = segment_ends(cfg)  # the flushes (speculative decoding: irregular segments)
+        flush_ev = flush_events(seg_ends, steps)
+        k0 = 0
+        for i, s in enumerate(schemes):
+            if s.cfg.rounding == "sr":
+                k0, keys[slot[i]] = event_keys(cfg.run.seed, s.name,
+                                               ev if not s.replay else flush_ev,
+                                               0)
+        k1 = torch.from_numpy(keys.view(np.int32)).to(dev)
+        ph = torch.from_numpy(segment_phase(seg_ends, steps, cfg.replay.drafts == 0)).to(dev)
+        # the readout head is drawn when the first window's metrics need it, after the first
+        # launches are queued (not before them)
+        want_kl = bool(cfg.metrics.kl)
+        readout = None
+        acc = DeviceAccumulator([s.name for s in schemes], cfg.metrics.window, None)
+        acc.tf32 = kl_tf32
+        params = {k: torch.as_tensor(v, dtype=torch.float64, device=dev)
+                  for k, v in wl.params.items()}
+        D = params.get(family.SKIP) if family.SKIP else None
+        nw = num_warps or (4 if P * N <= 8192 else 8)
+        LB = max(16, 1 << (L - 1).bit_length())
+        cuda = dev.type == "cuda"
+        overlap = cuda if overlap is None else (overlap and cuda)
+        side = torch.cuda.Stream(device=dev) if overlap else None
+        names = ["truth", *(s.name for s in schemes)]
+        want = set(names) if record_outputs is True else set(record_outputs or ())
+        recorded: dict[str, list] = {n: [] for n in names if n in want}
+        shape4 = (Sq, H, P, N)
+        # dead schemes, tracked on the device in storage order (no host sync per window): with
+        # the fused metrics row_stats keeps first_bad, else dead / dead_at below
+        dead = torch.zeros(max(ns, 1), dtype=torch.bool, device=dev)
+        dead_at = torch.full((max(ns, 1),), -1, dtype=torch.int64, device=dev)
+        by_slot = sorted(range(ns), key=lambda i: slot[i])
+        split = [schemes[i].kind == "split" for i in by_slot]
+        # fused window metrics (kernels.metrics.row_stats) unless per-step outputs are recorded
+        fused = ns > 0 and not recorded and fused_metrics
+        perm = [slot[i] for i in range(ns)]  # storage slot of each scheme, in order
+        first_bad = torch.full((max(ns, 1),), NO_STEP, dtype=torch.int32, device=dev)  # fused
+
+        def draw_readout() -> Readout:
+            return _readout(H * P, cfg.metrics.vocab, cfg.metrics.logit_scale, dev)
+
+        def process(item) -> None:
+            """Window metrics (rel_err, KL, drift) and dead-scheme checks, as run_torch does; all
+            schemes at once (few device ops per window: the host must stay ahead of the GPU)."""
+            nonlocal dead, dead_at, readout
+            t0, t1, inp, y64, y32, states, done = item
+            n = t1 - t0
+            ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+            with ctx:
+                if side is not None:  # kernel done; main-stream memory is in use on side too
+                    side.wait_event(done)
+                    for t in (y64, y32, *inp.values(), *(states or ())):
+                        t.record_stream(side)
+                if want_kl and readout is None:  # drawn on the stream that uses it
+                    readout = acc.readout = draw_readout()
+                if fused:  # one Triton pass per window: rel_err, first non-finite step, KL inputs
+                    err, dd, yh = row_stats(y32[:ns], y64, inp.get("x"), D, first_bad, t0, Sq,
+                                            n * Sq, P, want_kl and not skip_metrics)
+                    if not skip_metrics:
+                        kl = (None, None) if dd is None else kl_rows(readout, yh, dd, kl_tf32,
+                                                                     kl_fused)  # KL, top-1
+                        acc.push_stats(err, *kl, order=perm, seqs=Sq)
+                    if side is not None:
+                        side_done.append(side.record_event())
+                    return
+                y_ref = y64.view(n, Sq, H, P)
+                y_all = y32.view(-1, n, Sq, H, P)
+                if D is not None:
+                    y_ref = y_ref + D[:, None] * inp["x"].view(n, Sq, H, P)
+                    y_all = y_all + D.to(torch.float32)[:, None] * inp["x"].to(torch.float32).view(
+                        n, Sq, H, P)
+                y_all = torch.where(dead.view(-1, 1, 1, 1, 1), torch.nan, y_all)  # dead before
+                bad = ~torch.isfinite(y_all).reshape(y_all.shape[0], n, -1).all(dim=2)
+                anyb = bad.any(dim=1)
+                first = t0 + 1 + torch.argmax(bad.to(torch.int8), dim=1)
+                dead_at = torch.where(anyb & ~dead, first, dead_at)
+                dead = dead | anyb
+                ys = {s.name: y_all[slot[i]] for i, s in enumerate(schemes)}
                 if not skip_metrics:
-                    kl = (None, None) if dd is None else kl_rows(readout, yh, dd, kl_tf32,
-                                                                 kl_fused)  # KL, top-1
-                    acc.push_stats(err, *kl, order=perm, seqs=Sq)
+                    acc.push(y_ref, ys)
+                    if states is not None:
+                        acc.record_drift_stacked(t1, states[0].view(shape4), states[1][:ns],
+                                                 states[2][:ns],
+                                                 [schemes[i].name for i in by_slot], split)
+                for name in recorded:
+                    y = y_ref if name == "truth" else ys[name]
+                    recorded[name].append(y.cpu().numpy())
                 if side is not None:
                     side_done.append(side.record_event())
-                return
-            y_ref = y64.view(n, Sq, H, P)
-            y_all = y32.view(-1, n, Sq, H, P)
-            if D is not None:
-                y_ref = y_ref + D[:, None] * inp["x"].view(n, Sq, H, P)
-                y_all = y_all + D.to(torch.float32)[:, None] * inp["x"].to(torch.float32).view(
-                    n, Sq, H, P)
-            y_all = torch.where(dead.view(-1, 1, 1, 1, 1), torch.nan, y_all)  # dead before
-            bad = ~torch.isfinite(y_all).reshape(y_all.shape[0], n, -1).all(dim=2)
-            anyb = bad.any(dim=1)
-            first = t0 + 1 + torch.argmax(bad.to(torch.int8), dim=1)
-            dead_at = torch.where(anyb & ~dead, first, dead_at)
-            dead = dead | anyb
-            ys = {s.name: y_all[slot[i]] for i, s in enumerate(schemes)}
-            if not skip_metrics:
-                acc.push(y_ref, ys)
-                if states is not None:
-                    acc.record_drift_stacked(t1, states[0].view(shape4), states[1][:ns],
-                                             states[2][:ns],
-                                             [schemes[i].name for i in by_slot], split)
-            for name in recorded:
-                y = y_ref if name == "truth" else ys[name]
-                recorded[name].append(y.cpu().numpy())
-            if side is not None:
-                side_done.append(side.record_event())
 
-    def warm_metrics(nB: int) -> None:
-        """The metrics' one-off work, in the metrics thread while the host draws the first
-        batch's inputs and launches it: the readout head, and each metrics kernel's first call
-        on zeros of a batch's shapes. CUDA loads a kernel lazily on its first launch and the
-        load waits for the device to drain, so a first call behind many queued step kernels
-        stalls them (0.12-0.19 s of a first run on the H200 machine, when the first batch's
-        metrics were reduced by torch ops on the host thread; waiting for this before the
-        first launch measured 0.02 s slower than overlapping it)."""
-        nonlocal readout
-        with torch.cuda.stream(side):
-            side.wait_stream(torch.cuda.default_stream(dev))  # the states were zeroed there
-            drift_partials(S64, st, rd, ns, Sq)
-            if want_kl and readout is None:
-                readout = acc.readout = draw_readout()
-            y64 = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev)
-            y32 = torch.zeros((ns, nB, SH, P), dtype=torch.float32, device=dev)
-            x = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev) if D is not None \
-                else None
-            err, dd, yh = row_stats(y32, y64, x, D, first_bad.clone(), 0, Sq, nB * Sq, P,
-                                    want_kl)
-            kl = (None, None) if dd is None else kl_rows(readout, yh, dd, kl_tf32, kl_fused)
-            DeviceAccumulator([s.name for s in schemes], cfg.metrics.window,
-                              readout).push_stats(err, *kl, order=perm, seqs=Sq)
+        def warm_metrics(nB: int) -> None:
+            """The metrics' one-off work, in the metrics thread while the host draws the first
+            batch's inputs and launches it: the readout head, and each metrics kernel's first call
+            on zeros of a batch's shapes. CUDA loads a kernel lazily on its first launch and the
+            load waits for the device to drain, so a first call behind many queued step kernels
+            stalls them (0.12-0.19 s of a first run on the H200 machine, when the first batch's
+            metrics were reduced by torch ops on the host thread; waiting for this before the
+            first launch measured 0.02 s slower than overlapping it)."""
+            nonlocal readout
+            with torch.cuda.stream(side):
+                side.wait_stream(torch.cuda.default_stream(dev))  # the states were zeroed there
+                drift_partials(S64, st, rd, ns, Sq)
+                if want_kl and readout is None:
+                    readout = acc.readout = draw_readout()
+                y64 = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev)
+                y32 = torch.zeros((ns, nB, SH, P), dtype=torch.float32, device=dev)
+                x = torch.zeros((nB, SH, P), dtype=torch.float64, device=dev) if D is not None \
+                    else None
+                err, dd, yh = row_stats(y32, y64, x, D, first_bad.clone(), 0, Sq, nB * Sq, P,
+                                        want_kl)
+                kl = (None, None) if dd is None else kl_rows(readout, yh, dd, kl_tf32, kl_fused)
+                DeviceAccumulator([s.name for s in schemes], cfg.metrics.window,
+                                  readout).push_stats(err, *kl, order=perm, seqs=Sq)
 
-    bar = progress_bar(cfg, progress)
-    phases["setup"] = time.perf_counter()
-    t_loop = time.perf_counter()
-    pending: list = []  # batches whose metrics wait (overlap: metrics_lag batches behind)
-    timed, kern, side_done, host_wait, compile_s = [], {}, [], 0.0, 0.0
-    ends = launch_ends(seg_ends, cfg.metrics.window)
-    # launch windows per metrics batch: the inputs and window metrics of G launches are drawn
-    # and reduced together (a few dozen small device ops per batch: the host stays ahead of
-    # the GPU); the torch-ops path keeps one launch per batch
-    per_win = (ends[0] * SH * P) * (8 * max(ns, 1) + 8 * 4)  # outputs, d, yh, x, inputs
-    G = max(1, min(metrics_batch, (1 << 31) // per_win)) if fused else 1
-    batches = [ends[k:k + G] for k in range(0, len(ends), G)]
-    next_drift = cfg.metrics.window  # fused drift samples, as Accumulator.want_drift
-    drift_parts: list[tuple[int, torch.Tensor]] = []
-    T0 = 0
-    saved = ck.resume(dev)
-    if saved is not None:  # the same batches as the uninterrupted run, from the saved one on
-        T0, next_drift, drift_parts = saved["pos"], saved["next_drift"], saved["drift_parts"]
-        for t in ("S64", "st", "rd", "first_bad", "dead", "dead_at_dev", "ef"):
-            if t in saved and saved[t] is not None:
-                {"S64": S64, "st": st, "rd": rd, "first_bad": first_bad, "dead": dead,
-                 "dead_at_dev": dead_at, "ef": ef}[t].copy_(saved[t])
-        restore_acc(acc, saved["acc"])
-        batches = [b for b in batches if b[-1] > T0]
-        if bar is not None:
-            bar.update(T0)
+        phases["setup"] = time.perf_counter()
+        t_loop = time.perf_counter()
+        pending: list = []  # batches whose metrics wait (overlap: metrics_lag batches behind)
+        timed, kern, side_done, host_wait, compile_s = [], {}, [], 0.0, 0.0
+        ends = launch_ends(seg_ends, cfg.metrics.window)
+        # launch windows per metrics batch: the inputs and window metrics of G launches are drawn
+        # and reduced together (a few dozen small device ops per batch: the host stays ahead of
+        # the GPU); the torch-ops path keeps one launch per batch
+        per_win = (ends[0] * SH * P) * (8 * max(ns, 1) + 8 * 4)  # outputs, d, yh, x, inputs
+        G = max(1, min(metrics_batch, (1 << 31) // per_win)) if fused else 1
+        batches = [ends[k:k + G] for k in range(0, len(ends), G)]
+        batch_index = {b[-1]: i for i, b in enumerate(batches)}
+        next_drift = cfg.metrics.window  # fused drift samples, as Accumulator.want_drift
+        drift_parts: list[tuple[int, torch.Tensor]] = []
+        T0 = 0
+        nxt = pre = main = e_loop = None
+        def dead_map() -> dict:
+            firsts = [-1 if v == NO_STEP else v for v in first_bad.tolist()] if fused else \
+                dead_at.tolist()
+            return {s.name: firsts[slot[i]] if firsts[slot[i]] >= 0 else None
+                    for i, s in enumerate(schemes)}
 
-    def dead_map() -> dict:
-        firsts = [-1 if v == NO_STEP else v for v in first_bad.tolist()] if fused else \
-            dead_at.tolist()
-        return {s.name: firsts[slot[i]] if firsts[slot[i]] >= 0 else None
-                for i, s in enumerate(schemes)}
+        def close_metrics(dead_by_name: dict) -> None:
+            """Every window's statistics on the host (the device synchronised)."""
+            if drift_parts:  # every fused drift sample finished at once, one copy to the host
+                d_st, d_rd = drift_from_partials(torch.stack([p for _, p in drift_parts]))
+                d_st, d_rd = d_st.cpu().numpy(), d_rd.cpu().numpy()
+                names_slot = [schemes[i].name for i in by_slot]
+                for j, (pos, _) in enumerate(drift_parts):
+                    acc.record_drift_norms(pos, d_st[j], d_rd[j], names_slot, split)
+            acc.finish()
+            acc.to_host(dead_by_name)
 
-    def close_metrics(dead_by_name: dict) -> None:
-        """Every window's statistics on the host (the device synchronised)."""
-        if drift_parts:  # every fused drift sample finished at once, one copy to the host
-            d_st, d_rd = drift_from_partials(torch.stack([p for _, p in drift_parts]))
-            d_st, d_rd = d_st.cpu().numpy(), d_rd.cpu().numpy()
-            names_slot = [schemes[i].name for i in by_slot]
-            for j, (pos, _) in enumerate(drift_parts):
-                acc.record_drift_norms(pos, d_st[j], d_rd[j], names_slot, split)
-        acc.finish()
-        acc.to_host(dead_by_name)
+        def whole() -> dict:  # after drain(): every launch and window metric before T0 done
+            return {"pos": T0, "S64": S64, "st": st, "rd": rd, "ef": ef, "first_bad": first_bad,
+                    "dead": dead,
+                    "dead_at_dev": dead_at, "drift_parts": list(drift_parts),
+                    "next_drift": next_drift, "acc": acc, "dead_at": dead_map(),
+                    "finish": lambda: close_metrics(dead_map())}
 
-    def whole() -> dict:  # after drain(): every launch and window metric before T0 done
-        return {"pos": T0, "S64": S64, "st": st, "rd": rd, "ef": ef, "first_bad": first_bad,
-                "dead": dead,
-                "dead_at_dev": dead_at, "drift_parts": list(drift_parts),
-                "next_drift": next_drift, "acc": acc, "dead_at": dead_map(),
-                "finish": lambda: close_metrics(dead_map())}
+        def drain() -> None:
+            while pending:
+                p = pending.pop(0)
+                p.result() if worker is not None else process(p)
+            if cuda:
+                torch.cuda.synchronize(dev)
 
-    def drain() -> None:
-        while pending:
-            p = pending.pop(0)
-            p.result() if worker is not None else process(p)
-        if cuda:
-            torch.cuda.synchronize(dev)
+        fast = cfg.model.decay_exp == "fast"
+        launch_kw = dict(lpt=lpt, buf=BUF_IDS[cfg.replay.buffer_dtype],
+                         sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
+                         scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
+                         u_master=cfg.replay.gdn_u_source == "master",
+                         kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order,
+                         runtime=runtime_codes)
+        # lanes: each launch group on a stream of its own, the costliest first (slot_cost)
+        lane_streams = [torch.cuda.Stream(device=dev, priority=-5 if priority else 0)
+                        for _ in groups] if cuda and lanes and len(groups) > 1 else None
+        lane_seq = sorted(range(len(groups)), key=lambda gi: -max(
+            ([slot_cost(None)] if gi == 0 else []) + [slot_cost(codes[i]) for i in groups[gi][1]]))
 
-    fast = cfg.model.decay_exp == "fast"
-    launch_kw = dict(lpt=lpt, buf=BUF_IDS[cfg.replay.buffer_dtype],
-                     sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
-                     scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
-                     u_master=cfg.replay.gdn_u_source == "master",
-                     kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order,
-                     runtime=runtime_codes)
-    # lanes: each launch group on a stream of its own, the costliest first (slot_cost)
-    lane_streams = [torch.cuda.Stream(device=dev, priority=-5 if priority else 0)
-                    for _ in groups] if cuda and lanes and len(groups) > 1 else None
-    lane_seq = sorted(range(len(groups)), key=lambda gi: -max(
-        ([slot_cost(None)] if gi == 0 else []) + [slot_cost(codes[i]) for i in groups[gi][1]]))
+        def prepare(a: int, b: int) -> dict:
+            """Inputs of steps [a, b) on the device, with the decays the kernels read:
+            ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
+            (``families.decays``; with ``decay_exp=fast`` ``_a32`` is the kernels' ``tl.exp``)."""
+            inp = wl.chunk(a, b)
+            # GDN's kernel reads q/k per head (a trace keeps key heads)
+            if not family.KERNEL_GROUPS:
+                inp = expand_groups(inp, H)
+            n = b - a
+            d64 = decays(family.name, inp, params, torch.float64)  # the float32 ones round these
+            la32 = d64["la"].to(torch.float32)
+            if fast:
+                a32 = exp_f32(la32) if cuda else fast_exp32(la32)
+            else:
+                a32 = d64["a"].to(torch.float32)
+            inp.update({"_a64": d64["a"].reshape(n, SH), "_a32": a32.reshape(n, SH),
+                        "_dA32": la32.reshape(n, SH)})
+            return inp
 
-    def prepare(a: int, b: int) -> dict:
-        """Inputs of steps [a, b) on the device, with the decays the kernels read:
-        ``_a64`` float64 (the truth), ``_a32`` float32 and ``_dA32`` the float32 log-decay
-        (``families.decays``; with ``decay_exp=fast`` ``_a32`` is the kernels' ``tl.exp``)."""
-        inp = wl.chunk(a, b)
-        if not family.KERNEL_GROUPS:  # GDN's kernel reads q/k per head (a trace keeps key heads)
-            inp = expand_groups(inp, H)
-        n = b - a
-        d64 = decays(family.name, inp, params, torch.float64)  # the float32 ones round these
-        la32 = d64["la"].to(torch.float32)
-        if fast:
-            a32 = exp_f32(la32) if cuda else fast_exp32(la32)
-        else:
-            a32 = d64["a"].to(torch.float32)
-        inp.update({"_a64": d64["a"].reshape(n, SH), "_a32": a32.reshape(n, SH),
-                    "_dA32": la32.reshape(n, SH)})
-        return inp
+        # launches on a high-priority stream: when a launch's programs and the metrics (side
+        # stream) or the next inputs (prefetch stream) both wait for SMs, the launch goes first and
+        # the others fill the SMs its last programs leave idle
+        hi = torch.cuda.Stream(device=dev, priority=-5) if cuda and priority else None
+        if hi is not None:
+            hi.wait_stream(torch.cuda.current_stream(dev))  # the states were zeroed there
+        # with overlap, a thread of its own reduces the metrics (mostly device ops queued behind
+        # each batch's kernels): the first batch's one-off host work (CUDA's lazy loading of the
+        # metrics' kernels, Triton's first calls) then overlaps the launches instead of stalling
+        # them
+        worker = warm = None
+        if overlap and metrics_thread:
+            from concurrent.futures import ThreadPoolExecutor
 
-    # launches on a high-priority stream: when a launch's programs and the metrics (side
-    # stream) or the next inputs (prefetch stream) both wait for SMs, the launch goes first and
-    # the others fill the SMs its last programs leave idle
-    hi = torch.cuda.Stream(device=dev, priority=-5) if cuda and priority else None
-    if hi is not None:
-        hi.wait_stream(torch.cuda.current_stream(dev))  # the states were zeroed there
-    # with overlap, a thread of its own reduces the metrics (mostly device ops queued behind
-    # each batch's kernels): the first batch's one-off host work (CUDA's lazy loading of the
-    # metrics' kernels, Triton's first calls) then overlaps the launches instead of stalling them
-    worker = warm = None
-    if overlap and metrics_thread:
-        from concurrent.futures import ThreadPoolExecutor
+            worker = ThreadPoolExecutor(1, thread_name_prefix="precsim-metrics")
+            if fused and not skip_metrics:
+                warm = worker.submit(warm_metrics, batches[0][-1])
+            # batches it may hold (their outputs stay allocated): up to a quarter of the free memory
+            free = torch.cuda.mem_get_info(dev)[0]
+            backlog = max(metrics_lag, min(16, int(0.25 * free) // max(G * per_win, 1)))
+        def load(saved: dict) -> int:
+            """The saved state back (the same batches as the uninterrupted run, from the saved
+            one on)."""
+            nonlocal T0, next_drift, drift_parts
+            T0, next_drift, drift_parts = saved["pos"], saved["next_drift"], saved["drift_parts"]
+            for t in ("S64", "st", "rd", "first_bad", "dead", "dead_at_dev", "ef"):
+                if t in saved and saved[t] is not None:
+                    {"S64": S64, "st": st, "rd": rd, "first_bad": first_bad, "dead": dead,
+                     "dead_at_dev": dead_at, "ef": ef}[t].copy_(saved[t])
 
-        worker = ThreadPoolExecutor(1, thread_name_prefix="precsim-metrics")
-        if fused and not skip_metrics:
-            warm = worker.submit(warm_metrics, batches[0][-1])
-        # batches it may hold (their outputs stay allocated): up to a quarter of the free memory
-        free = torch.cuda.mem_get_info(dev)[0]
-        backlog = max(metrics_lag, min(16, int(0.25 * free) // max(G * per_win, 1)))
-    with contextlib.ExitStack() as stack, \
-            torch.cuda.stream(hi) if hi is not None else contextlib.nullcontext():
-        if worker is not None:
-            stack.callback(worker.shutdown, wait=True, cancel_futures=True)
-        # device inputs of batch k+1 are drawn on their own stream while batch k's first
-        # kernel runs (they fill the SMs its last programs leave idle, not a launch gap)
-        pre = torch.cuda.Stream(device=dev) if cuda and prefetch and \
-            cfg.workload.kind != "trace" else None
-        main = torch.cuda.current_stream(dev) if cuda else None
-        if pre is not None:
-            pre.wait_stream(main)  # the inputs' parameters were copied on the default stream
-        nxt = None
-        if cuda:  # the GPU's idle time between launches (info["gpu_idle_s"]), from here
-            e_loop = torch.cuda.Event(enable_timing=True)
-            e_loop.record()
-        for bi, bends in enumerate(batches):
+            return T0
+
+        @contextlib.contextmanager
+        def session():
+            nonlocal nxt, pre, main, e_loop
+            with contextlib.ExitStack() as stack, \
+                    torch.cuda.stream(hi) if hi is not None else contextlib.nullcontext():
+                if worker is not None:
+                    stack.callback(worker.shutdown, wait=True, cancel_futures=True)
+                # device inputs of batch k+1 are drawn on their own stream while batch k's first
+                # kernel runs (they fill the SMs its last programs leave idle, not a launch gap)
+                pre = torch.cuda.Stream(device=dev) if cuda and prefetch and \
+                    cfg.workload.kind != "trace" else None
+                main = torch.cuda.current_stream(dev) if cuda else None
+                if pre is not None:
+                    # the inputs' parameters were copied on the default stream
+                    pre.wait_stream(main)
+                nxt = None
+                if cuda:  # the GPU's idle time between launches (info["gpu_idle_s"]), from here
+                    e_loop = torch.cuda.Event(enable_timing=True)
+                    e_loop.record()
+                yield
+                if warm is not None:
+                    warm.result()  # long done; raises what it raised
+
+        def advance(T0_: int, T1_: int) -> None:
+            """One batch of launch windows ``[T0_, T1_)``: inputs, launches, metrics queued."""
+            nonlocal T0, nxt, host_wait, compile_s, next_drift
+            bi = batch_index[T1_]
+            bends = batches[bi]
             T1 = bends[-1]
             nB = T1 - T0
             if len(side_done) > 2:  # bound the batches whose metrics are in flight
@@ -463,7 +520,8 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 win = {k: v[a:b] for k, v in inp.items()} if G > 1 else inp
                 c0 = time.perf_counter() if t0 == 0 else None  # first launches: compile/load
                 with slow_notice("compiling the Triton kernels for this configuration (once: "
-                                 "Triton caches them on disk)", c0 is not None and bar is not None):
+                                 "Triton caches them on disk)",
+                                 c0 is not None and self.bar is not None):
                     call = functools.partial(launch_span, family.name, win, S64, st, rd, y64[a:b],
                                              y32[:, a:b], k1, ph, as_int32(k0))
                     calls = [functools.partial(
@@ -477,7 +535,7 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                         ahead = [functools.partial(
                             call, [slot[i] for i in i0], [codes[i] for i in i0], True, t0, n,
                             steps, H, bk, LB, nw, maxnreg, ef=ef, efs=efs[0], **launch_kw)
-                            for bk in sorted(SWEEP_BLOCKS)
+                            for bk in sorted(sweep_blocks)
                             if bk not in {g[0] for g in groups} and N % bk == 0
                         ] if launch_kw["runtime"] else []
                         if len(calls) + len(ahead) > 1:
@@ -513,8 +571,6 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
                 if cuda:
                     e1.record()
                     timed.append((e0, e1))
-                if bar is not None:
-                    bar.update(n)
                 t0 = t1
             item = (T0, T1, inp, y64, y32, states, e1 if cuda else None)
             if worker is not None:  # the metrics thread takes it now; bound its backlog
@@ -528,36 +584,40 @@ def run(cfg: Config, device: str = "cuda", progress: bool = True, options: Optio
             else:
                 process(item)
             T0 = T1
-            if ck.due(T0):
-                drain()
-                ck.window(T0, whole)
-        drain()
-        if warm is not None:
-            warm.result()  # long done; raises what it raised
-    if cuda:
-        torch.cuda.synchronize(dev)
-    for s, d in zip(schemes, dead_map().values(), strict=True):
-        s.dead_at = d
-    phases["kernels"] = time.perf_counter()
-    close_metrics({s.name: s.dead_at for s in schemes})
-    if bar is not None:
-        bar.close()
-    phases["metrics"] = time.perf_counter()
-    n_flush = len(seg_ends)
-    info = {"flushes": n_flush, "mean_segment": steps / n_flush,
-            "launches": len(ends) * len(groups), "num_warps": nw, "overlap": overlap,
-            "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
-            "wall_loop_s": time.perf_counter() - t_loop,
-            "host_wait_s": host_wait,  # host blocked on the in-flight bounds (ahead of the GPU)
-            "gpu_idle_s": _gpu_idle(e_loop, timed) if cuda and timed else None,
-            "phases_s": _phases(phases, compile_s),
-            "registers": [getattr(k, "n_regs", None) for k in kern.values()],
-            "spills": [getattr(k, "n_spills", None) for k in kern.values()],
-            "interpreted": os.environ.get("TRITON_INTERPRET") == "1", **ck.info()}
-    if recorded:
-        info["outputs"] = {k: np.concatenate(v) for k, v in recorded.items()}
-    return make_result(cfg, acc, {s.name: s.dead_at for s in schemes}, engine=NAME,
-                       device=device, t_start=t_start, info=info)
+
+        def close() -> None:
+            if cuda:
+                torch.cuda.synchronize(dev)
+            for s, d in zip(schemes, dead_map().values(), strict=True):
+                s.dead_at = d
+            phases["kernels"] = time.perf_counter()
+            close_metrics({s.name: s.dead_at for s in schemes})
+            phases["metrics"] = time.perf_counter()
+
+        def info() -> dict:
+            n_flush = len(seg_ends)
+            return {
+                "flushes": n_flush, "mean_segment": steps / n_flush,
+                "launches": len(ends) * len(groups), "num_warps": nw, "overlap": overlap,
+                "kernel_s": sum(a.elapsed_time(b) for a, b in timed) / 1e3 if cuda else None,
+                "wall_loop_s": time.perf_counter() - t_loop,
+                "host_wait_s": host_wait,  # host blocked on the in-flight bounds (ahead of the GPU)
+                "gpu_idle_s": _gpu_idle(e_loop, timed) if cuda and timed else None,
+                "phases_s": _phases(phases, compile_s),
+                "registers": [getattr(k, "n_regs", None) for k in kern.values()],
+                "spills": [getattr(k, "n_spills", None) for k in kern.values()],
+                "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
+
+        def spans(pos: int):
+            for b in batches:
+                if b[-1] > pos:
+                    yield pos, b[-1]
+                    pos = b[-1]
+
+        self.acc, self.recorded, self.resume_device = acc, recorded, dev
+        self.dead_at = lambda: {s.name: s.dead_at for s in schemes}
+        return advance, drain, session, whole, load, close, info, spans
+
 
 
 def _phases(marks: dict, compile_s: float) -> dict:
@@ -597,7 +657,7 @@ def _compile_together(calls: list, ahead: list = ()) -> None:
     launch) in threads before the first launch: Triton's compiler and ``ptxas`` overlap (two
     kernels took 14.2 s together against 11.7 s for one on a 2-core machine), where the first
     launches compiled one after the other. ``ahead``: kernels a later job of the sweep will need
-    (:data:`SWEEP_BLOCKS`), compiled at the same time and kept in Triton's caches.
+    (:attr:`Options.sweep_blocks`), compiled at the same time and kept in Triton's caches.
     Each thread then builds its kernel's launcher as well (:func:`build_launcher`).
     A failure here is left to the launch itself to report."""
     from concurrent.futures import ThreadPoolExecutor

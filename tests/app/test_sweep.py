@@ -544,18 +544,27 @@ def test_sweep_blocks_name_every_block_size_the_jobs_need(monkeypatch):
     assert sweep_blocks(SimpleNamespace(sweeper={}), c) == set()
 
 
-def test_runtime_codes_last_one_sweep_and_end_with_it(tmp_path, capsys):
-    """In one process (a notebook, tests): a sweep over schemes turns runtime kernel codes on
-    for its jobs; the next command, a single run, is back to per-configuration kernels."""
+def test_runtime_codes_for_a_sweep_over_schemes_only(tmp_path, capsys, monkeypatch):
+    """A sweep over schemes hands each job's engine the sweep's block sizes (the Triton engine's
+    runtime kernel codes, passed as an argument: no module state); the next command in the same
+    process (a notebook, tests), a single run, hands none: per-configuration kernels."""
     from conftest import run_main
 
-    from precsim.engines import triton as te
+    from precsim import engines
 
+    seen, real = [], engines.run
+
+    def spy(cfg, progress=True, ckpt=None, sweep_blocks=None):
+        seen.append(sweep_blocks)
+        return real(cfg, progress=progress, ckpt=ckpt, sweep_blocks=sweep_blocks)
+
+    monkeypatch.setattr(engines, "run", spy)
     rc, _, err = run_main(["-m", "experiment=split_nvfp4", "schemes.split_fp32_nvfp4.rounding="
                            "rne,sr", *FAST, f"hydra.sweep.dir={tmp_path / 's'}"], capsys)
     assert rc == 0, err
-    assert te.RUNTIME_CODES[0] is True and te.SWEEP_BLOCKS == {16}
+    assert seen == [frozenset({16})] * 2
+    seen.clear()
     rc, _, err = run_main(["experiment=split_nvfp4", *FAST, f"run.out_dir={tmp_path / 'r'}"],
                           capsys)
     assert rc == 0, err
-    assert te.RUNTIME_CODES[0] is False and not te.SWEEP_BLOCKS
+    assert seen == [None]

@@ -24,6 +24,7 @@ from precsim import formats as pf  # noqa: E402
 from precsim.config import to_config  # noqa: E402
 from precsim.engines.torch import run as run_torch  # noqa: E402
 from precsim.engines.triton import launch_ends, unsupported_reason  # noqa: E402
+from precsim.engines.triton import Diagnosis  # noqa: E402
 from precsim.engines.triton import run as run_triton  # noqa: E402
 from precsim.oracle import decode  # noqa: E402
 from precsim.workload import make_workload  # noqa: E402
@@ -137,7 +138,7 @@ def test_mx_formats_bf16_buffer_partial_segment():
     # 28 steps with L = 8: windows end at flushes 16, 32->28 (a partial last segment)
     cfg = cfg_of("mamba2", sch, steps=28, heads=1, N=64, replay__buffer_dtype="bf16",
                  replay__buffer_len=8)
-    tri = run_triton(cfg, DEV, progress=False, lanes=False)
+    tri = run_triton(cfg, DEV, progress=False, diagnosis=Diagnosis(lanes=False))
     ref = run_torch(cfg, DEV, progress=False)
     assert tri.info["launches"] == 2 * 2  # two windows x two launches (blocks 16 and 32)
     assert_rows_match(cfg, tri, ref)
@@ -230,7 +231,7 @@ def test_trace_with_skip_and_a_dead_scheme(trace_file):
                                       "overflow": "ieee"}}
     d = tiny_cfg("mamba2", steps=40, schemes=sch, metrics__window=16)
     d["workload"] = {"kind": "trace", "path": str(path)}
-    tri = run_triton(to_config(d), DEV, progress=False, poison=True)
+    tri = run_triton(to_config(d), DEV, progress=False, diagnosis=Diagnosis(poison=True))
     ref = run_torch(to_config(d), DEV, progress=False)
     assert tri.schemes["conventional_fp16_ieee"]["dead_at"] is not None
     assert tri.schemes == ref.schemes
@@ -259,8 +260,8 @@ def test_fused_metrics_match_torch_ops(family):
     d["workload"] = {"kind": "seed_article" if family == "mamba2" else "synthetic"}
     d["run"]["seqs"] = 2
     cfg = to_config(d)
-    a = run_triton(cfg, DEV, progress=False, fused_metrics=True)
-    b = run_triton(cfg, DEV, progress=False, fused_metrics=False)
+    a = run_triton(cfg, DEV, progress=False, diagnosis=Diagnosis(fused_metrics=True))
+    b = run_triton(cfg, DEV, progress=False, diagnosis=Diagnosis(fused_metrics=False))
     assert a.schemes == b.schemes
     for k in b.per_step_rel_err:
         np.testing.assert_allclose(a.per_step_rel_err[k], b.per_step_rel_err[k], rtol=1e-9)
@@ -293,8 +294,8 @@ def test_dispatch_order_changes_nothing_but_the_order():
     cfg = cfg_of("mamba2", sch, steps=16, heads=1)
     codes = [scheme_code(s.cfg) for s in build_schemes(cfg)]
     assert dispatch_order(True, codes) == 2 | 3 << 4 | 0 << 8 | 1 << 12
-    a = run_triton(cfg, DEV, progress=False, lpt=True)
-    b = run_triton(cfg, DEV, progress=False, lpt=False)
+    a = run_triton(cfg, DEV, progress=False, diagnosis=Diagnosis(lpt=True))
+    b = run_triton(cfg, DEV, progress=False, diagnosis=Diagnosis(lpt=False))
     for k in b.per_step_rel_err:
         np.testing.assert_array_equal(a.per_step_rel_err[k], b.per_step_rel_err[k])
 
@@ -326,7 +327,8 @@ def test_top1_and_first_flip_match_torch_engine(fused):
         "conventional_fp32": {"kind": "conventional", "fmt": "fp32"},
         "conventional_fp4": {"kind": "conventional", "fmt": "fp4_e2m1"},
         "shared_nvfp4_sr": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"}}))
-    a = run_triton(cfg, DEV, progress=False, fused_metrics=fused, kl_tf32=False)
+    a = run_triton(cfg, DEV, progress=False,
+                   diagnosis=Diagnosis(fused_metrics=fused, kl_tf32=False))
     b = run_torch(cfg, DEV, progress=False)
     keys = ("top1", "top1_p10", "top1_p50", "top1_p90", "first_flip", "flipped")
     assert [[r[k] for k in keys] for r in a.rows] == [[r[k] for k in keys] for r in b.rows]
@@ -409,7 +411,7 @@ def test_runtime_codes_equal_per_configuration_kernels(family):
                                "read_fmt": "mxfp4"}}
     cfg = cfg_of(family, sch, steps=16, heads=1)
     want = run_triton(cfg, DEV, progress=False, runtime_codes=False, record_outputs=True,
-                      lanes=False)
+                      diagnosis=Diagnosis(lanes=False))
     got = run_triton(cfg, DEV, progress=False, runtime_codes=True, record_outputs=True)
     assert got.info["launches"] == want.info["launches"] == 2
     for name in ["truth", *sch]:

@@ -44,7 +44,7 @@ for k in range(2):
     if prof is not None and k == 0:
         prof.enable()
     t = time.perf_counter()
-    r = triton.run(c, "cuda", progress=False, **json.loads(sys.argv[3]))
+    r = triton.run(c, "cuda", progress=False, **triton.settings(**json.loads(sys.argv[3])))
     run_s = time.perf_counter() - t
     if prof is not None and k == 0:
         prof.disable()

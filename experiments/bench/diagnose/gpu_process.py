@@ -136,7 +136,7 @@ join_warm_up()
 gc.freeze()
 t = time.perf_counter()
 opts = json.loads(sys.argv[2])
-r = triton.run(c, "cuda", progress=False, **opts)
+r = triton.run(c, "cuda", progress=False, **triton.settings(**opts))
 print(json.dumps({**opts, "run_s": round(time.perf_counter() - t, 3),
                   "wall_s": round(r.wall_s, 3), "phases": r.info["phases_s"],
                   "kernel_s": round(r.info["kernel_s"], 3),
