@@ -23,8 +23,11 @@ from precsim.kernels.rng import event_keys  # noqa: E402
 from precsim import formats as pf  # noqa: E402
 from precsim.config import to_config  # noqa: E402
 from precsim.engines.torch import run as run_torch  # noqa: E402
-from precsim.engines.triton import launch_ends, unsupported_reason  # noqa: E402
-from precsim.engines.triton import Diagnosis  # noqa: E402
+from precsim.engines.triton import (  # noqa: E402
+    Diagnosis,  # noqa: E402
+    launch_ends,
+    unsupported_reason,
+)
 from precsim.engines.triton import run as run_triton  # noqa: E402
 from precsim.oracle import decode  # noqa: E402
 from precsim.workload import make_workload  # noqa: E402
