@@ -256,12 +256,10 @@ class Engine:
     def fallback(self, reason: str):
         """The torch engine runs a config this engine does not cover, with a logged note
         (``Result.info["<engine>_fallback"]``)."""
-        from .torch import TorchEngine
-
         self.log.warning("precsim: the %s engine does not support %s; running the torch engine",
                          self.LABEL, reason)
-        res = TorchEngine(self.cfg, self.device, self.progress, self.fallback_records(),
-                          self.ck).run()
+        res = self.fallback_engine()(self.cfg, self.device, self.progress,
+                                     self.fallback_records(), self.ck).run()
         res.info[f"{self.NAME}_fallback"] = reason
         return res
 
@@ -283,6 +281,10 @@ class Engine:
     def unsupported(self) -> str | None:
         """Why this engine cannot run the config (after the workload is made); None: it can."""
         return None
+
+    def fallback_engine(self) -> type:
+        """The engine that runs what :meth:`unsupported` names (the torch engine's class)."""
+        raise NotImplementedError
 
     def fallback_records(self):
         return self.record_outputs

@@ -2,9 +2,9 @@
 and ``experiments/bench/gpu_check_ef.py``).
 
 :func:`held_states` runs an engine with :class:`Capture` in place of its checkpoint: engines hand
-a checkpoint their whole state at every window boundary (:mod:`precsim.checkpoint`), so the last
-one is the state after the last step. Run the numba engine with ``run.threads=1`` (with more
-threads its last window is not handed over).
+a checkpoint their whole state at every span's end where it says a save is due
+(:meth:`precsim.engines.base.Engine.run`; :class:`Capture` always does), so the last one is the
+state after the last step, on any number of threads.
 """
 
 from __future__ import annotations

@@ -214,6 +214,11 @@ class NumbaEngine(Engine):
     def unsupported(self) -> str | None:
         return supports(self.cfg, self.device)  # the torch engine runs it, with a note
 
+    def fallback_engine(self) -> type:
+        from .torch import TorchEngine
+
+        return TorchEngine
+
     def prepare(self, wl) -> None:
         cfg = self.cfg
         threads = min(cpu_threads(cfg.run.threads), numba.config.NUMBA_NUM_THREADS)

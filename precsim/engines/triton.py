@@ -98,6 +98,11 @@ class TritonEngine(Engine):
     def unsupported(self) -> str | None:
         return unsupported_reason(self.cfg)
 
+    def fallback_engine(self) -> type:
+        from .torch import TorchEngine
+
+        return TorchEngine
+
     def fallback_records(self):
         return False
 
