@@ -204,6 +204,7 @@ class Engine:
     where = None  # the device its results name (None: the run's device)
     workload_device = None  # the device its inputs are drawn on (None: the run's device)
     resume_device = None  # where a resumed state's tensors go (None: the CPU)
+    overlaps = False  # spans overlap (threads, streams): the state is whole only after settle()
 
     def __init__(self, cfg: Config, device: str = "cpu", progress: bool = True,
                  record_outputs=False, ckpt: Checkpoint | None = None):
@@ -240,7 +241,9 @@ class Engine:
                 self.advance(a, b)
                 if self.bar is not None:
                     self.bar.update(b - a)
-                if ck.due(b):  # a save or a stop: the state whole at b first
+                if not self.overlaps:  # whole at every span's end: the checkpoint decides
+                    ck.window(b, self.save)
+                elif ck.due(b):  # a save or a stop: the spans in flight finished first
                     self.settle()
                     ck.window(b, self.save)
             self.settle()

@@ -403,6 +403,7 @@ class NumbaEngine(Engine):
                     for i, s in enumerate(schemes)})
 
         self.threads, self.overlap = threads, threads > 1
+        self.overlaps = self.overlap
         self.seg_ends, self.schemes, self.acc = seg_ends, schemes, acc
         self.S64, self.st, self.rd, self.ef = S64, st, rd, ef
         self.dead_list, self.t_kernel = dead_at, t_kernel

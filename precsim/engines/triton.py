@@ -89,6 +89,7 @@ class TritonEngine(Engine):
     or thread on CUDA); a save or a stop waits for every queued batch (:meth:`settle`)."""
 
     NAME, LABEL, log = NAME, "Triton", log
+    overlaps = True  # batches queued ahead of their metrics: a save waits for them (settle)
 
     def __init__(self, cfg: Config, device: str, progress: bool, options: Options,
                  ckpt: Checkpoint | None, diagnosis: Diagnosis | None = None):
