@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXP = ROOT / "experiments"
+STUDIES_DIR = EXP / "studies"  # one folder per study
 ARCHIVE = "studies.tar.gz"
 CSV_NAME = "results.csv"
 INFO_NAME = "run_info.json"
@@ -483,7 +484,7 @@ def table_seed_table(rows):
     fin = finals(rows)
     Ls = _lengths_of(rows)
     cpu = {}
-    f = EXP / "seed_table" / "summary.json"
+    f = STUDIES_DIR / "seed_table" / "summary.json"
     if f.is_file():
         s = json.loads(f.read_text())
         cpu = {k: v.get("32768", {}).get("rel_err") for k, v in s["figures"].items()}
@@ -632,7 +633,7 @@ NEMOTRON = ("Nemotron 3 (median accuracy drop vs an FP32 SSM cache; RTN vs SR): 
             "-0.32%, INT8 block 128 2.87% vs 0.00%, FP8 block 128 12.68% vs 1.96%.")
 REPLAY_KL = ("ReplaySSM: KL 0.136 (shared NVFP4 checkpoint) vs 0.0038 (split precision), a ratio "
              "of ~36x, measured on a real model's next-token distributions.")
-ARTICLE = ("The article's table (docs/workloads.md, experiments/seed_table/NOTES.md): "
+ARTICLE = ("The article's table (docs/workloads.md, experiments/studies/seed_table/NOTES.md): "
            "conventional FP32 1.8e-07 … 1.8e-06; conventional NVFP4 every step 0.681 … 1.198; "
            "shared NVFP4 checkpoint 0.243 … 1.187; split FP32 + NVFP4 0.078 … 0.090; split "
            "FP16-SR + NVFP4 0.079 … 0.091 (1–256 … to 32,768 steps).")
@@ -687,7 +688,7 @@ STUDIES = [
           "writes per step.",
           "None published for precision; ReplaySSM's throughput gains (1.85× Nemotron-3-Super, "
           "2.10× Qwen3.5-122B) are with MTP drafts.", plot_speculative, table_speculative,
-          cost=8, expected_gpu_s="to be measured (experiments/bench/gpu_check_drafts.py)",
+          cost=8, expected_gpu_s="to be measured (tests/gpu/gpu_check_drafts.py)",
           notes=["Profiles (assumed, typical of MTP heads; draft i accepted with p_i once drafts "
                  "1..i-1 were): [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2] and [0.7, 0.5, 0.4, "
                  "0.3, 0.2, 0.2, 0.2, 0.2]; T uses the first T entries. The T = 0 jobs run once "
@@ -906,7 +907,7 @@ def pack(dest: Path, out_dir: Path) -> Path:
     return path
 
 
-def unpack(archive: Path, into: Path = EXP) -> list[str]:
+def unpack(archive: Path, into: Path = STUDIES_DIR) -> list[str]:
     """Extract the archive's study folders into ``into`` (member names checked), then refresh
     every NOTES.md results block."""
     names = []
@@ -963,7 +964,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.notes:
         for st in STUDIES:
-            folder = (a.dest or EXP) / st.name
+            folder = (a.dest or STUDIES_DIR) / st.name
             folder.mkdir(parents=True, exist_ok=True)
             replot(st, folder)
             print(write_notes(st, folder))
@@ -977,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.out:
         dest = Path(tmp := tempfile.mkdtemp(prefix="studies_")) / "results"
     else:
-        dest = EXP / "_smoke" if a.smoke else EXP
+        dest = EXP / "_smoke" if a.smoke else STUDIES_DIR
     work = a.work or Path(tempfile.mkdtemp(prefix="studies_work_"))
     t0 = time.perf_counter()
 

@@ -45,7 +45,7 @@ TRUTH_WARPS = 0  # warps of a truth-only launch (0: the caller's)
 def truth_split(SH: int, P: int, num_warps: int) -> tuple[int, int]:
     """Rows per program and warps of a truth-only launch over ``SH`` heads of ``P`` rows.
 
-    Measured on one H200 (``experiments/bench/diagnose/gpu_scan_split.py``, 8,192 tokens, us per
+    Measured on one H200 (``experiments/diagnose/gpu_scan_split.py``, 8,192 tokens, us per
     token): a recording's 64 Mamba-2 heads (64 x 128) take 1.43 with a program per head (which
     spills registers) and 0.91 with 16 rows per program; 32 GDN heads (128 x 128) 3.02-6.08
     against 0.91-1.20. With 4 sequences (256 Mamba-2 programs already) a program per head is

@@ -8,7 +8,7 @@ time goes, and the real-model path on the GPU.
    ``python -m precsim.record --device cuda`` and whole-model mode (``model.path``) on cuda,
    timed per token.
 
-    python experiments/bench/diagnose/gpu_diagnose.py --out OUT_DIR
+    python experiments/diagnose/gpu_diagnose.py --out OUT_DIR
 """
 
 from __future__ import annotations

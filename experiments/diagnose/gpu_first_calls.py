@@ -4,7 +4,7 @@ the Triton engine's metrics path in a fresh process (after the CLI's warm-up), d
 synchronised after each, then the same calls again. Shapes: the user's seed table on the
 nemotron3_super model (one metrics batch of 2,048 steps, 128 heads x 64, 5 schemes).
 
-    python experiments/bench/diagnose/gpu_first_calls.py > OUT.json
+    python experiments/diagnose/gpu_first_calls.py > OUT.json
 """
 
 import json

@@ -8,7 +8,7 @@ first run in a fresh process pays beyond its GPU time, for the user's command
    the GPU's idle time between them (``info["gpu_idle_s"]``); per variant of the environment;
 3. one first run under cProfile: the top functions by own time (``OUT/first_run_profile.txt``).
 
-    python experiments/bench/diagnose/gpu_first_run.py --out OUT_DIR [--repeats 2]
+    python experiments/diagnose/gpu_first_run.py --out OUT_DIR [--repeats 2]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ torch.profiler. A Mamba-2 1.3B-shape checkpoint (random bf16 weights, built if m
 dominate; prints the step's wall time, the device's busy time (CUDA kernels) per step, kernel
 launches per step and the top operators, and writes them to ``--out``/gen_steps.json.
 
-    python experiments/bench/diagnose/gpu_gen_steps.py --out DIR [--docs 16 --new 32]
+    python experiments/diagnose/gpu_gen_steps.py --out DIR [--docs 16 --new 32]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_models import build  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Diagnosis (in-process, under torch.profiler; not a user's process): where a real model's
 recording and whole-model run spend their time on one GPU.
 
-    python experiments/bench/diagnose/gpu_models_profile.py --work DIR --out DIR
+    python experiments/diagnose/gpu_models_profile.py --work DIR --out DIR
         [--record-tokens 16384] [--kl-tokens 8192] [--seqs 4]
 
 Uses (or builds) the random-weight Mamba-2 1.3B-shape checkpoint of ``bench_models.py``. Writes
@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _bench_models():
-    spec = importlib.util.spec_from_file_location("bench_models", HERE.parent / "bench_models.py")
+    spec = importlib.util.spec_from_file_location("bench_models", HERE.parent / "bench" / "bench_models.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

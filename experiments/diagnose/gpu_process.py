@@ -12,7 +12,7 @@
 5. in this process, after the CLI's warm-up: the engine's first run under cProfile
    (``OUT/engine_first_run.txt``) and a second run.
 
-    python experiments/bench/diagnose/gpu_process.py --out OUT_DIR [--warm 3] [extra overrides ...]
+    python experiments/diagnose/gpu_process.py --out OUT_DIR [--warm 3] [extra overrides ...]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Diagnosis (kernels alone, not a user's process): the whole-model scan's launches on one GPU.
 
-    python experiments/bench/diagnose/gpu_scan_split.py [--steps 8192] [--out F.json]
+    python experiments/diagnose/gpu_scan_split.py [--steps 8192] [--out F.json]
 
 Times, per configuration, one launch over ``--steps`` tokens of random inputs at real shapes
 (Mamba-2 1.3B: 64 heads x 64 x 128, 1 group; Qwen3-Next GDN: 32 heads x 128 x 128), for one

@@ -4,7 +4,7 @@ checkpoint (``experiments/recall/gpu_full.py``'s command: every scheme, three SR
 fewer items and one length; a first run warms (Triton compile), the second is timed, the third
 runs under the profiler.
 
-    python experiments/bench/diagnose/gpu_task_profile.py --out DIR
+    python experiments/diagnose/gpu_task_profile.py --out DIR
         [--ckpt experiments/recall/checkpoints/full_mamba2_seed0] [--length 8192] [--items 16]
 
 Writes ``task_profile.json`` (wall, phases, device busy time, launches) and
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
+REPO = HERE.parents[1]
 
 
 def job_argv(ckpt: Path, length: int, items: int, device: str, work: Path) -> list[str]:

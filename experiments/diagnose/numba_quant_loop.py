@@ -5,7 +5,7 @@ quantises it in place (``precsim.engines.numba._qin``, compiled for that format 
 a scheme task does after each update); the copy is timed alone and subtracted. Prints
 microseconds per 64 x 128 state.
 
-    python experiments/bench/diagnose/numba_quant_loop.py [--n 4096]
+    python experiments/diagnose/numba_quant_loop.py [--n 4096]
 """
 
 from __future__ import annotations

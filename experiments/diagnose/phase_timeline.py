@@ -4,7 +4,7 @@ wall time goes, as a timeline. Runs the CLI in this process with a few of its st
 report and plots, the warm-up join, the Triton compile ahead) and prints, per call, when it
 started (seconds after this interpreter started) and how long it took; ``--json`` writes them.
 
-    python experiments/bench/diagnose/phase_timeline.py [--json F] -- PRECSIM_ARGS ...
+    python experiments/diagnose/phase_timeline.py [--json F] -- PRECSIM_ARGS ...
 
 e.g. ``-- -m experiment=study_buffer_len run.device=cuda run.steps=32768``. The interpreter's
 own start (before this script's first line) is not in it, and the wrapped modules are imported

@@ -11,7 +11,7 @@ The study of ``bench_cpu.py`` (``experiment=seed_table``: five schemes + the flo
   matmuls and softmaxes), with the KL metric on and off;
 * the NumPy loop (``run.engine=numpy``) on the same study, for the ratio.
 
-    python experiments/bench/profile_numba_cpu.py [--heads 8] [--steps 8192] [--numpy-steps 1024]
+    python experiments/diagnose/profile_numba_cpu.py [--heads 8] [--steps 8192] [--numpy-steps 1024]
 """
 
 from __future__ import annotations

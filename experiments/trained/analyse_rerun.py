@@ -28,8 +28,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 EXP = HERE.parent
-KL_DIR, ENG_DIR, VER_DIR = (EXP / "study_trained_kl", EXP / "study_trained_engines",
-                            EXP / "study_trained_verdict")
+STUDIES = EXP / "studies"
+KL_DIR, ENG_DIR, VER_DIR = (STUDIES / "study_trained_kl", STUDIES / "study_trained_engines",
+                            STUDIES / "study_trained_verdict")
 COLS = ["run", "model", "weights", "docs", "group", "scheme", "seed", "doc", "window_end", "kl",
         "top1"]
 B = 2000

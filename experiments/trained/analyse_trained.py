@@ -371,7 +371,7 @@ def plot_memory(work: Path, path: Path) -> None:
 def analyse(work: Path) -> None:
     for name, fn in (("study_trained_kl", study_kl), ("study_trained_engines", study_engines),
                      ("study_trained_verdict", study_verdict)):
-        out = EXP / name
+        out = EXP / "studies" / name
         out.mkdir(exist_ok=True)
         text = fn(work, out)
         (out / "tables.md").write_text(text + "\n")

@@ -17,7 +17,7 @@ states, caches and one forward pass's activations; :func:`estimate`) and each de
 ``model.device_map=balanced`` always spreads the layers (accelerate's ``balanced``), an explicit
 map ``{module: device}`` is the user's (checked against the checkpoint's modules, not sized).
 What the run needs beyond the weights is an estimate (:func:`estimate` lists its terms);
-``experiments/bench/gpu_multi_model.py`` prints it beside the measured peak.
+``tests/gpu/gpu_multi_model.py`` prints it beside the measured peak.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_phase_timeline_times_a_run_and_a_sweep(tmp_path):
-    """``experiments/bench/diagnose/phase_timeline.py`` (docs/performance.md's time line of a
+    """``experiments/diagnose/phase_timeline.py`` (docs/performance.md's time line of a
     process): a single run and a two-job sweep through the command line, exit 0, the stages
     in the JSON, each job's ``_run_app`` once, and the run's own files written."""
-    script = ROOT / "experiments" / "bench" / "diagnose" / "phase_timeline.py"
+    script = ROOT / "experiments" / "diagnose" / "phase_timeline.py"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     tiny = ["experiment=split_nvfp4", "run.steps=64", "model.heads=1", "model.groups=1",
             "metrics.window=32", "run.progress=false"]

@@ -1,4 +1,4 @@
-"""The budget calibration study (experiments/calibration/, issue 40 item 5): every headline number
+"""The budget calibration study (experiments/studies/calibration/, issue 40 item 5): every headline number
 NOTES.md quotes re-derives from the committed raw results (results.csv, items.csv), computed here
 independently of the driver; docs/metrics.md quotes the same numbers; the driver's ``--table``
 rebuilds results.csv from the committed run directories byte for byte; and the two measurements
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CAL = ROOT / "experiments" / "calibration"
+CAL = ROOT / "experiments" / "studies" / "calibration"
 METRICS = ("kl_window", "kl_all", "kl_answer", "flip_all", "flip_answer")
 
 
@@ -96,7 +96,7 @@ def half_unit(s: str) -> float:
 
 
 needs_results = pytest.mark.skipif(not (CAL / "results.csv").is_file(),
-                                   reason="experiments/calibration/results.csv not committed")
+                                   reason="experiments/studies/calibration/results.csv not committed")
 
 
 @needs_results
@@ -125,7 +125,7 @@ def test_docs_quote_the_notes():
     for k, v in quoted:
         assert k in head, f"docs quote {k}, which NOTES.md's headline lacks"
         assert v.rstrip(".,;:)") == head[k], f"docs/metrics.md {k} = {v}, NOTES.md {head[k]}"
-    assert "experiments/calibration/calibrate.py --table" in sec
+    assert "experiments/studies/calibration/calibrate.py --table" in sec
 
 
 @needs_results

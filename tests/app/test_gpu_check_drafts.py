@@ -1,4 +1,4 @@
-"""experiments/bench/gpu_check_drafts.py on the CPU (``--smoke``: the Triton interpreter and the
+"""tests/gpu/gpu_check_drafts.py on the CPU (``--smoke``: the Triton interpreter and the
 numba engine at tiny sizes): the script the GPU run depends on runs through, gates what it should
 and writes its three files."""
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    return load_script(ROOT / "experiments" / "bench" / "gpu_check_drafts.py")
+    return load_script(ROOT / "tests" / "gpu" / "gpu_check_drafts.py")
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""experiments/bench/gpu_multi_model.py (issue 27's multi-GPU check) on the CPU: its checkpoint
+"""tests/gpu/gpu_multi_model.py (issue 27's multi-GPU check) on the CPU: its checkpoint
 writer (layer by layer, no whole model in memory) gives a checkpoint transformers loads with no
 missing or unexpected key, sized as precsim's placement sizes it; ``--smoke`` runs through."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    return load_script(ROOT / "experiments" / "bench" / "gpu_multi_model.py")
+    return load_script(ROOT / "tests" / "gpu" / "gpu_multi_model.py")
 
 
 def test_the_checkpoint_writer_loads_and_is_sized_as_placement_sizes_it(tmp_path):

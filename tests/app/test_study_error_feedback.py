@@ -1,5 +1,5 @@
 """Study 10 (error feedback): its driver's rows, table, CSV and plot on a tiny run, and the GPU
-script's non-CUDA parts (experiments/bench/gpu_check_ef.py)."""
+script's non-CUDA parts (tests/gpu/gpu_check_ef.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _load(path: Path, name: str):
 
 def test_study_rows_table_csv_and_plot(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # Hydra's own run directory (outputs/) here, not in the checkout
-    st = _load(ROOT / "experiments/study_error_feedback/run.py", "study_ef_run")
+    st = _load(ROOT / "experiments/studies/study_error_feedback/run.py", "study_ef_run")
     cmd = st.command("nemotron3_super", {"heads": 1, "steps": 64, "seqs": 1}, tmp_path / "r",
                      "cpu")
     assert cmd[1:4] == ["-m", "precsim", "experiment=study_error_feedback"]
@@ -53,7 +53,7 @@ def test_study_rows_table_csv_and_plot(tmp_path, capsys, monkeypatch):
 def test_gpu_script_without_cuda_says_use_smoke(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the real check")
-    g = _load(ROOT / "experiments/bench/gpu_check_ef.py", "gpu_check_ef")
+    g = _load(ROOT / "tests/gpu/gpu_check_ef.py", "gpu_check_ef")
     assert g.main([str(tmp_path)]) == 2
     assert "--smoke" in capsys.readouterr().err
 
@@ -63,7 +63,7 @@ def test_gpu_script_smoke(tmp_path, monkeypatch):
     """The whole script on the CPU: Triton's interpreter, tiny processes (~3 min)."""
     monkeypatch.chdir(tmp_path)  # its processes' Hydra run directories land here
     pytest.importorskip("triton")
-    g = _load(ROOT / "experiments/bench/gpu_check_ef.py", "gpu_check_ef_smoke")
+    g = _load(ROOT / "tests/gpu/gpu_check_ef.py", "gpu_check_ef_smoke")
     assert g.main([str(tmp_path), "--smoke"]) == 0
     for f in ("check_ef.csv", "study_ef.csv", "engines_ef.csv"):
         assert (tmp_path / f).stat().st_size > 100, f

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = ROOT / "experiments" / "study_real_traces"
+HERE = ROOT / "experiments" / "studies" / "study_real_traces"
 
 
 def _mod():

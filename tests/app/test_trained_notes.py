@@ -1,5 +1,5 @@
 """The trained-model studies' notes re-derive from their committed raw results (issue 42,
-acceptance 3). Each ``NOTES.md`` of ``experiments/study_trained_{kl,engines,verdict}`` ends with a
+acceptance 3). Each ``NOTES.md`` of ``experiments/studies/study_trained_{kl,engines,verdict}`` ends with a
 ``claims`` block, one line a number the notes state:
 
     ratio RUN A/B = 4.54      mean KL of scheme A over mean KL of scheme B in run RUN
@@ -120,7 +120,7 @@ def close(got: float, claimed: str) -> bool:
 
 @pytest.mark.parametrize("study", STUDIES)
 def test_notes_numbers_rederive_from_the_raw_results(study):
-    d = EXP / study
+    d = EXP / "studies" / study
     raw = d / "results_raw.csv.gz"
     if not raw.exists():
         pytest.skip(f"{raw} not committed yet (experiments/trained/rerun.py on a GPU, then "
@@ -128,7 +128,7 @@ def test_notes_numbers_rederive_from_the_raw_results(study):
     notes = (d / "NOTES.md").read_text()
     body = notes.split("<!-- claims")[0]
     dm = doc_means(raw)
-    gpu = EXP / "study_trained_kl" / "gpu_run"
+    gpu = EXP / "studies" / "study_trained_kl" / "gpu_run"
     bpb = json.loads((gpu / "bpb.json").read_text()) if (gpu / "bpb.json").exists() else {}
     hl_file = gpu / "half_lives.json"
     hl = json.loads(hl_file.read_text()) if hl_file.exists() else {}

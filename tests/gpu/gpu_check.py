@@ -2,7 +2,7 @@
 
 Run on a CUDA machine (or ``--smoke`` anywhere with ``TRITON_INTERPRET=1``, tiny sizes):
 
-    python experiments/bench/gpu_check.py --steps 4096 --out OUT_DIR
+    python tests/gpu/gpu_check.py --steps 4096 --out OUT_DIR
 
 Checks, each printed as a table row and written to ``OUT_DIR/gpu_check.{md,json}``:
 

@@ -1,8 +1,8 @@
 """GPU check of speculative decoding (issue 28): the Triton engine with drafts against the torch
 engine, then study 6 at production size as whole processes.
 
-    python experiments/bench/gpu_check_drafts.py $OUT            # one H200, ~2-4 minutes
-    python experiments/bench/gpu_check_drafts.py $OUT --smoke    # any machine: tiny sizes, CPU
+    python tests/gpu/gpu_check_drafts.py $OUT            # one H200, ~2-4 minutes
+    python tests/gpu/gpu_check_drafts.py $OUT --smoke    # any machine: tiny sizes, CPU
                                                                  # (Triton interpreter, numba)
 
 1. **check**: Mamba-2 (8 heads of Nemotron-3-Super's 64 x 128) and GDN (8 heads of Qwen3.5's
@@ -26,7 +26,7 @@ engine, then study 6 at production size as whole processes.
 Writes three files to OUT: ``gpu_check_drafts.txt`` (what it printed), ``gpu_check_drafts.json``
 (every number) and ``studies.tar.gz`` (experiments/run_studies.py's archive of the study: its
 results.csv, PNG, run_info.json, run.log; ``python experiments/run_studies.py --unpack
-OUT/studies.tar.gz`` puts them into experiments/study_speculative and refreshes its NOTES
+OUT/studies.tar.gz`` puts them into experiments/studies/study_speculative and refreshes its NOTES
 results block). Run directories go to a temporary directory, removed at the end. Exit status 0
 when every check passed, 1 otherwise.
 """

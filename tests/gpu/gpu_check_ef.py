@@ -1,8 +1,8 @@
 """Error feedback on one GPU (issue 30): the Triton kernels against the torch engine on CUDA, then
 study 10 at 131,072 steps as whole processes.
 
-    python experiments/bench/gpu_check_ef.py OUT_DIR            # CUDA (one H200: ~2-4 min)
-    python experiments/bench/gpu_check_ef.py OUT_DIR --smoke    # CPU: Triton's interpreter, tiny
+    python tests/gpu/gpu_check_ef.py OUT_DIR            # CUDA (one H200: ~2-4 min)
+    python tests/gpu/gpu_check_ef.py OUT_DIR --smoke    # CPU: Triton's interpreter, tiny
 
 1. ``check``: the study's schemes (INT8 / FP8 block 128 with RTN, SR, error feedback; ReplaySSM
    with SR or error feedback) on a 16-head Nemotron-shaped Mamba-2 layer (2,048 steps) run on the
@@ -11,7 +11,7 @@ study 10 at 131,072 steps as whole processes.
    CUDA, where the fold's ``tl.dot`` sums in another order than torch's matmul); every scheme's
    window rel_err within 2% of torch's (FP32: 50%), on that layer and on a 4-head
    Qwen3.5-shaped GDN layer.
-2. ``study``: ``experiments/study_error_feedback/run.py``'s processes at the GPU size (every head,
+2. ``study``: ``experiments/studies/study_error_feedback/run.py``'s processes at the GPU size (every head,
    131,072 steps, 1 sequence), on the long-memory ``seed_article`` inputs and then the synthetic
    ones, each under a time limit (``--limit``, 120 s) and none running past ``--budget`` (240 s
    after the start: a process that would is cut, the rest skipped, and the table says so): the
@@ -22,7 +22,7 @@ study 10 at 131,072 steps as whole processes.
 
 Writes ``OUT_DIR/check_ef.csv``, ``OUT_DIR/study_ef.csv`` and ``OUT_DIR/engines_ef.csv`` (the
 study's results.csv columns;
-``python experiments/study_error_feedback/run.py --plot-only --out DIR`` draws its PNG after a
+``python experiments/studies/study_error_feedback/run.py --plot-only --out DIR`` draws its PNG after a
 copy to ``DIR/results.csv``). Exit status 1 if a check fails.
 """
 
@@ -102,7 +102,7 @@ def study(smoke: bool, limit_s: float, deadline: float):
     then experiment=engines, each under ``limit_s`` and none started after ``deadline``
     (``time.perf_counter()``): (rows of study_ef.csv, rows of engines_ef.csv, the study's
     module)."""
-    sys.path.insert(0, str(ROOT / "experiments/study_error_feedback"))
+    sys.path.insert(0, str(ROOT / "experiments/studies/study_error_feedback"))
     import run as st
 
     size = {"heads": 2, "steps": 512, "seqs": 1} if smoke else st.GPU

@@ -1,9 +1,9 @@
 """Whole-model KL across the GPUs of one host (issue 27, criterion 1): ``model.device_map``.
 
-    python experiments/bench/gpu_multi_model.py --smoke                  # CPU, tiny, ~1 min
-    python experiments/bench/gpu_multi_model.py --stage build  [--work DIR]   # GPU host: the
-    python experiments/bench/gpu_multi_model.py --stage fit    [--work DIR]   # three stages,
-    python experiments/bench/gpu_multi_model.py --stage large  [--work DIR]   # each < 10 min
+    python tests/gpu/gpu_multi_model.py --smoke                  # CPU, tiny, ~1 min
+    python tests/gpu/gpu_multi_model.py --stage build  [--work DIR]   # GPU host: the
+    python tests/gpu/gpu_multi_model.py --stage fit    [--work DIR]   # three stages,
+    python tests/gpu/gpu_multi_model.py --stage large  [--work DIR]   # each < 10 min
 
 Two random-weight checkpoints of Qwen3-Next-80B-A3B's shape (hidden 2048; GDN 32 value heads
 x 128, 16 key heads x 128; 3 GDN : 1 attention layer; 512 experts, 10 a token), bf16, written

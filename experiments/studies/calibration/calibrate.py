@@ -17,9 +17,9 @@ then relate them (``--table``): results.csv (one row per model, scheme and lengt
 (one row per model, scheme, length and item), summary.json (the headline figures NOTES.md
 quotes), calibration.png.
 
-    python experiments/calibration/calibrate.py --out OUT CKPT                  # runs + table
-    python experiments/calibration/calibrate.py --out OUT CKPT --task-run DIR   # reuse task_eval
-    python experiments/calibration/calibrate.py --table OUT                     # table + plot again
+    python experiments/studies/calibration/calibrate.py --out OUT CKPT                  # runs + table
+    python experiments/studies/calibration/calibrate.py --out OUT CKPT --task-run DIR   # reuse task_eval
+    python experiments/studies/calibration/calibrate.py --table OUT                     # table + plot again
 
 ``--task-run DIR``: take (a) from an existing ``task_eval`` run directory (e.g. study.py's) when
 its settings (checkpoint, task, lengths, items, seed, schemes, buffer length, SR seeds) are this
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO / "experiments" / "recall"))
 import study  # noqa: E402  (the recall study's scheme list, overrides and names)
 

@@ -5,10 +5,10 @@ layer and the Nemotron-3-Super Mamba-2 layer and gathers, per (model, scheme), t
 error, KL, top-1 agreement, the mean top-1 over the run, the first flip, the state drift and the
 bytes per step into one tidy CSV, plus a PNG (error against bytes) and run_info.json.
 
-    python experiments/study_error_feedback/run.py                    # CPU size (NOTES.md)
-    python experiments/study_error_feedback/run.py --gpu --out DIR    # 131,072 steps, cuda
-    python experiments/study_error_feedback/run.py --plot-only        # the PNG from results.csv
-    python experiments/study_error_feedback/run.py --workload seed_article   # long-memory heads
+    python experiments/studies/study_error_feedback/run.py                    # CPU size (NOTES.md)
+    python experiments/studies/study_error_feedback/run.py --gpu --out DIR    # 131,072 steps, cuda
+    python experiments/studies/study_error_feedback/run.py --plot-only        # the PNG from results.csv
+    python experiments/studies/study_error_feedback/run.py --workload seed_article   # long-memory heads
 
 The CPU size: 4 heads of each layer, 16,384 steps, 1 sequence (the GPU size: every head,
 131,072 steps, 1 sequence).
@@ -184,7 +184,7 @@ def main(argv=None) -> None:
     rows = run(size, device, a.out, workload=a.workload)
     print(table(rows))
     plot(rows, a.out / f"error_vs_bytes{tag}.png")
-    info = {"command": "python experiments/study_error_feedback/run.py"
+    info = {"command": "python experiments/studies/study_error_feedback/run.py"
             + (" --gpu" if a.gpu else "") + (f" --workload {a.workload}" if a.workload else ""),
             "size": size, "device": device, "machine": platform.node(),
             "cpus": os.cpu_count(), "python": platform.python_version(),

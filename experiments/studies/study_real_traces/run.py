@@ -2,7 +2,7 @@
 
 One command (CPU, 1-3 minutes):
 
-    python experiments/study_real_traces/run.py [--tokens 2048] [--window 128] [--out DIR]
+    python experiments/studies/study_real_traces/run.py [--tokens 2048] [--window 128] [--out DIR]
 
 It builds a tiny random Mamba-2 (``Mamba2ForCausalLM``) and Qwen3-Next (GDN) checkpoint offline
 (weights N(0, 0.2^2), slowly decaying heads as ``tests/app/test_models.py::kl_ckpt``; state dims
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = HERE.parents[2]
 STUDIES = {"study_precision_table": 4, "study_kl_vs_paper": 8}
 COLS = ("study", "family", "model_class", "layer", "heads", "head_dim", "state_dim", "steps",
         "scheme", "label", "kind", "fmt", "rounding", "read_fmt", "bytes_per_step", "step",
@@ -323,7 +323,7 @@ def results_block(folder: Path) -> str:
         "`run_info.json`."])
 
 
-BEGIN = ("<!-- results:begin (written by experiments/study_real_traces/run.py; edits here are "
+BEGIN = ("<!-- results:begin (written by experiments/studies/study_real_traces/run.py; edits here are "
          "replaced) -->")
 END = "<!-- results:end -->"
 
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
         write_csv(rows, a.out / "results.csv")
         info = {"study": "study_real_traces", "number": 9, "tokens": a.tokens,
                 "window": a.window, "started_utc": started.isoformat(timespec="seconds"),
-                "command": "python " + shlex.join(["experiments/study_real_traces/run.py",
+                "command": "python " + shlex.join(["experiments/studies/study_real_traces/run.py",
                                                    *(argv if argv is not None else sys.argv[1:])]),
                 "wall_s": round(time.perf_counter() - t0, 1), "machine": rs.machine(),
                 "transformers": transformers.__version__,
