@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
-import importlib.util
 import json
 import math
 import shlex
@@ -44,12 +43,11 @@ COLS = ("study", "family", "model_class", "layer", "heads", "head_dim", "state_d
 
 
 def _rs():
-    spec = importlib.util.spec_from_file_location("run_studies", ROOT / "experiments" /
-                                                  "run_studies.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_studies"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The studies' shared code (experiments/studies/studylib.py)."""
+    sys.path.insert(0, str(HERE.parent))
+    import studylib
+
+    return studylib
 
 
 def build(root: Path) -> dict[str, Path]:
@@ -323,7 +321,8 @@ def results_block(folder: Path) -> str:
         "`run_info.json`."])
 
 
-BEGIN = ("<!-- results:begin (written by experiments/studies/study_real_traces/run.py; edits here are "
+BEGIN = ("<!-- results:begin (written by experiments/studies/study_real_traces/run.py; edits "
+         "here are "
          "replaced) -->")
 END = "<!-- results:end -->"
 
