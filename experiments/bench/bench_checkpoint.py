@@ -22,6 +22,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/bench: record.py
+import record  # noqa: E402
 
 
 def one(heads: int, steps: int, every: float, extra: list[str]) -> dict:
@@ -45,6 +49,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32768)
     ap.add_argument("--forced", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/precsim_bench"),
+                    help="directory of the record <bench>.jsonl (record.py)")
     ap.add_argument("extra", nargs="*", help="more overrides, e.g. run.engine=torch")
     a = ap.parse_args()
     one(a.heads, 1024, 0, a.extra)  # warm: numba's compile cache, the OS's file cache
@@ -64,6 +70,10 @@ def main() -> None:
     print(f"per checkpoint: {1e3 * per:.1f} ms, {size / 2**20:.2f} MiB (the last one); at the "
           f"default 120 s interval: {100 * per / 120:.3f}% of the engine time")
     print("runs:", json.dumps({"off": off, "on": on}))
+    print("record:", record.write(a.out, "bench_checkpoint", {
+        "heads": a.heads, "steps": a.steps, "forced_s": a.forced, "repeats": a.repeats,
+        "extra": a.extra, "engine_s_off": e_off, "engine_s_on": e_on, "checkpoints": n,
+        "per_checkpoint_s": per, "checkpoint_bytes": size, "off": off, "on": on}))
 
 
 if __name__ == "__main__":

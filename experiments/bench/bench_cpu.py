@@ -33,6 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/bench: record.py
+import record  # noqa: E402
 
 FLOOR = 256  # steps of the short runs (compile, cache, process floor): one metrics window
 CARD = ["experiment=split_nvfp4"]  # the card's command (README, Quick start)
@@ -178,7 +182,14 @@ def main() -> None:
                     help="only the card's command (first and warm processes, the NumPy loop)")
     ap.add_argument("--skip-numpy-whole", action="store_true",
                     help="leave out the NumPy loop's whole process at --whole-steps (minutes)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/precsim_bench"),
+                    help="directory of the record <bench>.jsonl (record.py)")
     a = ap.parse_args()
+    with record.transcript(a.out, "bench_cpu", vars(a)):  # what it prints, as one record
+        _run(a)
+
+
+def _run(a) -> None:
     from precsim.process import keep_freed_memory
 
     keep_freed_memory()  # as the command line does: the in-process rows run under its malloc

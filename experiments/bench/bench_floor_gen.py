@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_models import build  # noqa: E402
+import record  # noqa: E402  (experiments/bench/record.py)
 
 PY = sys.executable
 
@@ -82,8 +83,7 @@ def main() -> int:
               flush=True)
         if p.returncode:
             print("\n".join(rows[-1]["tail"]), flush=True)
-        (out / "bench_floor_gen.json").write_text(json.dumps({"info": info, "rows": rows},
-                                                             indent=1))
+        record.write_partial(out, "bench_floor_gen", {"info": info, "rows": rows})  # if cut short
         return wall if p.returncode == 0 else float("nan")
 
     w = {}
@@ -100,7 +100,7 @@ def main() -> int:
         info["floor_adds"] = round(w["new"] / w["old"] - 1, 3)
     if "new" in w and "gen" in w:
         info["generate_over_whole_model"] = round(w["gen"] / w["new"], 3)
-    (out / "bench_floor_gen.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+    print("record:", record.write(out, "bench_floor_gen", {"info": info, "rows": rows}))
     print(json.dumps(info, indent=1))
     return 0
 

@@ -17,11 +17,16 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import precsim.formats as pf
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/bench: record.py
+import record  # noqa: E402
 
 
 def median_seconds(xs, name: str, rounding: str, repeats: int) -> list[float]:
@@ -59,6 +64,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1, like NumPy; 0 = torch's default)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/precsim_bench"),
+                    help="directory of the record <bench>.jsonl (record.py)")
     ap.add_argument("--formats", nargs="*", default=None, help="default: every registered format")
     args = ap.parse_args(argv)
     if args.threads:
@@ -78,6 +85,7 @@ def main(argv=None) -> None:
     print(f"| {'format':<13} | {'rounding':<8} | {'numpy Melem/s':>13} | {'torch Melem/s':>13} "
           f"| {'torch/numpy':>11} |")
     print(f"|{'-' * 15}|{'-' * 10}|{'-' * 15}|{'-' * 15}|{'-' * 13}|")
+    rows = []
     for name in args.formats or pf.names():
         for rounding in pf.ROUNDINGS:
             t_np, t_t = median_seconds((x_np, x_t), name, rounding, args.repeats)
@@ -85,6 +93,11 @@ def main(argv=None) -> None:
             label = f"{name} (copy)" if copy else name
             print(f"| {label:<13} | {rounding:<8} | {n / t_np / 1e6:>13.1f} "
                   f"| {n / t_t / 1e6:>13.1f} | {t_np / t_t:>11.2f} |")
+            rows.append({"format": label, "rounding": rounding, "numpy_melem_s": n / t_np / 1e6,
+                         "torch_melem_s": n / t_t / 1e6})
+    print("record:", record.write(args.out, "bench_formats", {
+        "shape": list(shape), "repeats": args.repeats, "threads": torch.get_num_threads(),
+        "numpy": np.__version__, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ import torch
 
 from precsim import formats as pf
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/bench: record.py
+import record  # noqa: E402
+
 PEAK = {"fp32": 67e12, "fp64": 34e12}  # H200 SXM vendor figures
 
 
@@ -325,8 +328,8 @@ def _timed_stages(a, dev, card, best, res, add, rows) -> None:
     print(text)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_gpu.md").write_text(text + "\n")
-    (out / "bench_gpu.json").write_text(json.dumps({**res, "rows": rows}, indent=1))
+    print("record:", record.write(out, "bench_gpu", {**res, "rows": rows,
+                                                      "printed": text.splitlines()}))
 
 
 def _profile(a, dev, best, add) -> None:

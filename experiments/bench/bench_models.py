@@ -23,8 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/bench: record.py
+import record  # noqa: E402
+
 PY = sys.executable
-OUT_JSON: Path | None = None
+OUT: Path | None = None  # the record's directory
 
 
 def run(cmd: list[str], label: str, rows: list, env=None, timeout=1800) -> float:
@@ -36,8 +39,8 @@ def run(cmd: list[str], label: str, rows: list, env=None, timeout=1800) -> float
     rows.append({"what": label, "wall_s": round(wall, 2), "rc": p.returncode,
                  "cmd": " ".join(cmd), "tail": tail})
     print(f"{label:<58} {wall:8.1f} s  rc={p.returncode}", flush=True)
-    if OUT_JSON is not None:  # after every process: a run cut short keeps what it measured
-        OUT_JSON.write_text(json.dumps({"rows": rows}, indent=1))
+    if OUT is not None:  # after every process: a run cut short keeps what it measured
+        record.write_partial(OUT, "bench_models", {"rows": rows})
     if p.returncode:
         print("\n".join((p.stdout + p.stderr).strip().splitlines()[-15:]), flush=True)
     return wall
@@ -99,9 +102,9 @@ def main() -> int:
     ap.add_argument("--one-pass", action="store_true",
                     help="GPU: the Mamba-2 whole-model run also with model.chunk=0")
     a = ap.parse_args()
-    global OUT_JSON
+    global OUT
     out, work = Path(a.out), Path(a.work)
-    OUT_JSON = out / "bench_models_rows.json"
+    OUT = out
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     rows: list = []
@@ -198,7 +201,7 @@ def main() -> int:
                     n: {k: f["final"].get(k) for k in ("kl", "top1", "first_flip")}
                     for n, f in j["figures"].items()}
     res = {"info": info, "rows": rows}
-    (out / "bench_models.json").write_text(json.dumps(res, indent=1))
+    print("record:", record.write(out, "bench_models", res))
     print(json.dumps(info, indent=1))
     return 0
 

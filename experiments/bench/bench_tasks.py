@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_models import build  # noqa: E402
+import record  # noqa: E402  (experiments/bench/record.py)
 
 PY = sys.executable
 CHOICES = 4
@@ -119,9 +120,8 @@ def main() -> int:
            "schemes=split_nvfp4", "metrics.plot=false"]
     bt = [f"task.batch_tokens={a.batch_tokens}"] if a.batch_tokens else []
 
-    def save():
-        (out / "bench_tasks.json").write_text(json.dumps({"info": info, "rows": rows},
-                                                         indent=1))
+    def save():  # after every process: a run cut short keeps what it measured
+        record.write_partial(out, "bench_tasks", {"info": info, "rows": rows})
 
     def run(label, args):
         d = work / f"{label}_{time.time_ns()}"
@@ -176,7 +176,7 @@ def main() -> int:
         if r:
             info["passkey_wall_s"], info["passkey_model_s"] = round(r[0], 2), r[1]
             info["passkey_tokens_per_model_s"] = round(a.passkey_len * a.passkey_items / r[1])
-    save()
+    print("record:", record.write(out, "bench_tasks", {"info": info, "rows": rows}))
     print(json.dumps(info, indent=1))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The user's GPU command in the device image's own environment (PYTHONDONTWRITEBYTECODE=1, torch
 # without .pyc files: every process compiles the sources it imports), four processes on a fresh
-# machine (the first compiles the Triton kernels). Prints process seconds, wall_s and phases.
+# machine (the first compiles the Triton kernels). Prints process seconds, wall_s and phases, and
+# appends what it printed as one record to OUT_DIR/gpu_image_env.jsonl (experiments/bench/record.py).
 #   bash experiments/bench/gpu_image_env.sh OUT_DIR
 set -euo pipefail
 out=${1:-/tmp/image_env}
+mkdir -p "$out"
+here=$(dirname "$0")
+{
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC') PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}"
 echo "# for i in 0 1 2 3: python -m precsim experiment=seed_table model=nemotron3_super run.device=cuda run.out_dir=DIR"
 for i in 0 1 2 3; do
@@ -20,3 +24,6 @@ print(sys.argv[2], "process", round(float(sys.argv[3]), 2), "wall", round(s["wal
       info.get("phases_s"))
 PY
 done
+} | tee "$out/printed.txt"
+python3 -c 'import json, sys; print(json.dumps({"printed": open(sys.argv[1]).read().splitlines()}))' \
+  "$out/printed.txt" | python3 "$here/record.py" "$out" gpu_image_env --command "bash $0 $out"

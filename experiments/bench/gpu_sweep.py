@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/bench: record.py
+import record  # noqa: E402
+
 PM = [sys.executable, "-m", "precsim"]
 
 
@@ -124,13 +127,14 @@ def main(argv=None) -> int:
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     res = {"card": card, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
            "rows": rows}
-    (out / "gpu_sweep.json").write_text(json.dumps(res, indent=1))
+    rec = record.write(out, "gpu_sweep", res)
     print(f"\n{'row':<28} {'process s':>10} {'engine s':>10}  command")
     for r in rows:
         sec = r.get("engine_s", r.get("process_s"))
         print(f"{r['tag']:<28} {sec:>10} {r.get('engine_wall_s', ''):>10}  {r.get('cmd', '')}")
     failed = [r["tag"] for r in rows if r.get("rc", 0) != (2 if r["tag"] == "bad_trace_path"
                                                               else 0)]
+    print(f"record: {rec}")
     if failed:
         print(f"FAILED (exit status): {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

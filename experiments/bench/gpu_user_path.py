@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/bench: record.py
+import record  # noqa: E402
+
 CMD = [sys.executable, "-m", "precsim", "experiment=seed_table", "model=nemotron3_super",
        "run.device=cuda"]
 
@@ -170,7 +173,7 @@ def main(argv=None) -> int:
     if not a.no_fp32_check:
         res["fp32"] = fp32_check(a.check_steps)
         print(json.dumps({k: v for k, v in res["fp32"].items() if "max" in k}), flush=True)
-    (out / "gpu_user_path.json").write_text(json.dumps(res, indent=1))
+    print("record:", record.write(out, "gpu_user_path", res))
     return 0
 
 

@@ -1,16 +1,20 @@
-"""Diagnosis scripts under experiments/bench run through on the CPU, as the docs show them."""
+"""Benchmarks (experiments/bench) and diagnosis scripts (experiments/diagnose) run through on the
+CPU, as the docs show them; every benchmark writes its record through experiments/bench/record.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
+record = load_script(ROOT / "experiments" / "bench" / "record.py", "bench_record")
 
 
 def test_phase_timeline_times_a_run_and_a_sweep(tmp_path):
@@ -46,7 +50,8 @@ def test_gpu_sweep_single_rows_smoke(tmp_path):
                         "--smoke", "--only", "single", "--out", str(tmp_path)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    data = json.loads((tmp_path / "gpu_sweep.json").read_text())
+    (rec,) = record.read(tmp_path / "gpu_sweep.jsonl")  # one run, one record
+    data = rec["figures"]
     rows = {row["tag"]: row for row in data["rows"]}
     assert rows["bad_trace_path"]["rc"] == 2
     for tag in ("split_nvfp4_fresh", "split_nvfp4_fresh_one_launch", "engines_fresh"):
@@ -62,8 +67,33 @@ def test_bench_tasks_tiny_cpu(tmp_path):
                         str(tmp_path / "work")], cwd=tmp_path, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    data = json.loads((tmp_path / "out" / "bench_tasks.json").read_text())
+    (rec,) = record.read(tmp_path / "out" / "bench_tasks.jsonl")
+    assert "bench_tasks.py" in rec["command"] and rec["machine"]["cpus"] > 0
+    data = rec["figures"]
     assert [row["rc"] for row in data["rows"]] == [0, 0, 0, 0]
     info = data["info"]
     assert info["rows"] == 16 and info["kl_processes"] == 2 and info["task_over_kl"] > 0
     assert info["passkey_model_s"] > 0
+
+
+def test_every_bench_script_writes_through_record(tmp_path):
+    """One record format (issue 43): no benchmark of experiments/bench writes a file of its own;
+    the helper appends one JSON line of date, machine, command and figures per run."""
+    bench = ROOT / "experiments" / "bench"
+    for f in [*bench.glob("*.py"), *bench.glob("*.sh")]:
+        if f.name == "record.py":
+            continue
+        text = f.read_text()
+        # a file of its own in the output folder: out / "x.json").write_text(...), json.dump(...)
+        assert not re.search(r'out\s*/\s*"[^"]+"\)\.write_text|json\.dump\(|open\([^)]*"[wa]"',
+                             text), f.name
+        assert "record" in text, f"{f.name} writes no record"
+    path = record.write(tmp_path, "demo", {"x": 1.5}, cmd="python demo.py")
+    record.write(tmp_path, "demo", {"x": 2.5}, cmd="python demo.py")
+    recs = record.read(path)
+    assert [r["figures"]["x"] for r in recs] == [1.5, 2.5]
+    assert set(recs[0]) == set(record.KEYS) and recs[0]["machine"]["cpus"] > 0
+    with record.transcript(tmp_path, "printed", {"n": 1}):
+        print("a line")
+    (rec,) = record.read(tmp_path / "printed.jsonl")
+    assert rec["figures"] == {"args": {"n": 1}, "printed": ["a line"], "completed": True}
