@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def _bench_models():
-    spec = importlib.util.spec_from_file_location("bench_models", HERE.parent / "bench" / "bench_models.py")
+    spec = importlib.util.spec_from_file_location("bench_models",
+                                                  HERE.parent / "bench" / "bench_models.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

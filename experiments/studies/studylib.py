@@ -1,4 +1,4 @@
-"""What the studies of ``experiments/studies/`` share (issue 14; one driver per study since issue 43).
+"""What the studies of ``experiments/studies/`` share (issue 14; a driver per study: issue 43).
 
 Each of the eight Hydra studies (``HYDRA_STUDIES``) is one multirun of its preset
 ``conf/experiment/<name>.yaml``, driven by ``experiments/studies/<name>/run.py``, which holds the

@@ -1,5 +1,6 @@
 """Benchmarks (experiments/bench) and diagnosis scripts (experiments/diagnose) run through on the
-CPU, as the docs show them; every benchmark writes its record through experiments/bench/record.py."""
+CPU, as the docs show them; every benchmark writes its record through
+experiments/bench/record.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The budget calibration study (experiments/studies/calibration/, issue 40 item 5): every headline number
+"""The budget calibration study (experiments/studies/calibration/, issue 40 item 5):
+every headline number
 NOTES.md quotes re-derives from the committed raw results (results.csv, items.csv), computed here
 independently of the driver; docs/metrics.md quotes the same numbers; the driver's ``--table``
 rebuilds results.csv from the committed run directories byte for byte; and the two measurements
@@ -96,7 +97,7 @@ def half_unit(s: str) -> float:
 
 
 needs_results = pytest.mark.skipif(not (CAL / "results.csv").is_file(),
-                                   reason="experiments/studies/calibration/results.csv not committed")
+                                   reason="studies/calibration/results.csv not committed")
 
 
 @needs_results

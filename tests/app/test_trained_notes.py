@@ -1,5 +1,6 @@
 """The trained-model studies' notes re-derive from their committed raw results (issue 42,
-acceptance 3). Each ``NOTES.md`` of ``experiments/studies/study_trained_{kl,engines,verdict}`` ends with a
+acceptance 3). Each ``NOTES.md`` of
+``experiments/studies/study_trained_{kl,engines,verdict}`` ends with a
 ``claims`` block, one line a number the notes state:
 
     ratio RUN A/B = 4.54      mean KL of scheme A over mean KL of scheme B in run RUN

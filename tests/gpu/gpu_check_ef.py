@@ -11,7 +11,8 @@ study 10 at 131,072 steps as whole processes.
    CUDA, where the fold's ``tl.dot`` sums in another order than torch's matmul); every scheme's
    window rel_err within 2% of torch's (FP32: 50%), on that layer and on a 4-head
    Qwen3.5-shaped GDN layer.
-2. ``study``: ``experiments/studies/study_error_feedback/run.py``'s processes at the GPU size (every head,
+2. ``study``: ``experiments/studies/study_error_feedback/run.py``'s processes at the GPU size
+   (every head,
    131,072 steps, 1 sequence), on the long-memory ``seed_article`` inputs and then the synthetic
    ones, each under a time limit (``--limit``, 120 s) and none running past ``--budget`` (240 s
    after the start: a process that would is cut, the rest skipped, and the table says so): the
@@ -22,7 +23,8 @@ study 10 at 131,072 steps as whole processes.
 
 Writes ``OUT_DIR/check_ef.csv``, ``OUT_DIR/study_ef.csv`` and ``OUT_DIR/engines_ef.csv`` (the
 study's results.csv columns;
-``python experiments/studies/study_error_feedback/run.py --plot-only --out DIR`` draws its PNG after a
+``python experiments/studies/study_error_feedback/run.py --plot-only --out DIR`` draws
+its PNG after a
 copy to ``DIR/results.csv``). Exit status 1 if a check fails.
 """
 

@@ -17,9 +17,9 @@ then relate them (``--table``): results.csv (one row per model, scheme and lengt
 (one row per model, scheme, length and item), summary.json (the headline figures NOTES.md
 quotes), calibration.png.
 
-    python experiments/studies/calibration/calibrate.py --out OUT CKPT                  # runs + table
-    python experiments/studies/calibration/calibrate.py --out OUT CKPT --task-run DIR   # reuse task_eval
-    python experiments/studies/calibration/calibrate.py --table OUT                     # table + plot again
+    python experiments/studies/calibration/calibrate.py --out OUT CKPT  # runs + table
+    python experiments/studies/calibration/calibrate.py --out OUT CKPT --task-run DIR  # reuse
+    python experiments/studies/calibration/calibrate.py --table OUT  # table + plot again
 
 ``--task-run DIR``: take (a) from an existing ``task_eval`` run directory (e.g. study.py's) when
 its settings (checkpoint, task, lengths, items, seed, schemes, buffer length, SR seeds) are this

@@ -7,8 +7,8 @@ bytes per step into one tidy CSV, plus a PNG (error against bytes) and run_info.
 
     python experiments/studies/study_error_feedback/run.py                    # CPU size (NOTES.md)
     python experiments/studies/study_error_feedback/run.py --gpu --out DIR    # 131,072 steps, cuda
-    python experiments/studies/study_error_feedback/run.py --plot-only        # the PNG from results.csv
-    python experiments/studies/study_error_feedback/run.py --workload seed_article   # long-memory heads
+    python experiments/studies/study_error_feedback/run.py --plot-only  # the PNG from results.csv
+    python experiments/studies/study_error_feedback/run.py --workload seed_article  # long memory
 
 The CPU size: 4 heads of each layer, 16,384 steps, 1 sequence (the GPU size: every head,
 131,072 steps, 1 sequence).

@@ -1,8 +1,9 @@
 """Per-layer precision on a random-weight Mamba-2 1.3B-shape checkpoint, on one GPU, as whole
 processes (issue 24; study: experiments/studies/study_per_layer/NOTES.md).
 
-    python experiments/studies/study_per_layer/run.py OUT_DIR [--tokens 2048] [--docs 1] [--budget KL]
-    python experiments/studies/study_per_layer/run.py OUT_DIR --tiny      # a CPU smoke run (tiny model)
+    python experiments/studies/study_per_layer/run.py OUT_DIR [--tokens 2048] [--docs 1]
+        [--budget KL]
+    python experiments/studies/study_per_layer/run.py OUT_DIR --tiny  # a CPU smoke run (tiny model)
 
 1. Builds the checkpoint (``bench_models.py``'s 1.3B shape: 48 layers, 64 heads x 64 x 128, seed
    0) in float32 weights: a random bf16 model turns a 1e-7 difference into KL ~0.8 over 48 layers
