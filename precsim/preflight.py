@@ -108,7 +108,11 @@ def estimate(cfg, device: str = "cpu", engine: str = "torch") -> Estimate:
     # segments (numba: a state-size matrix per segment), outputs, the metrics' stacked
     # differences, the KL's logits (per scheme float32, then float64 temporaries)
     inputs = n * SH * (P + 2 * N + 4) * 24
-    segs = (n / max(1, L)) * state * 4 if engine == "numba" and fam == "mamba2" else \
+    from .families import FAMILIES
+
+    # numba: a plain (not delta-rule) family's host builds a state-size matrix per segment
+    fold = fam in FAMILIES and not FAMILIES[fam].DELTA_RULE
+    segs = (n / max(1, L)) * state * 4 if engine == "numba" and fold else \
         L * state * 8 if engine in ("torch", "numpy") else 0
     outputs = n * SH * P * (8 + 4 * ns) + rows * W * (ns + 1) * 20
     kl = rows * V * (4 * ns + 48)

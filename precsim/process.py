@@ -150,7 +150,10 @@ def warm_kernels() -> None:
     driver.active.get_current_device()
     for name in ("triton.compiler.compiler", "triton.experimental.gluon"):
         importlib.import_module(name)
-    for name in ("mamba2", "gdn", "metrics", "inputs"):
+    from precsim.families import FAMILIES
+
+    # each family's kernel set (its KERNEL names the module), then the shared ones
+    for name in (*dict.fromkeys(f.KERNEL for f in FAMILIES.values()), "metrics", "inputs"):
         mod = importlib.import_module(f"precsim.kernels.{name}")
         for fn in vars(mod).values():
             if isinstance(fn, JITFunction):

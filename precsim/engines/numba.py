@@ -41,6 +41,7 @@ from precsim.formats import ids
 from precsim.formats.rng import event_keys  # noqa: F401 - re-exported (the host, tests)
 
 from ..config import Config
+from ..families import FAMILIES
 from .numba_jit.codes import (  # noqa: F401 - re-exported (the host, tests)
     C_EF,
     C_FMT,
@@ -63,6 +64,7 @@ try:  # numba is optional (extra ``cpu``)
 except ImportError:  # exercised where numba is missing (tests/engines/test_engine_numba.py)
     numba = None
     row_stats = None  # the host module imports it; available() says the engine cannot run
+    JIT: dict = {}
 
 if numba is not None:
     from .numba_jit import gdn as jit_gdn
@@ -71,6 +73,7 @@ if numba is not None:
     from .numba_jit.stats import row_stats
 
     _qin = qin  # its former name here (experiments/bench/diagnose/numba_quant_loop.py)
+    JIT = {"mamba2": jit_mamba2, "gdn": jit_gdn}  # the compiled tasks by a family's KERNEL
 
 
 def available() -> bool:
@@ -82,11 +85,13 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     """None if the numba engine runs ``cfg``, else a one-line reason (run the torch engine)."""
     if numba is None:
         return "numba is not installed (pip install 'precsim[cpu]')"
-    if cfg.model.family not in ("mamba2", "gdn"):
-        return f"model.family={cfg.model.family} (the numba engine covers mamba2 and gdn)"
-    if cfg.model.family == "gdn" and cfg.replay.buffer_dtype not in ("fp32", "fp64"):
-        return (f"replay.buffer_dtype={cfg.replay.buffer_dtype} with gdn (the numba engine "
-                "keeps a GDN buffer in fp32)")
+    fam = FAMILIES.get(cfg.model.family)
+    if fam is None or fam.KERNEL not in JIT:
+        return (f"model.family={cfg.model.family} (the numba engine covers "
+                f"{' and '.join(JIT)})")
+    if fam.DELTA_RULE and cfg.replay.buffer_dtype not in ("fp32", "fp64"):
+        return (f"replay.buffer_dtype={cfg.replay.buffer_dtype} with {cfg.model.family} (the "
+                "numba engine keeps a delta-rule buffer in fp32)")
     if cfg.formats.sr_source != "hash":
         return f"formats.sr_source={cfg.formats.sr_source} (the numba engine draws hash bits)"
     if cfg.formats.rotate:
@@ -107,15 +112,15 @@ def supports(cfg: Config, device: str = "cpu") -> str | None:
     return None
 
 
-def task_function(gdn: bool | None, consts: tuple[int, ...] | None):
+def task_function(kernel: str | None, consts: tuple[int, ...] | None):
     """The compiled task of the float64 truth (``consts`` None) or of a scheme of
-    :func:`scheme_consts` ``consts``, Mamba-2 or (``gdn``) Gated DeltaNet; ``gdn`` None: the
-    window's row statistics (``row_stats``)."""
-    if gdn is None:
+    :func:`scheme_consts` ``consts``, of the family whose ``KERNEL`` is ``kernel`` (:data:`JIT`);
+    ``kernel`` None: the window's row statistics (``row_stats``)."""
+    if kernel is None:
         return row_stats
     if consts is None:
-        return jit_gdn.truth_task if gdn else jit_mamba2.truth_task
-    return (jit_gdn if gdn else jit_mamba2).scheme_task(tuple(consts))
+        return JIT[kernel].truth_task
+    return JIT[kernel].scheme_task(tuple(consts))
 
 
 def row_stats_signature() -> tuple:
@@ -129,13 +134,13 @@ def row_stats_signature() -> tuple:
 
 def compile_tasks() -> None:
     """A helper process's work (:func:`precsim.engines.numba_host.compile_ahead`): compile the
-    functions read from stdin (a pickled list of :func:`task_function`'s ``(gdn, consts)`` and
-    a signature) into numba's cache."""
+    functions read from stdin (a pickled list of :func:`task_function`'s ``(kernel, consts)``
+    and a signature) into numba's cache."""
     import pickle
     import sys
 
-    for gdn, consts, sig in pickle.load(sys.stdin.buffer):
-        task_function(gdn, consts).compile(sig)
+    for kernel, consts, sig in pickle.load(sys.stdin.buffer):
+        task_function(kernel, consts).compile(sig)
 
 
 def task_order(codes: np.ndarray, heads: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from precsim import formats as pf
 
 from ..checkpoint import Checkpoint
 from ..config import Config
-from ..families import decays
+from ..families import decays, get_family
 from ..families.base import step_dots
 from ..metrics import Accumulator, Readout
 from ..schemes import build_schemes
@@ -246,7 +246,8 @@ class NumbaEngine(Engine):
         for i, s in enumerate(schemes):
             if s.cfg.rounding == "sr":
                 keys[i] = event_keys(cfg.run.seed, s.name, ev if not s.replay else flush_ev, 0)[1]
-        gdn = cfg.model.family == "gdn"
+        fam = get_family(cfg.model.family)
+        gdn = fam.DELTA_RULE  # the host's delta-rule terms (prepare_gdn), no per-head A
         A64 = None if gdn else np.asarray(wl.params["A"], dtype=np.float64)
         D = wl.params.get("D")
         D64 = torch.as_tensor(D, dtype=torch.float64) if D is not None else None
@@ -277,7 +278,7 @@ class NumbaEngine(Engine):
             x_t = torch.from_numpy(raw["x"]).to(torch.float32)
             B_t = torch.from_numpy(raw["B"]).to(torch.float32)
             C_t = torch.from_numpy(raw["C"]).to(torch.float32)
-            dec = decays("mamba2", raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
+            dec = decays(cfg.model.family, raw_t, {"A": torch.as_tensor(A64)}, torch.float32,
                          cfg.model.decay_exp)  # the torch engine's decays
             xb, Bb = x_t, B_t
             if bufdt not in ("fp32", "fp64"):
@@ -306,7 +307,7 @@ class NumbaEngine(Engine):
             float32, the decays and the segments' input-only matrices (:func:`_gdn_terms`)."""
             n = t1 - t0
             f32 = {k: torch.from_numpy(raw[k]).to(torch.float32) for k in ("beta", "q", "k", "v")}
-            dec = decays("gdn", raw_t, {}, torch.float32, cfg.model.decay_exp)
+            dec = decays(cfg.model.family, raw_t, {}, torch.float32, cfg.model.decay_exp)
             gam, Am, Mm, wlast = _gdn_terms(dec["la"], f32["q"], f32["k"], lens(t0, t1), L, Sq, H)
 
             def flat(a, *tail):
@@ -324,7 +325,7 @@ class NumbaEngine(Engine):
                     "args": args, "next": itertools.count()}
 
         # each task's compiled function: the truth's (slot 0), its scheme's kind and formats
-        tasks = [(gdn, None), *((gdn, scheme_consts(c)) for c in codes)]
+        tasks = [(fam.KERNEL, None), *((fam.KERNEL, scheme_consts(c)) for c in codes)]
         fns = [task_function(*k) for k in tasks]
         calls = [(fns[t % (ns + 1)], t) for t in task_order(codes, SH).tolist()]
         ntask = len(calls)

@@ -172,18 +172,19 @@ def _replay_step(fam, buf, R, M, inp, i, bround, u_master):
     """Append step i to the buffer and return its output by output-only evaluation.
 
     A buffer entry is ``(log-decay, weight, value, key)``: Mamba-2 ``(dt A, dt, x, B)``, GDN
-    ``(g, None, u, k)`` (no weight).
+    ``(g, None, u, k)`` (no weight: a delta-rule family's ``WEIGHT`` scales ``u`` itself).
     """
+    f = get_family(fam)
     la = inp["la"][i]
-    if fam == "mamba2":
-        buf.append((la, inp["dt"][i], bround(inp["x"][i]), bround(inp["B"][i])))
-        return _read(R, inp["C"][i], np.stack([e[0] for e in buf]), buf)
-    k = bround(inp["k"][i])
+    if not f.DELTA_RULE:
+        buf.append((la, inp[f.WEIGHT][i], bround(inp[f.VALUE][i]), bround(inp[f.KEY][i])))
+        return _read(R, inp[f.QUERY][i], np.stack([e[0] for e in buf]), buf)
+    k = bround(inp[f.KEY][i])
     logs = np.stack([e[0] for e in buf] + [la])  # the buffer's log-decays, then this step's
     # alpha_t S_{t-1} k_t from the checkpoint and the buffer, without building the state
     Sk = _read(M if u_master else R, k, logs, buf)
-    buf.append((la, None, bround(inp["beta"][i][..., None] * (inp["v"][i] - Sk)), k))
-    return _read(R, inp["q"][i], logs, buf)
+    buf.append((la, None, bround(inp[f.WEIGHT][i][..., None] * (inp[f.VALUE][i] - Sk)), k))
+    return _read(R, inp[f.QUERY][i], logs, buf)
 
 
 def _weights(logs, buf):

@@ -135,8 +135,6 @@ class TritonEngine(Engine):
             runtime_codes = runtime_codes_default(opt.sweep_blocks is not None)
         if lanes is None:  # runtime codes: one kernel's code serves every scheme anyway
             lanes = LANES and not runtime_codes
-        from precsim.kernels import gdn as gdn_kernels
-        from precsim.kernels import mamba2 as mamba2_kernels
         from precsim.kernels.codes import dispatch_order, slot_cost
         from precsim.kernels.inputs import exp_f32
         from precsim.kernels.metrics import NO_STEP, drift_from_partials, drift_partials, row_stats
@@ -333,7 +331,7 @@ class TritonEngine(Engine):
                          sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
                          scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
                          u_master=cfg.replay.gdn_u_source == "master",
-                         kernels=(mamba2_kernels, gdn_kernels), order=dispatch_order,
+                         kernels=kernel_sets(), order=dispatch_order,
                          runtime=runtime_codes)
         # lanes: each launch group on a stream of its own, the costliest first (slot_cost)
         lane_streams = [torch.cuda.Stream(device=dev, priority=-5 if priority else 0)
@@ -630,9 +628,27 @@ def launch_span(fam, inp, S64, st, rd, y64, y32, k1, ph, k0, idx, codes, truth, 
                   total=steps, slots=idx, codes=list(codes), truth=truth, blk=blk or min(16, N),
                   LB=LB, buf=buf, sfloor=sfloor, scope=scope, order=order(truth, list(codes), lpt),
                   num_warps=nw, maxnreg=maxnreg, ef=ef, efs=efs, runtime=runtime, warmup=warmup)
-    m2, gdn = kernels
-    if fam == "mamba2":
-        return m2.launch(dt=inp["dt"], a64=inp["_a64"], a32=inp["_a32"], dA32=inp["_dA32"],
-                         x=inp["x"], B=inp["B"], C=inp["C"], heads=H, **common)
-    return gdn.launch(a64=inp["_a64"], a32=inp["_a32"], g32=inp["_dA32"], beta=inp["beta"],
-                      q=inp["q"], k=inp["k"], v=inp["v"], u_master=u_master, **common)
+    kern = get_family(fam).KERNEL
+    return kernels[kern].launch(**LAUNCH_INPUTS[kern](inp, H, u_master), **common)
+
+
+def kernel_sets() -> dict:
+    """The Triton kernel modules by a family's ``KERNEL`` (:mod:`precsim.families`): what
+    :func:`launch_span`'s ``kernels`` takes."""
+    from precsim.kernels import gdn, mamba2
+
+    return {"mamba2": mamba2, "gdn": gdn}
+
+
+def _mamba2_inputs(inp: dict, H: int, u_master: bool) -> dict:
+    return dict(dt=inp["dt"], a64=inp["_a64"], a32=inp["_a32"], dA32=inp["_dA32"], x=inp["x"],
+                B=inp["B"], C=inp["C"], heads=H)
+
+
+def _gdn_inputs(inp: dict, H: int, u_master: bool) -> dict:
+    return dict(a64=inp["_a64"], a32=inp["_a32"], g32=inp["_dA32"], beta=inp["beta"],
+                q=inp["q"], k=inp["k"], v=inp["v"], u_master=u_master)
+
+
+# a kernel set's launch inputs from a window's (inputs, heads, u from the master), by ``KERNEL``
+LAUNCH_INPUTS = {"mamba2": _mamba2_inputs, "gdn": _gdn_inputs}

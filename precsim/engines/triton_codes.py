@@ -9,6 +9,7 @@ from precsim import formats as pf
 
 from ..config import Config, ef_fmt
 from ..errors import PrecsimError
+from ..families import get_family
 
 # the replay buffer's dtype as the kernels' BUF code
 BUF_IDS = {"fp32": 0, "fp64": 0, "bf16": 1, "fp16": 2}
@@ -53,7 +54,7 @@ def unsupported_reason(cfg: Config) -> str | None:
     r, m = cfg.replay, cfg.model
     if cfg.run.compute_dtype != "fp32":
         return f"run.compute_dtype={cfg.run.compute_dtype} (kernels compute in fp32)"
-    if m.family == "gdn" and r.gdn_u_source not in ("read", "master"):
+    if get_family(m.family).DELTA_RULE and r.gdn_u_source not in ("read", "master"):
         return f"replay.gdn_u_source={r.gdn_u_source}"
     two_level = any(pf.get(f).kind == "block" and getattr(pf.get(f), "two_level", False)
                     for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt) if f)

@@ -22,6 +22,9 @@ SKIP = None  # no per-head skip parameter
 DECAY_INPUT, VALUE, KEY, QUERY = "g", "v", "k", "q"
 GROUPED = ("q", "k")  # a trace may keep key heads (head h reads h // (H / G))
 KERNEL_GROUPS = False  # engines expand q/k per head (model.groups stays 1)
+KERNEL = "gdn"  # the compiled code's name (see mamba2.py)
+DELTA_RULE = True  # u_t = beta_t (v_t - a_t S_{t-1} k_t) reads the state (see mamba2.py)
+WEIGHT = "beta"  # the (steps, heads) input that scales a step's write: u = beta (v - a S k)
 
 
 def state_dims(model) -> tuple[int, int]:

@@ -22,6 +22,12 @@ SKIP = "D"  # an optional per-head parameter: y_t += D x_t (None: no skip)
 DECAY_INPUT, VALUE, KEY, QUERY = "dt", "x", "B", "C"
 GROUPED = ("B", "C")  # inputs a trace may hold per group of heads (head h reads h // (H / G))
 KERNEL_GROUPS = True  # the kernels read GROUPED per group (model.groups); else expanded per head
+# the compiled code's name: the engines' kernel sets (numba_jit.mamba2, kernels.mamba2) by it
+KERNEL = "mamba2"
+# whether the update reads the state (a delta rule: u_t = f(S_{t-1}), replay.gdn_u_source); a
+# plain outer-product update buffers its inputs and builds no state-size term per step
+DELTA_RULE = False
+WEIGHT = "dt"  # the (steps, heads) input that scales a step's write: S += dt x B^T
 
 
 def state_dims(model) -> tuple[int, int]:

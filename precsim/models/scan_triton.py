@@ -27,15 +27,13 @@ DRIFT_EVERY = 2048  # tokens between drift samples at least (launch windows)
 
 
 def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
-    from precsim.kernels import gdn as gdn_k
-    from precsim.kernels import mamba2 as m2_k
     from precsim.kernels.codes import dispatch_order
     from precsim.kernels.inputs import exp_f32
     from precsim.kernels.quant import SCOPE_MATRIX, SCOPE_NONE, as_int32, scale_flags
     from precsim.kernels.rng import event_keys
 
     from ..engines.base import segment_phase
-    from ..engines.triton import launch_span
+    from ..engines.triton import kernel_sets, launch_span
     from ..engines.triton_codes import BUF_IDS, ef_code, scheme_block, scheme_code
 
     fam = step.family
@@ -87,7 +85,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     kw = dict(lpt=True, buf=BUF_IDS[cfg.replay.buffer_dtype],
               sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
               scope=SCOPE_NONE if cfg.formats.tensor_scope == "none" else SCOPE_MATRIX,
-              u_master=cfg.replay.gdn_u_source == "master", kernels=(m2_k, gdn_k),
+              u_master=cfg.replay.gdn_u_source == "master", kernels=kernel_sets(),
               order=dispatch_order)
     out = torch.empty((T, b, H, P), dtype=torch.float32, device=dev)
     # a launch per window of at least DRIFT_EVERY tokens (whole segments); the state drift is

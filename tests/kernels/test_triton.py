@@ -451,9 +451,7 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
     a plain NumPy loop (2 sequences x 4 heads, 2 groups of B/C, 7 steps), outputs and final
     states."""
     import precsim.kernels.mamba2 as m2_k
-    from precsim.kernels import gdn as gdn_k
-
-    from precsim.engines.triton import launch_span
+    from precsim.engines.triton import kernel_sets, launch_span
 
     monkeypatch.setattr(m2_k, "TRUTH_ROWS", rows)
     rng = np.random.default_rng(5)
@@ -495,7 +493,7 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
     k1 = torch.zeros((1, n), dtype=torch.int32, device=dev)
     launch_span(family, tin, S64, z, z.clone(), y64, z.new_empty((1, n, S * H, P)), k1, ph, 0, [],
             [], True, 0, n, n, H, 16, 16, 4, None, lpt=True, buf=0, sfloor=0, scope=0,
-            u_master=False, kernels=(m2_k, gdn_k), order=lambda *a_: 0)
+            u_master=False, kernels=kernel_sets(), order=lambda *a_: 0)
     np.testing.assert_allclose(y64.cpu().numpy(), want_y, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(S64.cpu().numpy(), want, rtol=1e-12, atol=1e-12)
 
