@@ -21,15 +21,10 @@ from precsim import formats as pf
 from .config import Config
 from .errors import PrecsimError
 from .families import FAMILIES, family_of, grouped_keys
+from .families.base import inv_softplus  # noqa: F401 - its former home (re-exported)
 
-TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4, "g": 5, "beta": 6, "q": 7, "k": 8, "v": 9}
-
-MAMBA2_KEYS = {"A": 1, "dt": 2, "x": 3, "B": 3, "C": 3}
-GDN_KEYS = {"g": 2, "beta": 2, "q": 3, "k": 3, "v": 3}
-
-
-def inv_softplus(y):
-    return y + np.log(-np.expm1(-y))
+# the synthetic inputs' random streams (normals' tag), every family's
+TAGS = {k: t for f in FAMILIES.values() for k, t in f.TAGS.items()}
 
 
 class Workload:
@@ -61,25 +56,8 @@ class RandomWorkload(Workload):
         rng = np.random.default_rng([self.seed, 0xC0FFEE])
         H = self.H
         n_long = int(round(cfg.workload.long_memory_frac * H)) if style == "seed_article" else 0
-        if self.family == "mamba2":
-            if style == "seed_article":
-                # the article's experiment: slow decay everywhere, very slow on long-memory heads
-                A = -np.exp(rng.uniform(np.log(1e-2), np.log(1.0), H))
-                A[:n_long] = -np.exp(rng.uniform(np.log(1e-4), np.log(1e-3), n_long))
-                self.params = {"A": A, "dt_bias": np.zeros(H)}
-            else:
-                A = -rng.uniform(1.0, 16.0, H)  # mamba_ssm: A ~ U[1,16], stored as A_log
-                dt0 = np.maximum(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)), 1e-4)
-                self.params = {"A": A, "dt_bias": inv_softplus(dt0)}
-        else:
-            A = rng.uniform(1.0, 16.0, H)  # GDN: A_log = log U[1,16] (fla / HF init)
-            dt0 = np.maximum(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)), 1e-4)
-            dt_bias = inv_softplus(dt0)
-            if style == "seed_article":
-                A = np.exp(rng.uniform(np.log(1e-2), np.log(1.0), H))
-                A[:n_long] = np.exp(rng.uniform(np.log(1e-4), np.log(1e-3), n_long))
-                dt_bias = np.zeros(H)
-            self.params = {"A_log": np.log(A), "dt_bias": dt_bias}
+        # the family's initialisation (seed_article: the article's slow decays)
+        self.params = FAMILIES[self.family].random_params(rng, H, style, n_long)
         self.device = torch.device(device)
         self.p = {k: torch.as_tensor(v, dtype=torch.float64, device=self.device)
                   for k, v in self.params.items()}
@@ -94,41 +72,19 @@ class RandomWorkload(Workload):
         The transforms run in NumPy on the CPU (its elementwise functions give the same bits at
         every position, so chunking never changes a value; torch's vectorised CPU kernels do
         not) and in torch on CUDA, with the same formulas."""
-        S, H, P, N, G = self.S, self.H, self.P, self.N, self.G
         cpu = self.device.type == "cpu"
         xp = np if cpu else torch
         p = self.params if cpu else self.p
-
-        def softplus(x):
-            return xp.logaddexp(x * 0.0, x)
-
-        def unit(x):  # x / ||x||_2 over the last axis
-            return x / xp.sqrt((x * x).sum(-1))[..., None]
-
-        if self.family == "mamba2":
-            z = self._z("dt", (S, H), t0, t1)
-            if self.style == "seed_article":
-                dt, bc = softplus(z), 1.0 / math.sqrt(N)
-            else:
-                dt, bc = softplus(self.dt_noise * z + p["dt_bias"]), 1.0
-            out = {"dt": dt, "x": self._z("x", (S, H, P), t0, t1),
-                   "B": self._z("B", (S, G, N), t0, t1) * bc,
-                   "C": self._z("C", (S, G, N), t0, t1) * bc}
-        else:
-            raw = self._z("g", (S, H), t0, t1)
-            g = -xp.exp(p["A_log"]) * softplus(self.dt_noise * raw + p["dt_bias"])
-            beta = 1.0 / (1.0 + xp.exp(-self._z("beta", (S, H), t0, t1)))
-            q = unit(self._z("q", (S, H, N), t0, t1)) / math.sqrt(N)  # L2 norm, then 1/sqrt(K)
-            k = unit(self._z("k", (S, H, N), t0, t1))
-            out = {"g": g, "beta": beta, "q": q, "k": k, "v": self._z("v", (S, H, P), t0, t1)}
+        out = FAMILIES[self.family].random_inputs(
+            self, lambda key, tail: self._z(key, tail, t0, t1), p, xp)
         return {k: torch.from_numpy(v) for k, v in out.items()} if cpu else out
 
     def trace(self, t0: int, t1: int, seq: int = 0) -> dict:
         """One sequence's inputs as a trace dict (``precsim.oracle.decode``), NumPy float64."""
         c = {k: v[:, seq].cpu().numpy() for k, v in expand_groups(self.chunk(t0, t1),
                                                                    self.H).items()}
-        if self.family == "mamba2":
-            c["A"] = np.asarray(self.params["A"], dtype=np.float64)
+        for k in FAMILIES[self.family].PARAMS:  # the per-head constants the step takes
+            c[k] = np.asarray(self.params[k], dtype=np.float64)
         return c
 
 
@@ -283,17 +239,18 @@ def trace_dims(d: dict, family: str) -> tuple[int, int, int]:
 
 def validate_trace(data: dict, where: str = "trace") -> dict:
     """Check keys, shapes, dtypes and values of a trace dict; one-line PrecsimError on failure."""
-    if ("dt" in data or "A" in data) and "g" in data:
-        raise PrecsimError(f"{where}: keys {sorted(data)} name both families (Mamba-2's dt/A "
-                           f"and GDN's g); allowed: Mamba-2 {sorted(MAMBA2_KEYS)} (+D) or GDN "
-                           f"{sorted(GDN_KEYS)}")
-    if "dt" in data or "A" in data:
-        family, keys = "mamba2", MAMBA2_KEYS
-    elif "g" in data:
-        family, keys = "gdn", GDN_KEYS
-    else:
-        raise PrecsimError(f"{where}: keys {sorted(data)} name no family; allowed: Mamba-2 "
-                           f"{sorted(MAMBA2_KEYS)} (+D) or GDN {sorted(GDN_KEYS)}")
+    allowed = " or ".join(f"{f.SHORT} {sorted(f.TRACE_AXES)}" + (f" (+{f.SKIP})" if f.SKIP else "")
+                          for f in FAMILIES.values())
+    named = [(n, f) for n, f in FAMILIES.items() if any(k in data for k in f.MARKERS)]
+    if len(named) > 1:
+        which = " and ".join(f"{f.SHORT}'s {'/'.join(f.MARKERS)}" for _, f in named)
+        raise PrecsimError(f"{where}: keys {sorted(data)} name "
+                           f"{'both' if len(named) == 2 else len(named)} families ({which}); "
+                           f"allowed: {allowed}")
+    if not named:
+        raise PrecsimError(f"{where}: keys {sorted(data)} name no family; allowed: {allowed}")
+    family, fam = named[0]
+    keys = fam.TRACE_AXES
     for k, nd in keys.items():
         if k not in data:
             raise PrecsimError(f"{where}: missing key {k!r} for {family}; required: "
@@ -308,31 +265,7 @@ def validate_trace(data: dict, where: str = "trace") -> dict:
             raise PrecsimError(f"{where}: {k} has a non-finite value at index "
                                f"{tuple(int(i) for i in bad)}; "
                                "allowed: finite numbers")
-    if family == "mamba2":
-        T, H = data["dt"].shape
-        P, N = data["x"].shape[2], data["B"].shape[2]
-        G = _groups_of(data["B"], H, where, "B")
-        expect = {"A": (H,), "dt": (T, H), "x": (T, H, P), "B": (T, G, N), "C": (T, G, N)}
-        if "D" in data:
-            expect["D"] = (H,)
-            if data["D"].ndim != 1 or not np.isfinite(data["D"]).all():
-                raise PrecsimError(f"{where}: D must be finite with shape ({H},), got "
-                                   f"{data['D'].shape}")
-        if not (data["A"] < 0).all():
-            raise PrecsimError(f"{where}: A={data['A'].min():.3g}..{data['A'].max():.3g}; "
-                               "allowed: negative values (A = -exp(A_log))")
-        if not (data["dt"] > 0).all():
-            raise PrecsimError(f"{where}: dt has values <= 0; allowed: positive (after softplus)")
-    else:
-        T, H = data["g"].shape
-        K, V = data["k"].shape[2], data["v"].shape[2]
-        G = _groups_of(data["k"], H, where, "k")
-        expect = {"g": (T, H), "beta": (T, H), "q": (T, G, K), "k": (T, G, K), "v": (T, H, V)}
-        if not (data["g"] <= 0).all():
-            raise PrecsimError(f"{where}: g has values > 0; allowed: log-decay <= 0")
-        b = data["beta"]
-        if not ((b > 0) & (b < 1)).all():
-            raise PrecsimError(f"{where}: beta outside (0, 1); allowed: sigmoid outputs in (0,1)")
+    expect = fam.check_trace(data, where, _groups_of)  # the family's values and shapes
     for k, shp in expect.items():
         if tuple(data[k].shape) != shp:
             raise PrecsimError(f"{where}: {k} has shape {tuple(data[k].shape)}; expected {shp}")

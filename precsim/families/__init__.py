@@ -7,7 +7,16 @@ A family module (``mamba2.py``, ``gdn.py``) defines:
   skip parameter, or None), the inputs by role: ``DECAY_INPUT`` (``(steps, heads)``), ``VALUE``
   (the state's Dv axis), ``KEY`` (its Dk axis), ``QUERY`` (the readout), ``GROUPED`` (inputs a
   trace may hold per group of heads) and ``KERNEL_GROUPS`` (whether the engines read those per
-  group, ``model.groups``, or expanded per head);
+  group, ``model.groups``, or expanded per head), ``KERNEL`` (the name of its compiled code:
+  each engine maps it to its kernel set, e.g. ``numba.JIT``, ``triton.kernel_sets()``),
+  ``DELTA_RULE`` (whether the update reads the state, as GDN's ``u_t``: the buffer then holds
+  run-time values and ``replay.gdn_u_source`` applies), ``WEIGHT`` (the ``(steps, heads)`` input
+  scaling a step's write), ``SHORT`` (its name in one-line messages);
+* traces and synthetic inputs: ``MARKERS`` (keys that make a trace this family's, see
+  :func:`family_of`), ``TRACE_AXES`` (its arrays and their axes), ``check_trace(data, where,
+  groups_of)`` (values checked, expected shapes returned), ``TAGS`` (the synthetic inputs'
+  random streams), ``random_params(rng, H, style, n_long)`` and ``random_inputs(w, z, p, xp)``
+  (the synthetic workload);
 * ``step(S, inp)``: **the** recurrence, one token, written once with operations NumPy and torch
   share, so it is the float64 oracle (:mod:`precsim.oracle`), the NumPy engine's step and the
   torch engine's conventional step alike. ``inp`` holds the token's inputs plus its decay ``a``;
@@ -47,8 +56,10 @@ def grouped_keys() -> tuple[str, ...]:
 
 
 def family_of(keys) -> str:
-    """The family whose input keys a trace dict holds."""
-    return "mamba2" if "dt" in keys or "A" in keys else "gdn"
+    """The family whose input keys a trace dict holds: the first in ``FAMILIES`` one of whose
+    ``MARKERS`` it has (gdn where none: :func:`precsim.workload.validate_trace` then names the
+    trace's fault)."""
+    return next((n for n, f in FAMILIES.items() if any(k in keys for k in f.MARKERS)), "gdn")
 
 
 def family_params(family: str, params: dict, device, dtype) -> dict:

@@ -1,5 +1,5 @@
-"""What the family modules share: the causal decay matrices of a ReplaySSM segment and the
-fixed-order key-axis dot products."""
+"""What the family modules share: the synthetic workloads' transforms, the causal decay matrices
+of a ReplaySSM segment and the fixed-order key-axis dot products."""
 
 from __future__ import annotations
 
@@ -7,6 +7,20 @@ import numpy as np
 import torch
 
 KEY_DOT_CHUNK = 1 << 24  # elements of one product tensor of :func:`key_dot`
+
+
+def inv_softplus(y):
+    return y + np.log(-np.expm1(-y))
+
+
+def softplus(xp, x):
+    """``log(1 + e^x)`` in the array library ``xp`` (NumPy or torch), as the workloads take it."""
+    return xp.logaddexp(x * 0.0, x)
+
+
+def unit(xp, x):
+    """``x / ||x||_2`` over the last axis (``xp``: NumPy or torch)."""
+    return x / xp.sqrt((x * x).sum(-1))[..., None]
 
 
 def decay_matrices(la: torch.Tensor):

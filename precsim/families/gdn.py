@@ -8,10 +8,13 @@ State ``(V, K)`` per head. :func:`step` is the one naive step (NumPy or torch, a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
-from .base import decay_matrices, key_dot, step_dots
+from ..errors import PrecsimError
+from .base import decay_matrices, inv_softplus, key_dot, softplus, step_dots, unit
 
 name = "gdn"
 LABEL = "Gated DeltaNet"  # the family's name in messages and reports
@@ -25,10 +28,53 @@ KERNEL_GROUPS = False  # engines expand q/k per head (model.groups stays 1)
 KERNEL = "gdn"  # the compiled code's name (see mamba2.py)
 DELTA_RULE = True  # u_t = beta_t (v_t - a_t S_{t-1} k_t) reads the state (see mamba2.py)
 WEIGHT = "beta"  # the (steps, heads) input that scales a step's write: u = beta (v - a S k)
+SHORT = "GDN"  # its name in one-line messages
+MARKERS = ("g",)  # keys that make a trace this family's
+TRACE_AXES = {"g": 2, "beta": 2, "q": 3, "k": 3, "v": 3}  # a trace's arrays and their axes
+TAGS = {"g": 5, "beta": 6, "q": 7, "k": 8, "v": 9}  # the synthetic inputs' random streams
 
 
 def state_dims(model) -> tuple[int, int]:
     return model.head_dim, model.state_dim
+
+
+def random_params(rng, H: int, style: str, n_long: int) -> dict:
+    """The synthetic workload's per-head constants (see mamba2.py): fla's / HF's
+    initialisation, or the article's slow decays (``seed_article``)."""
+    A = rng.uniform(1.0, 16.0, H)  # GDN: A_log = log U[1,16] (fla / HF init)
+    dt0 = np.maximum(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)), 1e-4)
+    dt_bias = inv_softplus(dt0)
+    if style == "seed_article":
+        A = np.exp(rng.uniform(np.log(1e-2), np.log(1.0), H))
+        A[:n_long] = np.exp(rng.uniform(np.log(1e-4), np.log(1e-3), n_long))
+        dt_bias = np.zeros(H)
+    return {"A_log": np.log(A), "dt_bias": dt_bias}
+
+
+def random_inputs(w, z, p: dict, xp) -> dict:
+    """One chunk of the synthetic workload (see mamba2.py): q and k L2-normalised, q scaled by
+    1/sqrt(K)."""
+    S, H, P, N = w.S, w.H, w.P, w.N
+    raw = z("g", (S, H))
+    g = -xp.exp(p["A_log"]) * softplus(xp, w.dt_noise * raw + p["dt_bias"])
+    beta = 1.0 / (1.0 + xp.exp(-z("beta", (S, H))))
+    q = unit(xp, z("q", (S, H, N))) / math.sqrt(N)  # L2 norm, then 1/sqrt(K)
+    k = unit(xp, z("k", (S, H, N)))
+    return {"g": g, "beta": beta, "q": q, "k": k, "v": z("v", (S, H, P))}
+
+
+def check_trace(data: dict, where: str, groups_of) -> dict:
+    """A trace's values checked; its arrays' expected shapes (see mamba2.py)."""
+    T, H = data["g"].shape
+    K, V = data["k"].shape[2], data["v"].shape[2]
+    G = groups_of(data["k"], H, where, "k")
+    expect = {"g": (T, H), "beta": (T, H), "q": (T, G, K), "k": (T, G, K), "v": (T, H, V)}
+    if not (data["g"] <= 0).all():
+        raise PrecsimError(f"{where}: g has values > 0; allowed: log-decay <= 0")
+    b = data["beta"]
+    if not ((b > 0) & (b < 1)).all():
+        raise PrecsimError(f"{where}: beta outside (0, 1); allowed: sigmoid outputs in (0,1)")
+    return expect
 
 
 def log_decay(inp: dict, params: dict):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from .base import decay_matrices
+from ..errors import PrecsimError
+from .base import decay_matrices, inv_softplus, softplus
 
 name = "mamba2"
 LABEL = "Mamba-2"  # the family's name in messages and reports
@@ -28,10 +30,61 @@ KERNEL = "mamba2"
 # plain outer-product update buffers its inputs and builds no state-size term per step
 DELTA_RULE = False
 WEIGHT = "dt"  # the (steps, heads) input that scales a step's write: S += dt x B^T
+SHORT = "Mamba-2"  # its name in one-line messages
+MARKERS = ("dt", "A")  # keys that make a trace this family's
+TRACE_AXES = {"A": 1, "dt": 2, "x": 3, "B": 3, "C": 3}  # a trace's arrays and their axes
+TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4}  # the synthetic inputs' random streams (workload.normals)
 
 
 def state_dims(model) -> tuple[int, int]:
     return model.head_dim, model.state_dim
+
+
+def random_params(rng, H: int, style: str, n_long: int) -> dict:
+    """The synthetic workload's per-head constants (NumPy's ``rng``): mamba_ssm's
+    initialisation, or (``seed_article``) the article's slow decay everywhere, very slow on the
+    first ``n_long`` heads."""
+    if style == "seed_article":
+        A = -np.exp(rng.uniform(np.log(1e-2), np.log(1.0), H))
+        A[:n_long] = -np.exp(rng.uniform(np.log(1e-4), np.log(1e-3), n_long))
+        return {"A": A, "dt_bias": np.zeros(H)}
+    A = -rng.uniform(1.0, 16.0, H)  # mamba_ssm: A ~ U[1,16], stored as A_log
+    dt0 = np.maximum(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), H)), 1e-4)
+    return {"A": A, "dt_bias": inv_softplus(dt0)}
+
+
+def random_inputs(w, z, p: dict, xp) -> dict:
+    """One chunk of the synthetic workload ``w`` (its ``S, H, P, N, G``, ``style``,
+    ``dt_noise``): ``z(key, tail)`` an input's standard normals, ``p`` the per-head constants,
+    ``xp`` the array library (NumPy or torch)."""
+    S, H, P, N, G = w.S, w.H, w.P, w.N, w.G
+    z_dt = z("dt", (S, H))
+    if w.style == "seed_article":
+        dt, bc = softplus(xp, z_dt), 1.0 / math.sqrt(N)
+    else:
+        dt, bc = softplus(xp, w.dt_noise * z_dt + p["dt_bias"]), 1.0
+    return {"dt": dt, "x": z("x", (S, H, P)), "B": z("B", (S, G, N)) * bc,
+            "C": z("C", (S, G, N)) * bc}
+
+
+def check_trace(data: dict, where: str, groups_of) -> dict:
+    """A trace's values checked (one-line PrecsimError); returns each array's expected shape.
+    ``groups_of(a, H, where, key)``: the group count of a grouped input."""
+    T, H = data["dt"].shape
+    P, N = data["x"].shape[2], data["B"].shape[2]
+    G = groups_of(data["B"], H, where, "B")
+    expect = {"A": (H,), "dt": (T, H), "x": (T, H, P), "B": (T, G, N), "C": (T, G, N)}
+    if "D" in data:
+        expect["D"] = (H,)
+        if data["D"].ndim != 1 or not np.isfinite(data["D"]).all():
+            raise PrecsimError(f"{where}: D must be finite with shape ({H},), got "
+                               f"{data['D'].shape}")
+    if not (data["A"] < 0).all():
+        raise PrecsimError(f"{where}: A={data['A'].min():.3g}..{data['A'].max():.3g}; "
+                           "allowed: negative values (A = -exp(A_log))")
+    if not (data["dt"] > 0).all():
+        raise PrecsimError(f"{where}: dt has values <= 0; allowed: positive (after softplus)")
+    return expect
 
 
 def log_decay(inp: dict, params: dict):
