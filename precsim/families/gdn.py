@@ -32,6 +32,11 @@ SHORT = "GDN"  # its name in one-line messages
 MARKERS = ("g",)  # keys that make a trace this family's
 TRACE_AXES = {"g": 2, "beta": 2, "q": 3, "k": 3, "v": 3}  # a trace's arrays and their axes
 TAGS = {"g": 5, "beta": 6, "q": 7, "k": 8, "v": 9}  # the synthetic inputs' random streams
+# transformers (see mamba2.py): mixer and model classes, the hooked functions, (heads, Dv, Dk)
+HF_MIXERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
+HF_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+HF_HOOKED = ("torch_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule")
+HF_DIMS = ("num_v_heads", "head_v_dim", "head_k_dim")
 
 
 def state_dims(model) -> tuple[int, int]:
@@ -135,3 +140,37 @@ def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
     if out_from_fold:
         Y[-1] = key_dot(fold, q[-1])
     return Y, fold
+
+
+def hf_inputs(a: dict, recurrent: bool, l2norm) -> tuple[dict, dict, torch.Tensor | None]:
+    """GDN inputs as the transformers function uses them: float32 (float64 under a float64
+    model), q/k per key head (a value head reads key head ``h // (Hv/Hk)``, as B/C's groups in
+    Mamba-2; expanded by ``workload.expand_groups``), L2-normalised when the model asks, q
+    scaled by 1/sqrt(K). State ``(b, H, V, K)`` (transformers keeps ``(b, H, K, V)``)."""
+    q, k, v = a["query"], a["key"], a["value"]
+    wide = torch.float64 if v.dtype == torch.float64 else torch.float32
+    q, k, v = (t.transpose(0, 1).to(wide) for t in (q, k, v))  # q/k per key head (group)
+    if a.get("use_qk_l2norm_in_kernel"):
+        norm = l2norm or (lambda x, dim, eps: x * torch.rsqrt((x * x).sum(dim, True) + eps))
+        q, k = norm(q, dim=-1, eps=1e-6), norm(k, dim=-1, eps=1e-6)
+    q = q / (q.shape[-1] ** 0.5)
+    inp = {"g": a["g"].transpose(0, 1).to(wide), "beta": a["beta"].transpose(0, 1).to(wide),
+           "q": q, "k": k, "v": v}
+    st = a.get("initial_state")
+    state = st.transpose(-1, -2).to(wide).clone() if st is not None else None
+    return inp, {}, state
+
+
+def hf_parse(recurrent: bool, a: dict, raw) -> tuple:
+    """The transformers function's own ``(y (T,b,H,V), state (b,H,V,K) or None)``."""
+    out, st = raw
+    return out.transpose(0, 1), (st.transpose(-1, -2) if st is not None else None)
+
+
+def hf_build(recurrent: bool, a: dict, y: torch.Tensor, state):
+    """The transformers function's return value from ``(y, state)``; ``state`` None: zeros."""
+    if state is None:
+        state = y.new_zeros((*y.shape[1:], a["key"].shape[-1]))
+    out = y.transpose(0, 1).to(a["query"].dtype)
+    st = state.transpose(-1, -2).float() if a.get("output_final_state") else None
+    return out, st

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..errors import PrecsimError
 from .base import decay_matrices, inv_softplus, softplus
@@ -34,6 +35,15 @@ SHORT = "Mamba-2"  # its name in one-line messages
 MARKERS = ("dt", "A")  # keys that make a trace this family's
 TRACE_AXES = {"A": 1, "dt": 2, "x": 3, "B": 3, "C": 3}  # a trace's arrays and their axes
 TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4}  # the synthetic inputs' random streams (workload.normals)
+# transformers (precsim.models): the mixer and model classes of this family (all tested,
+# tests/app/test_models.py), the module-level functions the mixers call (one decode token, a
+# whole chunk) that precsim.models.hook replaces, and the mixer's attributes (heads, Dv, Dk)
+HF_MIXERS = ("Mamba2Mixer", "NemotronHMamba2Mixer", "BambaMixer", "FalconH1Mixer",
+             "Zamba2MambaMixer", "GraniteMoeHybridMambaLayer")
+HF_ARCHITECTURES = ("Mamba2ForCausalLM", "NemotronHForCausalLM", "BambaForCausalLM",
+                    "FalconH1ForCausalLM", "Zamba2ForCausalLM", "GraniteMoeHybridForCausalLM")
+HF_HOOKED = ("mamba2_selective_state_update", "mamba2_chunk_scan")
+HF_DIMS = ("num_heads", "head_dim", "ssm_state_size")
 
 
 def state_dims(model) -> tuple[int, int]:
@@ -123,3 +133,62 @@ def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
     if out_from_fold:  # a flush step's output comes from the unrounded folded state
         Y[-1] = torch.einsum("shpn,shn->shp", fold, C[-1])
     return Y, fold
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def hf_inputs(a: dict, recurrent: bool, _l2norm=None) -> tuple[dict, dict, torch.Tensor | None]:
+    """``(inputs, constants, state before the call)`` of a transformers Mamba-2 function's
+    arguments ``a`` (precsim.models.hook's Step), its own dt arithmetic applied."""
+    bias, D = a.get("dt_bias"), a.get("D")
+    if recurrent:  # state (b,H,P,N), hidden_states (b,H,P), dt (b,H,P), A (H,P,N), B/C (b,G,N)
+        x, dt, A = a["hidden_states"][None], a["dt"][None, :, :, 0], a["A"][:, 0, 0]
+        bias, D = (None if t is None else t[:, 0] for t in (bias, D))
+        Bg, Cg = a["B"][None], a["C"][None]
+        state = a["state"]
+    else:  # hidden_states (b,l,H,P), dt (b,l,H), A (H,), B/C (b,l,G,N), initial_states (b,H,P,N)
+        x, dt, A = a["hidden_states"].transpose(0, 1), a["dt"].transpose(0, 1), a["A"]
+        Bg, Cg = a["B"].transpose(0, 1), a["C"].transpose(0, 1)
+        state = a.get("initial_states")
+    if bias is not None:
+        dt = dt + bias.to(dt.dtype)
+    if a.get("dt_softplus"):
+        dt = F.softplus(dt)
+    if not recurrent:  # the chunked function also clamps dt to dt_limit
+        lim = a.get("dt_limit", (0.0, float("inf")))
+        dt = torch.clamp(dt, min=lim[0], max=lim[1])
+    inp = {"dt": _wide(dt), "x": _wide(x), "B": _wide(Bg), "C": _wide(Cg)}
+    const = {"A": _wide(A.detach())}
+    if D is not None:
+        const["D"] = D.detach().to(inp["x"].dtype)
+    return inp, const, None if state is None else state.clone()
+
+
+def hf_parse(recurrent: bool, a: dict, raw) -> tuple:
+    """The transformers function's own ``(y (T,b,H,P), state (b,H,P,N) or None)`` from its
+    return value ``raw``."""
+    if recurrent:
+        return raw[None], a["state"].clone()
+    if isinstance(raw, tuple):
+        return raw[0].transpose(0, 1), raw[1]
+    return raw.transpose(0, 1), None
+
+
+def hf_build(recurrent: bool, a: dict, y: torch.Tensor, state):
+    """The transformers function's return value (and in-place cache update) from ``(y,
+    state)``; ``state`` None: zeros."""
+    if state is None:
+        state = y.new_zeros((*y.shape[1:], a["B"].shape[-1]))
+    if recurrent:
+        a["state"].copy_(state.to(a["state"].dtype))
+        out = y[0]
+        if a.get("z") is not None:
+            out = out * F.silu(a["z"])
+        return out.to(a["hidden_states"].dtype)
+    out = y.transpose(0, 1).to(torch.float64 if a["hidden_states"].dtype == torch.float64
+                               else torch.float32)
+    if a.get("return_final_states"):
+        return out, state.to(out.dtype)
+    return out

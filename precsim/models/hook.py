@@ -8,7 +8,9 @@ instance's ``forward`` is wrapped to say which layer is calling. The dispatcher 
 arguments into precsim's per-head inputs with a time axis (:class:`Step`: softplus + dt bias +
 clamping as the function applies them; GDN q/k expanded to the value heads, L2-normalised when
 the model asks, q scaled by 1/sqrt(K)) and hands them to a handler, which either runs the model's
-own function (recording, reference) or a precsim scheme.
+own function (recording, reference) or a precsim scheme. What is per family (the functions'
+names, their arguments, their return values) is the family module's (``HF_HOOKED``,
+``hf_inputs``, ``hf_parse``, ``hf_build``: :mod:`precsim.families`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import PrecsimError
 from ..families import FAMILIES
@@ -160,7 +161,7 @@ def _dispatcher(orig, fam: str, recurrent: bool, mod):
         b.apply_defaults()
         a = dict(b.arguments)
         a.update(a.pop("kwargs", {}) or {})
-        step = (mamba2_step if fam == "mamba2" else gdn_step)(a, recurrent, cur[1], l2norm)
+        step = _step(fam, a, recurrent, cur[1], l2norm)
         own: list = []  # [raw result, parsed y] once the model's own function ran
 
         def run_own():
@@ -177,86 +178,18 @@ def _dispatcher(orig, fam: str, recurrent: bool, mod):
     return dispatch
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.float64 else t.float()
-
-
-def mamba2_step(a: dict, recurrent: bool, layer: int, _l2norm=None) -> Step:
-    """The per-head inputs the Mamba-2 function is about to use (its own dt arithmetic)."""
-    bias, D = a.get("dt_bias"), a.get("D")
-    if recurrent:  # state (b,H,P,N), hidden_states (b,H,P), dt (b,H,P), A (H,P,N), B/C (b,G,N)
-        x, dt, A = a["hidden_states"][None], a["dt"][None, :, :, 0], a["A"][:, 0, 0]
-        bias, D = (None if t is None else t[:, 0] for t in (bias, D))
-        Bg, Cg = a["B"][None], a["C"][None]
-        state = a["state"]
-    else:  # hidden_states (b,l,H,P), dt (b,l,H), A (H,), B/C (b,l,G,N), initial_states (b,H,P,N)
-        x, dt, A = a["hidden_states"].transpose(0, 1), a["dt"].transpose(0, 1), a["A"]
-        Bg, Cg = a["B"].transpose(0, 1), a["C"].transpose(0, 1)
-        state = a.get("initial_states")
-    if bias is not None:
-        dt = dt + bias.to(dt.dtype)
-    if a.get("dt_softplus"):
-        dt = F.softplus(dt)
-    if not recurrent:  # the chunked function also clamps dt to dt_limit
-        lim = a.get("dt_limit", (0.0, float("inf")))
-        dt = torch.clamp(dt, min=lim[0], max=lim[1])
-    inp = {"dt": _wide(dt), "x": _wide(x), "B": _wide(Bg), "C": _wide(Cg)}
-    const = {"A": _wide(A.detach())}
-    if D is not None:
-        const["D"] = D.detach().to(inp["x"].dtype)
-    return Step(layer, "mamba2", inp, const, None if state is None else state.clone(),
-                recurrent)
-
-
-def gdn_step(a: dict, recurrent: bool, layer: int, l2norm) -> Step:
-    """GDN inputs as the function uses them: float32 (float64 under a float64 model), q/k per
-    key head (a value head reads key head ``h // (Hv/Hk)``, as B/C's groups in Mamba-2; expanded
-    by ``workload.expand_groups``), L2-normalised when the model asks, q scaled by 1/sqrt(K).
-    State ``(b, H, V, K)`` (transformers keeps ``(b, H, K, V)``)."""
-    q, k, v = a["query"], a["key"], a["value"]
-    wide = torch.float64 if v.dtype == torch.float64 else torch.float32
-    q, k, v = (t.transpose(0, 1).to(wide) for t in (q, k, v))  # q/k per key head (group)
-    if a.get("use_qk_l2norm_in_kernel"):
-        norm = l2norm or (lambda x, dim, eps: x * torch.rsqrt((x * x).sum(dim, True) + eps))
-        q, k = norm(q, dim=-1, eps=1e-6), norm(k, dim=-1, eps=1e-6)
-    q = q / (q.shape[-1] ** 0.5)
-    inp = {"g": a["g"].transpose(0, 1).to(wide), "beta": a["beta"].transpose(0, 1).to(wide),
-           "q": q, "k": k, "v": v}
-    st = a.get("initial_state")
-    state = st.transpose(-1, -2).to(wide).clone() if st is not None else None
-    return Step(layer, "gdn", inp, {}, state, recurrent)
+def _step(fam: str, a: dict, recurrent: bool, layer: int, l2norm) -> Step:
+    """The per-head inputs the model's function is about to use (the family's ``hf_inputs``)."""
+    inp, const, state = FAMILIES[fam].hf_inputs(a, recurrent, l2norm)
+    return Step(layer, fam, inp, const, state, recurrent)
 
 
 def _parse(fam: str, recurrent: bool, a: dict, raw) -> tuple:
     """The model's own ``(y (T,b,H,Dv), state (b,H,Dv,Dk) or None)`` from its return value."""
-    if fam == "mamba2":
-        if recurrent:
-            return raw[None], a["state"].clone()
-        if isinstance(raw, tuple):
-            return raw[0].transpose(0, 1), raw[1]
-        return raw.transpose(0, 1), None
-    out, st = raw
-    return out.transpose(0, 1), (st.transpose(-1, -2) if st is not None else None)
+    return FAMILIES[fam].hf_parse(recurrent, a, raw)
 
 
 def _build(fam: str, recurrent: bool, a: dict, y: torch.Tensor, state):
     """The function's return value (and in-place cache update) from a handler's (y, state);
     ``state`` None (a handler that keeps the states itself): the cache gets zeros."""
-    if state is None:
-        Dk = (a["B"] if fam == "mamba2" else a["key"]).shape[-1]
-        state = y.new_zeros((*y.shape[1:], Dk))
-    if fam == "mamba2":
-        if recurrent:
-            a["state"].copy_(state.to(a["state"].dtype))
-            out = y[0]
-            if a.get("z") is not None:
-                out = out * F.silu(a["z"])
-            return out.to(a["hidden_states"].dtype)
-        out = y.transpose(0, 1).to(torch.float64 if a["hidden_states"].dtype == torch.float64
-                                   else torch.float32)
-        if a.get("return_final_states"):
-            return out, state.to(out.dtype)
-        return out
-    out = y.transpose(0, 1).to(a["query"].dtype)
-    st = state.transpose(-1, -2).float() if a.get("output_final_state") else None
-    return out, st
+    return FAMILIES[fam].hf_build(recurrent, a, y, state)

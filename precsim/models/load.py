@@ -9,22 +9,13 @@ import numpy as np
 import torch
 
 from ..errors import PrecsimError
+from ..families import FAMILIES
 
-# mixer class name -> family; model class name -> family (all tested, tests/app/test_models.py)
-MIXERS = {
-    "Mamba2Mixer": "mamba2", "NemotronHMamba2Mixer": "mamba2", "BambaMixer": "mamba2",
-    "FalconH1Mixer": "mamba2", "Zamba2MambaMixer": "mamba2", "GraniteMoeHybridMambaLayer": "mamba2",
-    "Qwen3NextGatedDeltaNet": "gdn", "Qwen3_5GatedDeltaNet": "gdn",
-    "Qwen3_5MoeGatedDeltaNet": "gdn",
-}
-ARCHITECTURES = {
-    "Mamba2ForCausalLM": "mamba2", "NemotronHForCausalLM": "mamba2", "BambaForCausalLM": "mamba2",
-    "FalconH1ForCausalLM": "mamba2", "Zamba2ForCausalLM": "mamba2",
-    "GraniteMoeHybridForCausalLM": "mamba2",
-    "Qwen3NextForCausalLM": "gdn", "Qwen3_5ForCausalLM": "gdn", "Qwen3_5MoeForCausalLM": "gdn",
-}
-HOOKED = {"mamba2": ("mamba2_selective_state_update", "mamba2_chunk_scan"),
-          "gdn": ("torch_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule")}
+# mixer class name -> family; model class name -> family; family -> the hooked functions (the
+# family modules' HF_MIXERS, HF_ARCHITECTURES, HF_HOOKED)
+MIXERS = {c: n for n, f in FAMILIES.items() for c in f.HF_MIXERS}
+ARCHITECTURES = {c: n for n, f in FAMILIES.items() for c in f.HF_ARCHITECTURES}
+HOOKED = {n: f.HF_HOOKED for n, f in FAMILIES.items()}
 # the transformers releases CI tests (the lower bound and the latest); pyproject declares them
 TRANSFORMERS_RANGE = ((5, 17), (6, 0))
 # prompt ids used when the checkpoint has no tokenizer (and no ids are given)
@@ -200,9 +191,8 @@ def ssm_layers(model) -> list[tuple[int, torch.nn.Module, str]]:
 def layer_shape(model) -> tuple[str, int, int, int]:
     """``(family, heads, Dv, Dk)`` of the model's first SSM layer."""
     _, mixer, fam = ssm_layers(model)[0]
-    if fam == "mamba2":
-        return fam, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
-    return fam, mixer.num_v_heads, mixer.head_v_dim, mixer.head_k_dim
+    H, dv, dk = (getattr(mixer, k) for k in FAMILIES[fam].HF_DIMS)
+    return fam, H, dv, dk
 
 
 def input_device(model) -> torch.device:
