@@ -100,9 +100,9 @@ def test_every_cached_function_of_the_engine_is_keyed():
     assert len(keyed) >= 20
     assert all(d in keyed or isinstance(d._cache, NullCache) for d in dispatchers)
     consts = ne.scheme_consts(ne.scheme_codes(SchemeConfig("split", "fp16", "sr", "nvfp4")))
-    for gdn_ in (False, True):
-        assert cache.is_keyed(ne.task_function(gdn_, None), cache.KEY)
-        assert cache.is_keyed(ne.task_function(gdn_, consts), cache.KEY)
+    for kernel in ne.JIT:  # each family's KERNEL
+        assert cache.is_keyed(ne.task_function(kernel, None), cache.KEY)
+        assert cache.is_keyed(ne.task_function(kernel, consts), cache.KEY)
     assert cache.is_keyed(ne.task_function(None, None), cache.KEY)
     assert cache.is_keyed(quant.quantize_many(ne.fmt_code("nvfp4"), 8), cache.KEY)
 
