@@ -68,9 +68,9 @@ def main() -> None:
     calls: dict = collections.defaultdict(list)
     orig = host.task_function
 
-    def timing(gdn, consts):  # every task call timed (host.run looks task_function up per run)
-        fn = orig(gdn, consts)
-        if gdn is None:
+    def timing(kernel, consts):  # every task call timed (host.run looks task_function up per run)
+        fn = orig(kernel, consts)
+        if kernel is None:
             return fn
 
         class Timed:
