@@ -38,6 +38,7 @@ from .base import (
 )
 from .triton_codes import (
     BUF_IDS,
+    LAUNCH_INPUTS,
     ef_code,
     launch_groups,
     scheme_block,
@@ -638,17 +639,3 @@ def kernel_sets() -> dict:
     from precsim.kernels import gdn, mamba2
 
     return {"mamba2": mamba2, "gdn": gdn}
-
-
-def _mamba2_inputs(inp: dict, H: int, u_master: bool) -> dict:
-    return dict(dt=inp["dt"], a64=inp["_a64"], a32=inp["_a32"], dA32=inp["_dA32"], x=inp["x"],
-                B=inp["B"], C=inp["C"], heads=H)
-
-
-def _gdn_inputs(inp: dict, H: int, u_master: bool) -> dict:
-    return dict(a64=inp["_a64"], a32=inp["_a32"], g32=inp["_dA32"], beta=inp["beta"],
-                q=inp["q"], k=inp["k"], v=inp["v"], u_master=u_master)
-
-
-# a kernel set's launch inputs from a window's (inputs, heads, u from the master), by ``KERNEL``
-LAUNCH_INPUTS = {"mamba2": _mamba2_inputs, "gdn": _gdn_inputs}

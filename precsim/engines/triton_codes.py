@@ -45,6 +45,20 @@ def scheme_block(s) -> int:
     return blocks.pop() if blocks else 0
 
 
+def _mamba2_inputs(inp: dict, H: int, u_master: bool) -> dict:
+    return dict(dt=inp["dt"], a64=inp["_a64"], a32=inp["_a32"], dA32=inp["_dA32"], x=inp["x"],
+                B=inp["B"], C=inp["C"], heads=H)
+
+
+def _gdn_inputs(inp: dict, H: int, u_master: bool) -> dict:
+    return dict(a64=inp["_a64"], a32=inp["_a32"], g32=inp["_dA32"], beta=inp["beta"],
+                q=inp["q"], k=inp["k"], v=inp["v"], u_master=u_master)
+
+
+# a kernel set's launch inputs from a window's (inputs, heads, u from the master), by ``KERNEL``
+LAUNCH_INPUTS = {"mamba2": _mamba2_inputs, "gdn": _gdn_inputs}
+
+
 def _pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
@@ -54,7 +68,10 @@ def unsupported_reason(cfg: Config) -> str | None:
     r, m = cfg.replay, cfg.model
     if cfg.run.compute_dtype != "fp32":
         return f"run.compute_dtype={cfg.run.compute_dtype} (kernels compute in fp32)"
-    if get_family(m.family).DELTA_RULE and r.gdn_u_source not in ("read", "master"):
+    fam = get_family(m.family)
+    if fam.KERNEL not in LAUNCH_INPUTS:
+        return f"model.family={m.family} (no Triton kernels)"
+    if fam.DELTA_RULE and r.gdn_u_source not in ("read", "master"):
         return f"replay.gdn_u_source={r.gdn_u_source}"
     two_level = any(pf.get(f).kind == "block" and getattr(pf.get(f), "two_level", False)
                     for s in cfg.schemes.values() for f in (s.fmt, s.read_fmt) if f)

@@ -17,6 +17,10 @@ A family module (``mamba2.py``, ``gdn.py``) defines:
   groups_of)`` (values checked, expected shapes returned), ``TAGS`` (the synthetic inputs'
   random streams), ``random_params(rng, H, style, n_long)`` and ``random_inputs(w, z, p, xp)``
   (the synthetic workload);
+* transformers (:mod:`precsim.models`): ``HF_MIXERS``, ``HF_ARCHITECTURES`` (its classes),
+  ``HF_HOOKED`` (the functions the mixers call: one decode token, a chunk), ``HF_DIMS`` (the
+  mixer's attributes of heads, Dv, Dk), ``hf_inputs``, ``hf_parse``, ``hf_build`` (a hooked
+  call's arguments to precsim's inputs, its return value read and rebuilt);
 * ``step(S, inp)``: **the** recurrence, one token, written once with operations NumPy and torch
   share, so it is the float64 oracle (:mod:`precsim.oracle`), the NumPy engine's step and the
   torch engine's conventional step alike. ``inp`` holds the token's inputs plus its decay ``a``;
@@ -29,7 +33,8 @@ A family module (``mamba2.py``, ``gdn.py``) defines:
 Decays are computed once, in float64, by :func:`decays`: every engine's float32 decay is the
 correctly rounded float32 of the float64 decay (``decay_exp="exact"``), or the float32 ``exp`` a
 fast GPU kernel computes (``"fast"``, see :func:`fast_exp32`). A new family is one module plus
-one entry in ``FAMILIES``.
+one entry in ``FAMILIES`` (and its name in ``config.FAMILIES``); nothing outside this package
+compares a family's name (tests/package/test_family_branches.py).
 """
 
 from __future__ import annotations
