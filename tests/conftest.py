@@ -179,3 +179,142 @@ def record_tiny_mamba2(tmp_path):
     assert record_main(["--model", str(tmp_path / "m"), "--ids-file", str(tmp_path / "ids.npy"),
                         "--layers", "0,1", "--out", str(rec)]) == 0
     return rec
+
+
+# -- tiny real models (tests/models/, tests/report/) --------------------------------------------
+# Random-initialised checkpoints of every supported class, built offline from transformers
+# configs (seed 0): the whole-model tests' models. transformers is imported when a model is
+# built (a test without it skips).
+
+ATTN = dict(num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
+GDN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+           linear_value_head_dim=8, linear_conv_kernel_dim=4, head_dim=16,
+           layer_types=["linear_attention", "full_attention"])
+MOE = dict(moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=2,
+           num_experts_per_tok=1)
+CONFIGS = {  # class name -> (config class, arguments); vocab 96, hidden 32, 2-3 layers
+    "Mamba2ForCausalLM": ("Mamba2Config", dict(
+        num_hidden_layers=2, num_heads=4, head_dim=16, expand=2, state_size=16, n_groups=2,
+        conv_kernel=4, chunk_size=8)),
+    "NemotronHForCausalLM": ("NemotronHConfig", dict(
+        num_hidden_layers=3, layers_block_type=["mamba", "attention", "mamba"],
+        mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=16, n_groups=2, head_dim=16, **ATTN)),
+    "BambaForCausalLM": ("BambaConfig", dict(
+        num_hidden_layers=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16,
+        mamba_d_state=16, mamba_n_groups=2, mamba_expand=2, **ATTN)),
+    "FalconH1ForCausalLM": ("FalconH1Config", dict(
+        num_hidden_layers=2, mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=16,
+        mamba_n_groups=2, mamba_expand=2, mamba_chunk_size=8, head_dim=16, **ATTN)),
+    "Zamba2ForCausalLM": ("Zamba2Config", dict(
+        num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "mamba"], mamba_d_state=16,
+        mamba_expand=2, mamba_ngroups=2, n_mamba_heads=4, chunk_size=8, use_mamba_kernels=False,
+        num_mem_blocks=1, attention_head_dim=16, **ATTN)),
+    "GraniteMoeHybridForCausalLM": ("GraniteMoeHybridConfig", dict(
+        num_hidden_layers=2, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=16,
+        mamba_n_groups=2, mamba_d_state=16, mamba_expand=2, mamba_chunk_size=8,
+        num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=32,
+        logits_scaling=2.0, **ATTN)),
+    "Qwen3NextForCausalLM": ("Qwen3NextConfig", dict(num_hidden_layers=2, **GDN, **MOE, **ATTN)),
+    "Qwen3_5ForCausalLM": ("Qwen3_5TextConfig", dict(num_hidden_layers=2, **GDN, **ATTN)),
+    "Qwen3_5MoeForCausalLM": ("Qwen3_5MoeTextConfig", dict(num_hidden_layers=2, **GDN, **MOE,
+                                                           num_attention_heads=2,
+                                                           num_key_value_heads=1)),
+}
+
+
+def build(arch: str, init_range: float | None = None, slow_decay: bool = False, **extra):
+    """A tiny random model of class ``arch`` (seed 0); ``init_range`` and ``slow_decay`` make
+    its SSM layers matter (weights N(0, r^2), heads decaying by ~5% per token)."""
+    tf = pytest.importorskip("transformers")
+    from precsim import models
+
+    cname, kw = CONFIGS[arch]
+    cfg = getattr(tf, cname)(vocab_size=96, hidden_size=32, **{**kw, **extra})
+    if init_range is not None:
+        cfg.initializer_range = init_range
+    torch.manual_seed(0)
+    m = getattr(tf, arch)(cfg).eval()
+    if slow_decay:
+        with torch.no_grad():
+            for _, mixer, _ in models.ssm_layers(m):
+                mixer.A_log.fill_(float(np.log(0.05)))
+    return m
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    """Saved tiny checkpoints, one per supported class (default initialisation)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    for arch in CONFIGS:
+        build(arch).save_pretrained(root / arch)
+        out[arch] = root / arch
+    return out
+
+
+@pytest.fixture(scope="session")
+def kl_ckpt(tmp_path_factory):
+    """Tiny checkpoints whose SSM layers matter: weights N(0, 0.2^2) and slowly decaying heads
+    (so a state error persists instead of washing out in a few tokens)."""
+    root = tmp_path_factory.mktemp("klckpt")
+    out = {}
+    for arch in CONFIGS:
+        build(arch, 0.2, slow_decay=True).save_pretrained(root / arch)
+        out[arch] = root / arch
+    return out
+
+
+class ScanCapture:
+    """Hook handler: the model's own scan, keeping each layer's inputs and outputs."""
+
+    def __init__(self):
+        self.steps, self.outputs = {}, {}
+
+    def __call__(self, step, run_own):
+        y, state = run_own()
+        self.steps.setdefault(step.layer, []).append(step)
+        self.outputs.setdefault(step.layer, []).append(y)
+        return y, state
+
+
+# three schemes of whole-model mode: FP32, a shared NVFP4-SR state, a split NVFP4 read copy
+MODEL_SCHEMES = {"fp32": {"kind": "conventional", "fmt": "fp32"},
+                 "shared": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
+                 "split": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"}}
+
+
+def kl_cfg(path, schemes, steps=None, **over):
+    """A whole-model config of the checkpoint ``path`` (``section__key=value`` overrides)."""
+    from precsim.config import to_config
+
+    steps = over.pop("run__steps", steps)
+    d = {"model": {"path": str(path)}, "schemes": schemes,
+         "run": {"steps": steps, "progress": False},
+         # these tests measure each scheme against the float64-state truth (the floor's own
+         # tests, tests/models/test_floor.py, use the FP32-state baseline, the default)
+         "metrics": {"window": min(8, steps), "baseline": "fp64"},
+         "replay": {"buffer_len": 4}}
+    for key, val in over.items():
+        sec, _, k = key.partition("__")
+        d.setdefault(sec, {})[k] = val
+    return to_config(d)
+
+
+def record_error_line(capsys, argv):
+    """precsim.record's one-line error (exit 2) for ``argv``."""
+    from precsim.record import main as record_main
+
+    capsys.readouterr()  # drop save_pretrained's progress output
+    assert record_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("precsim.record: error:")
+    return err
+
+
+def one_line_errors(cases, capsys):
+    """Each ``(args, want)``: the app, at a tiny size, exits 2 with one line holding ``want``."""
+    tiny = ["run.steps=8", "metrics.window=8", "metrics.plot=false", "run.progress=false"]
+    for args, want in cases:
+        rc, out, lines = run_main([*args, *tiny], capsys)
+        assert rc == 2 and len(lines) == 1 and not out, (args, lines)
+        assert lines[0].startswith("precsim: error: ") and want in lines[0], lines

@@ -22,7 +22,7 @@ folders (``recall_study.tar.gz``); ``unpack`` then writes ``experiments/recall/s
 ``results.csv`` (one row per model, weights, task, scheme and length), ``items.csv.gz`` (every
 item's correctness under every group and SR seed: the raw results), ``table.md``,
 ``accuracy_vs_length.png`` and ``NOTES.md`` (its headline table re-derived from ``results.csv``
-by ``tests/app/test_recall.py``).
+by ``tests/experiments/test_recall.py``).
 """
 
 from __future__ import annotations
@@ -789,7 +789,7 @@ def notes(dst: Path, rows: list[dict], mans: list[dict], n_items: int) -> str:
         f"training seeds is >= {HEADLINE_DROP:.2f} below the FP32 state's and McNemar p < 0.05 "
         f"in >= {HEADLINE_SEEDS} seeds, or every seed when fewer ran; re-derived from "
         "`results.csv` by "
-        "`tests/app/test_recall.py`):", "", HEAD_BEGIN, *headline(rows), HEAD_END, "",
+        "`tests/experiments/test_recall.py`):", "", HEAD_BEGIN, *headline(rows), HEAD_END, "",
         "Full tables: `table.md`; plot: `accuracy_vs_length.png`.", ""])
 
 

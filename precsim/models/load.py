@@ -12,7 +12,7 @@ from ..errors import PrecsimError
 from ..families import FAMILIES
 
 # mixer class name -> family; model class name -> family; family -> the hooked functions (the
-# family modules' HF_MIXERS, HF_ARCHITECTURES, HF_HOOKED)
+# family modules' HF_MIXERS, HF_ARCHITECTURES, HF_HOOKED; all tested, tests/models/)
 MIXERS = {c: n for n, f in FAMILIES.items() for c in f.HF_MIXERS}
 ARCHITECTURES = {c: n for n, f in FAMILIES.items() for c in f.HF_ARCHITECTURES}
 HOOKED = {n: f.HF_HOOKED for n, f in FAMILIES.items()}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "engines"))
+sys.path.insert(0, str(Path(__file__).parent))  # the engine tests beside it
 import test_core  # noqa: E402
 import test_decays  # noqa: E402
 import test_reference  # noqa: E402

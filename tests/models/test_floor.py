@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import run_main
-from test_models import SCHEMES, _kl_cfg, _one_line_errors, build
+from conftest import MODEL_SCHEMES as SCHEMES
+from conftest import build, kl_cfg, one_line_errors, run_main
 
 from precsim.models.metrics import boot_ci, docs_to_separate
 from precsim.models.run import prepare, run_model_kl
@@ -29,7 +29,7 @@ def m2(tmp_path_factory):
 
 def _cfg(root, schemes=SCHEMES, steps=24, **over):
     over.setdefault("metrics__baseline", "fp32")
-    return _kl_cfg(root / "m2", schemes, steps, model__ids=str(root / "ids.npy"),
+    return kl_cfg(root / "m2", schemes, steps, model__ids=str(root / "ids.npy"),
                    run__seqs=4, **over)
 
 
@@ -238,7 +238,7 @@ def test_bad_floor_and_generation_inputs_are_one_line(m2, tmp_path, capsys, monk
     root = tmp_path / "bamba"
     build("BambaForCausalLM", max_position_embeddings=16).save_pretrained(root)
     path = f"model.path={m2 / 'm2'}"
-    _one_line_errors([
+    one_line_errors([
         (["experiment=model_kl", path, "model.mode=generate", "model.new_tokens=0"],
          "model.new_tokens=0"),
         (["experiment=model_kl", path, "run.sr_seeds=0"], "run.sr_seeds=0"),
@@ -269,7 +269,7 @@ def test_generation_after_a_triton_prompt_equals_the_torch_run(tmp_path, monkeyp
                "split": SCHEMES["split"]}
 
     def cfg():
-        return _kl_cfg(tmp_path / "m", schemes, 16, model__ids=str(tmp_path / "ids.npy"),
+        return kl_cfg(tmp_path / "m", schemes, 16, model__ids=str(tmp_path / "ids.npy"),
                        run__seqs=2, model__mode="generate", model__new_tokens=6,
                        replay__buffer_len=8, metrics__window=8, metrics__baseline="fp32")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_models import _kl_cfg, build
+from conftest import build, kl_cfg
 
 from precsim.models.run import run_model_kl
 from precsim.record import main as record_main
@@ -42,7 +42,7 @@ def test_recording_in_chunks_equals_one_pass(gdn_only, tmp_path):
 def test_a_chunked_whole_model_run_equals_one_pass(gdn_only):
     got = {}
     for chunk in (8, 0):
-        cfg = _kl_cfg(gdn_only / "m", SCHEMES, 32, model__ids=str(gdn_only / "ids.npy"),
+        cfg = kl_cfg(gdn_only / "m", SCHEMES, 32, model__ids=str(gdn_only / "ids.npy"),
                       run__seqs=2, model__chunk=chunk, model__dtype="float32")
         r = run_model_kl(cfg, "cpu", progress=False)
         got[chunk] = {(row["scheme"], row["step"]): row["kl"] for row in r.rows}

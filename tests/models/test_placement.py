@@ -186,7 +186,7 @@ def test_the_estimate_sizes_weights_exactly_and_the_run_by_its_terms(tmp_path):
     checkpoint's dtype and in an override); the run's bytes grow linearly in groups and
     documents, and the key/value cache appears only when the run goes in several passes."""
     pytest.importorskip("transformers")
-    from test_models import build
+    from conftest import build
 
     from precsim.models.load import load_model
 
@@ -213,7 +213,7 @@ def test_the_estimate_sizes_weights_exactly_and_the_run_by_its_terms(tmp_path):
 @pytest.fixture(scope="module")
 def kl_path(tmp_path_factory):
     pytest.importorskip("transformers")
-    from test_models import build
+    from conftest import build
 
     root = tmp_path_factory.mktemp("place")
     build("Mamba2ForCausalLM", 0.2, slow_decay=True).save_pretrained(root / "m")
@@ -249,14 +249,14 @@ def test_layers_placed_by_accelerate_with_its_hooks_give_the_one_device_result(k
     accelerate's hooks, precsim's hook wraps the mixer's hooked forward, and the per-token
     metrics equal the default one-device run bit for bit; the hooks are put back after."""
     accelerate = pytest.importorskip("accelerate")
-    from test_models import SCHEMES as KL_SCHEMES
-    from test_models import _kl_cfg
+    from conftest import MODEL_SCHEMES as KL_SCHEMES
+    from conftest import kl_cfg
 
     from precsim.models import run as run_mod
     from precsim.models.run import run_model_kl
 
     path = kl_path / arch
-    ref = run_model_kl(_kl_cfg(path, KL_SCHEMES, 24, model__chunk=8), "cpu", progress=False)
+    ref = run_model_kl(kl_cfg(path, KL_SCHEMES, 24, model__chunk=8), "cpu", progress=False)
     prefix = "backbone" if arch == "m" else "model"
     mixer = "mixer" if arch == "m" else "linear_attn"
     base = getattr(pl.meta_model(path), prefix)
@@ -275,7 +275,7 @@ def test_layers_placed_by_accelerate_with_its_hooks_give_the_one_device_result(k
         return model, tok
 
     monkeypatch.setattr(run_mod, "load_model", forced)
-    res = run_model_kl(_kl_cfg(path, KL_SCHEMES, 24, model__chunk=8, model__device_map=dmap),
+    res = run_model_kl(kl_cfg(path, KL_SCHEMES, 24, model__chunk=8, model__device_map=dmap),
                        "cpu", progress=False)
     _equal(ref, res)
     assert res.info["placement"]["kind"] == "device_map"
@@ -288,20 +288,20 @@ def test_the_scheme_batch_split_over_two_copies_equals_one_batch(kl_path, monkey
     """A split plan (forced here on two CPU 'devices': the decision is tested above): two model
     copies, each the reference and a contiguous share of the schemes, in two threads; the
     per-token metrics, rows and drift in scheme order equal the one-batch run bit for bit."""
-    from test_models import SCHEMES as KL_SCHEMES
-    from test_models import _kl_cfg
+    from conftest import MODEL_SCHEMES as KL_SCHEMES
+    from conftest import kl_cfg
 
     from precsim.models import run as run_mod
     from precsim.models.run import run_model_kl
 
     schemes = {**KL_SCHEMES, "sr": {"kind": "conventional", "fmt": "fp16", "rounding": "sr"}}
     for arch in ("m", "q"):
-        ref = run_model_kl(_kl_cfg(kl_path / arch, schemes, 24, model__chunk=8), "cpu",
+        ref = run_model_kl(kl_cfg(kl_path / arch, schemes, 24, model__chunk=8), "cpu",
                            progress=False)
         shards = [["fp32", "shared", "split"], ["sr"]]
         monkeypatch.setattr(run_mod, "place", lambda cfg, dev, ok, sh=shards: pl.Plan(
             "split", "auto", ["cpu", "cpu"], need(1, 1, 5), {"cpu": 0}, shards=sh, why="test"))
-        res = run_model_kl(_kl_cfg(kl_path / arch, schemes, 24, model__chunk=8,
+        res = run_model_kl(kl_cfg(kl_path / arch, schemes, 24, model__chunk=8,
                                    model__device_map="auto"), "cpu", progress=False)
         _equal(ref, res)
         assert res.info["placement"]["shards"] == shards
@@ -366,14 +366,14 @@ def test_device_map_auto_on_one_gpu_equals_the_default_run(kl_path, arch):
     pytest.importorskip("accelerate")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from test_models import SCHEMES as KL_SCHEMES
-    from test_models import _kl_cfg
+    from conftest import MODEL_SCHEMES as KL_SCHEMES
+    from conftest import kl_cfg
 
     from precsim.models.run import run_model_kl
 
     path = kl_path / arch
-    ref = run_model_kl(_kl_cfg(path, KL_SCHEMES, 64, model__chunk=32), "cuda", progress=False)
-    got = run_model_kl(_kl_cfg(path, KL_SCHEMES, 64, model__chunk=32, model__device_map="auto"),
+    ref = run_model_kl(kl_cfg(path, KL_SCHEMES, 64, model__chunk=32), "cuda", progress=False)
+    got = run_model_kl(kl_cfg(path, KL_SCHEMES, 64, model__chunk=32, model__device_map="auto"),
                        "cuda", progress=False)
     assert got.engine == ref.engine
     _equal(ref, got)

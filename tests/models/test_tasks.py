@@ -53,7 +53,7 @@ def _char_tokenizer():
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """The tiny Mamba-2 checkpoint, without a tokenizer (``bare``) and with one (``text``)."""
-    from test_models import build
+    from conftest import build
 
     root = tmp_path_factory.mktemp("task_ckpt")
     m = build("Mamba2ForCausalLM", 1.0, slow_decay=True)

@@ -304,7 +304,7 @@ def mixed(tmp_path_factory):
     lengths), a single run of another shape, and a whole-model run of a tiny GDN checkpoint."""
     tf = pytest.importorskip("transformers")
     import torch
-    from test_models import GDN
+    from conftest import GDN
 
     from precsim.cli import main as cli_main
 
@@ -435,7 +435,7 @@ def test_report_relates_layer_replays_to_the_whole_model_run(tmp_path, capsys):
     the report keeps them in two groups and says how their verdicts relate and which to trust
     for what; a replay of another checkpoint's recording gets no such note."""
     pytest.importorskip("transformers")
-    from test_models import build
+    from conftest import build
 
     from precsim.cli import main as cli_main
     from precsim.record import main as record_main

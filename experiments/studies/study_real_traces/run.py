@@ -5,7 +5,7 @@ One command (CPU, 1-3 minutes):
     python experiments/studies/study_real_traces/run.py [--tokens 2048] [--window 128] [--out DIR]
 
 It builds a tiny random Mamba-2 (``Mamba2ForCausalLM``) and Qwen3-Next (GDN) checkpoint offline
-(weights N(0, 0.2^2), slowly decaying heads as ``tests/app/test_models.py::kl_ckpt``; state dims
+(weights N(0, 0.2^2), slowly decaying heads as ``tests/conftest.py::kl_ckpt``; state dims
 that the formats' blocks divide), saves them to a temporary directory, records them with
 ``python -m precsim.record``, replays every recorded SSM layer under the schemes of study 4
 (``experiment=study_precision_table``, 26 schemes) and study 8 (``experiment=study_kl_vs_paper``,

@@ -1,0 +1,84 @@
+"""The scans of whole-model mode (precsim.models.scan, and scan_triton beside it): a dead
+scheme group is reported at its first non-finite token by both."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+tf = pytest.importorskip("transformers")
+
+from conftest import MODEL_SCHEMES as SCHEMES  # noqa: E402
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(family,
+                                                                              monkeypatch):
+    """A scheme group whose inputs turn NaN at token 6 of a document (in a whole model: a layer
+    below died there): the torch scan and the Triton scan (in the interpreter; each scan's
+    check is read back at ``Chunks.settle``) both report ``dead_at`` 6 for that group only,
+    and the same drift samples. Before the torch scan kept its ReplaySSM segment causal for
+    non-finite inputs, the NaN reached token 5 through the Mamba-2 segment's masked products
+    (0 * NaN) and it said 5 (GDN's segment, a sequential loop over the steps, was causal
+    already)."""
+    from precsim.config import SchemeConfig, to_config
+    from precsim.models.hook import Step
+    from precsim.models.scan import Chunks, Group, scan_torch
+    from precsim.models.scan_triton import scan_triton
+
+    monkeypatch.setattr("precsim.models.scan_triton.DRIFT_EVERY", 8)  # a sample every window
+    T, K, H, P, G, N = 16, 2, 2, 16, 1, 16
+    cfg = to_config({"schemes": SCHEMES, "replay": {"buffer_len": 4},
+                     "metrics": {"window": 8}, "run": {"progress": False}})
+    rng = np.random.default_rng(0)
+    b = 4 * K  # the reference and three scheme groups, K documents each
+    f32 = functools.partial(torch.tensor, dtype=torch.float32)
+    if family == "mamba2":
+        inp = {"dt": torch.tensor(rng.uniform(0.01, 0.1, (T, b, H))),
+               "x": f32(rng.standard_normal((T, b, H, P))),
+               "B": f32(rng.standard_normal((T, b, G, N))),
+               "C": f32(rng.standard_normal((T, b, G, N)))}
+        val, const = "x", {"A": -torch.ones(H)}
+    else:
+        kk = rng.standard_normal((T, b, G, N))
+        inp = {"g": f32(-rng.uniform(0.01, 0.1, (T, b, H))),
+               "beta": f32(rng.uniform(0.1, 0.9, (T, b, H))),
+               "q": f32(rng.standard_normal((T, b, G, N)) / 4),
+               "k": f32(kk / np.linalg.norm(kk, axis=-1, keepdims=True)),
+               "v": f32(rng.standard_normal((T, b, H, P)))}
+        val, const = "v", {}
+    inp[val][5:, 2 * K + 1] = float("nan")  # group 2 ("shared"), its second document
+    step = Step(layer=0, family=family, inp=inp, const=const, state=None, recurrent=False)
+    got = {}
+    for name in ("torch", "triton"):
+        groups = [Group("reference", SchemeConfig(kind="shared", fmt="fp64"), reference=True),
+                  *(Group(n, sc) for n, sc in cfg.schemes.items())]
+        chunks = Chunks(horizon=T)
+        if name == "torch":
+            y = scan_torch(step, groups, K, cfg, torch.float32, chunks=chunks)
+            # the dead document's rows only: the group's other document runs on, as without
+            # the NaN (a task's other items in the same pass are not lost with it)
+            clean = {k: v.clone() for k, v in inp.items()}
+            clean[val][5:, 2 * K + 1] = clean[val][5:, 2 * K]
+            y0 = scan_torch(Step(layer=0, family=family, inp=clean, const=const, state=None,
+                                  recurrent=False),
+                             [Group("reference", SchemeConfig(kind="shared", fmt="fp64"),
+                                    reference=True),
+                              *(Group(n, sc) for n, sc in cfg.schemes.items())],
+                             K, cfg, torch.float32, chunks=Chunks(horizon=T))
+            assert torch.isfinite(y[:, 2 * K]).all()
+            assert torch.equal(y[:, 2 * K], y0[:, 2 * K])
+            assert not torch.isfinite(y[5:, 2 * K + 1]).any()
+            assert all(g.dead_at is None for g in groups)  # not yet read back
+        else:
+            scan_triton(step, groups, K, cfg, chunks=chunks)
+            assert all(g.dead_at is None and not g.drift for g in groups)  # not yet read back
+        chunks.settle()
+        got[name] = {g.name: (g.dead_at, [t for t, *_ in g.drift.get(0, [])])
+                     for g in groups[1:]}
+    assert got["torch"] == {"fp32": (None, [8, 16]), "shared": (6, [8, 16]),
+                            "split": (None, [8, 16])}
+    assert got["triton"] == got["torch"]
