@@ -562,7 +562,8 @@ def claims_verdict(rows: list[dict]) -> list[str]:
 
 def fill_notes(path: Path, tables_text: str, claim_lines: list[str]) -> None:
     """Put ``tables_text`` between the notes' results markers and ``claim_lines`` in their
-    claims block (tests/experiments/test_trained_notes.py re-derives each claim from the raw file)."""
+    claims block (tests/experiments/test_trained_notes.py re-derives each claim from the raw
+    file)."""
     text = path.read_text()
     begin, end = "<!-- results:begin -->", "<!-- results:end -->"
     if begin in text and end in text:

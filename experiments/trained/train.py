@@ -18,8 +18,8 @@ Deterministic from ``--seed`` with a fixed step count (no clock: the schedule is
 ``step / steps``): initialisation (made on the CPU), every batch's offsets (a NumPy generator
 seeded from ``--seed`` and the model) and the validation windows. On the CPU (one thread,
 ``torch.use_deterministic_algorithms``) two runs with the same seed and steps write bit-identical
-checkpoints (``tests/experiments/test_trained_train.py``); on a GPU the float sums of cuBLAS and atomics
-may differ in the last bits from run to run.
+checkpoints (``tests/experiments/test_trained_train.py``); on a GPU the float sums of cuBLAS and
+atomics may differ in the last bits from run to run.
 
 Held-out text: the validation files minus near-duplicates of training files (``held_out``: a
 file is dropped when >= 20% of its distinct lines of >= 20 characters, stripped, occur in

@@ -262,8 +262,8 @@ def collect(out: Path) -> tuple[list[dict], list[dict]]:
 
 
 def summarize(rows: list[dict], items: list[dict]) -> dict:
-    """The headline figures NOTES.md quotes (each re-derived by tests/experiments/test_calibration.py
-    from results.csv and items.csv)."""
+    """The headline figures NOTES.md quotes (each re-derived by
+    tests/experiments/test_calibration.py from results.csv and items.csv)."""
     sch = [r for r in rows if r["role"] != "baseline"]
     sig = [r for r in sch if r["p_mcnemar"] < 0.05]
     drops = [r for r in sig if r["delta"] < 0]
