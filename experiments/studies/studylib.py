@@ -54,7 +54,7 @@ INFO_NAME = "run_info.json"
 BEGIN = "<!-- results:begin (written by experiments/run_studies.py; edits here are replaced) -->"
 END = "<!-- results:end -->"
 FINDING_MARK = "<!-- FINDING: to be written by a person from the numbers above -->"
-# The tidy CSV's columns (tests/app/test_studies.py checks them).
+# The tidy CSV's columns (tests/experiments/test_studies.py checks them).
 CONFIG_COLS = ("model", "family", "heads", "head_dim", "state_dim", "workload", "steps", "seqs",
                "buffer_len", "drafts", "acceptance", "gdn_u_source", "decay_exp")
 SCHEME_COLS = ("scheme", "label", "kind", "fmt", "rounding", "read_fmt", "sr_bits",

@@ -36,7 +36,7 @@ MARKERS = ("dt", "A")  # keys that make a trace this family's
 TRACE_AXES = {"A": 1, "dt": 2, "x": 3, "B": 3, "C": 3}  # a trace's arrays and their axes
 TAGS = {"dt": 1, "x": 2, "B": 3, "C": 4}  # the synthetic inputs' random streams (workload.normals)
 # transformers (precsim.models): the mixer and model classes of this family (all tested,
-# tests/app/test_models.py), the module-level functions the mixers call (one decode token, a
+# tests/models/), the module-level functions the mixers call (one decode token, a
 # whole chunk) that precsim.models.hook replaces, and the mixer's attributes (heads, Dv, Dk)
 HF_MIXERS = ("Mamba2Mixer", "NemotronHMamba2Mixer", "BambaMixer", "FalconH1Mixer",
              "Zamba2MambaMixer", "GraniteMoeHybridMambaLayer")

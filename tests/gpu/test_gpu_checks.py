@@ -5,7 +5,7 @@
 Each test runs one script of this folder at its GPU size (its command line stays, for a run that
 keeps its report: ``python tests/gpu/gpu_check.py --out DIR`` and the others' docstrings).
 Without CUDA (or with one GPU, for the multi-GPU tests) every test skips; the scripts' CPU paths
-(``--smoke``, the Triton interpreter) are tested in tests/app/test_gpu_check_drafts.py,
+(``--smoke``, the Triton interpreter) are tested in tests/gpu/test_gpu_check_drafts.py,
 test_gpu_multi_model.py and test_study_error_feedback.py. Records of earlier runs:
 ``tests/gpu/records/``.
 """
