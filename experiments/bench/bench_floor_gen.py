@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_models import build  # noqa: E402
 import record  # noqa: E402  (experiments/bench/record.py)
+from bench_models import build  # noqa: E402
 
 PY = sys.executable
 

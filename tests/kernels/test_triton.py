@@ -451,6 +451,7 @@ def test_truth_alone_matches_a_float64_loop(family, rows, monkeypatch):
     a plain NumPy loop (2 sequences x 4 heads, 2 groups of B/C, 7 steps), outputs and final
     states."""
     import precsim.kernels.mamba2 as m2_k
+
     from precsim.engines.triton import kernel_sets, launch_span
 
     monkeypatch.setattr(m2_k, "TRUTH_ROWS", rows)

@@ -15,7 +15,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
-    Study, _finish, _loglog, _plt, _pos, _shape, _title, finals, main, md_table, nbytes,
+    Study,
+    _finish,
+    _loglog,
+    _plt,
+    _pos,
+    _shape,
+    _title,
+    finals,
+    main,
+    md_table,
+    nbytes,
 )
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
-    ARTICLE, Study, _shape, _title, curves, finals, main, md_table,
+    ARTICLE,
+    Study,
+    _shape,
+    _title,
+    curves,
+    finals,
+    main,
+    md_table,
 )
 
 

@@ -15,7 +15,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
-    Study, _shape, _title, curves, finals, main, md_table,
+    Study,
+    _shape,
+    _title,
+    curves,
+    finals,
+    main,
+    md_table,
 )
 
 

@@ -16,7 +16,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
-    NEMOTRON, Study, _front, _loglog, _plt, _pos, _shape, _title, finals, g, main, md_table,
+    NEMOTRON,
+    Study,
+    _front,
+    _loglog,
+    _plt,
+    _pos,
+    _shape,
+    _title,
+    finals,
+    g,
+    main,
+    md_table,
     nbytes,
 )
 

@@ -16,7 +16,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
-    ARTICLE, STUDIES_DIR, Study, _lengths_of, _shape, _title, at, curves, finals, g, main,
+    ARTICLE,
+    STUDIES_DIR,
+    Study,
+    _lengths_of,
+    _shape,
+    _title,
+    at,
+    curves,
+    finals,
+    g,
+    main,
     md_table,
 )
 

@@ -16,7 +16,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
-    Study, _finish, _plt, _pos, _profile, _title, finals, main, md_table, nbytes,
+    Study,
+    _finish,
+    _plt,
+    _pos,
+    _profile,
+    _title,
+    finals,
+    main,
+    md_table,
+    nbytes,
 )
 
 
