@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -119,12 +120,16 @@ def torchao_nvfp4(x: torch.Tensor, scope: str) -> torch.Tensor:
 
 
 def load_script(path, name: str | None = None):
-    """A script of ``experiments/`` imported as a module (it is not a package)."""
+    """A script (``experiments/``, ``tests/gpu/``) imported as a module (it is not a package),
+    registered in ``sys.modules`` under ``name`` first, as importlib's recipe does: a function of
+    the script then pickles by reference (gpu_check.py's forked oracle workers), which fails
+    for a module that ``sys.modules`` does not hold."""
     import importlib.util
 
     path = Path(path)
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 
