@@ -123,6 +123,7 @@ def compare(name, cfg, device, rows, oracle=True):
     from precsim.engines.torch import run as run_torch
     from precsim.engines.triton import Diagnosis
     from precsim.engines.triton import run as run_triton
+    from precsim.families import get_family
     from precsim.workload import make_workload
 
     run_triton(cfg_small(cfg), device, progress=False)  # compile outside the timing
@@ -145,9 +146,13 @@ def compare(name, cfg, device, rows, oracle=True):
             out[key] = float(np.nanmax(np.abs(va / vb - 1))) if len(va) == len(vb) else np.inf
         det = sc["rounding"] == "rne" and sc["fmt"] != "fp32"
         fp32 = sc["fmt"] == "fp32" and sc["read_fmt"] in (None, "fp32")
-        # GDN's update reads S k (a reduction: summation order differs from cuBLAS), so its
-        # conventional states differ by rounding flips and agree statistically only
-        stat = cfg.model.family == "gdn" and sc["kind"] == "conventional"
+        # GDN's update reads S k (a reduction: summation order differs from cuBLAS), so a state
+        # it updates in place (conventional; shared's float32 live copy between checkpoints)
+        # differs by rounding flips and agrees statistically only: shared_e4m3 at 4,096 steps
+        # 0.00045 on an H200 (2026-11-29), 0.0012 on an H100 (2026-12-06), growing with the
+        # horizon as the conventional rows do (1,024 steps: 0.00011)
+        stat = get_family(cfg.model.family).DELTA_RULE and sc["kind"] in ("conventional",
+                                                                         "shared")
         tol = 0.5 if fp32 else 1e-3 if det and not stat else 2e-2
         rows.append({"check": name, "case": f"{sname}: rel_err (kl {out['kl']:.1e}, drift "
                      f"{out['state_drift']:.1e}) final {a[-1]['rel_err']:.3e}",
