@@ -73,3 +73,15 @@ def test_installed_wheel_imports_outside_checkout(wheel, tmp_path):
     assert r.returncode == 0, r.stderr
     path, has_cfg = r.stdout.split()
     assert path.startswith(str(target)) and has_cfg == "True"
+
+
+def test_module_sizes():
+    """Issue 43's house rules: the command line stays thin (``precsim/cli.py`` <= 300 lines) and
+    no module outside ``kernels/`` grows past 700 lines (split it by what it does first)."""
+    root = Path(__file__).resolve().parents[2]
+    cli = len((root / "precsim" / "cli.py").read_text().splitlines())
+    assert cli <= 300, f"precsim/cli.py has {cli} lines"
+    big = {str(p.relative_to(root)): n for p in [*(root / "precsim").rglob("*.py"),
+                                                 *(root / "formats").rglob("*.py")]
+           if (n := len(p.read_text().splitlines())) > 700}
+    assert not big, big
