@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -149,13 +150,16 @@ def test_generative_exact_match_is_the_greedy_decode(ckpt, tmp_path):
     cfg = _cfg(ckpt / "bare", {"path": str(tmp_path / "gen.jsonl")},
                {"fp32": SCHEMES["fp32"], "fp4": SCHEMES["fp4"]})
     pcfg, tmp = task_cfg(cfg)
-    ld = prepare(pcfg)
-    gs = lambda: build_groups(cfg, next(ld.model.parameters()).dtype)  # noqa: E731
-    answers = greedy(ld, cfg, prompts, [3, 3, 2, 4], gs, "fp32", 4096)
-    assert [len(a) for a in answers] == [3, 3, 2, 4]
-    _jsonl(tmp_path / "gen.jsonl", [{"prompt": p, "answer": a}
-                                    for p, a in zip(prompts, answers, strict=True)])
-    s = evaluate(cfg, progress=False, ld=ld)
+    try:  # task_cfg's folder is the caller's to remove (as models.task.load does)
+        ld = prepare(pcfg)
+        gs = lambda: build_groups(cfg, next(ld.model.parameters()).dtype)  # noqa: E731
+        answers = greedy(ld, cfg, prompts, [3, 3, 2, 4], gs, "fp32", 4096)
+        assert [len(a) for a in answers] == [3, 3, 2, 4]
+        _jsonl(tmp_path / "gen.jsonl", [{"prompt": p, "answer": a}
+                                        for p, a in zip(prompts, answers, strict=True)])
+        s = evaluate(cfg, progress=False, ld=ld)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert s["schemes"]["fp32"]["acc"] == 1.0
     assert s["task"]["metric"] == "exact_match (greedy)"
 
