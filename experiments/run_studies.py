@@ -21,7 +21,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "studies"))
 import studylib  # noqa: E402
 from studylib import *  # noqa: E402,F403 - this file's names are studylib's
-from studylib import _front, _num, _plt, _pos, _profile, _thin  # noqa: E402,F401
 
 STUDIES = studylib.all_studies()
 BY_NAME = {s.name: s for s in STUDIES}

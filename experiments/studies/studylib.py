@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXP = ROOT / "experiments"
+
 STUDIES_DIR = EXP / "studies"  # one folder per study
 # the Hydra studies (a preset each), in study order; each has studies/<name>/run.py
 HYDRA_STUDIES = ("study_seed_table_131k", "study_buffer_len", "study_mamba2_vs_gdn",
@@ -68,7 +69,7 @@ SMOKE_BASE = ("run.steps=1024", "model.heads=2", "model.groups=1")
 
 
 # -- reading results -------------------------------------------------------------------------
-def _num(v):
+def to_num(v):
     if v in (None, ""):
         return None
     try:
@@ -78,7 +79,7 @@ def _num(v):
     return int(f) if f.is_integer() and "." not in str(v) and "e" not in str(v) else f
 
 
-def _thin(steps: list[int], points: int = 48) -> set[int]:
+def thin_steps(steps: list[int], points: int = 48) -> set[int]:
     """Window ends kept in the committed CSV: the ones nearest to ``points`` log-spaced steps,
     the reported lengths and the last."""
     if not steps:
@@ -115,7 +116,7 @@ def tidy_rows(study: str, sweep_dir: Path, thin: bool = True) -> list[dict]:
         for name, info in s["schemes"].items():
             sc = c["schemes"][name]
             mine = sorted((x for x in rows if x["scheme"] == name), key=lambda x: x["step"])
-            keep = _thin([x["step"] for x in mine]) if thin else {x["step"] for x in mine}
+            keep = thin_steps([x["step"] for x in mine]) if thin else {x["step"] for x in mine}
             base = {"study": study, "job": job.name, **conf, "scheme": name,
                     "label": info.get("label", name), "kind": sc["kind"], "fmt": sc["fmt"],
                     "rounding": sc["rounding"], "read_fmt": sc.get("read_fmt"),
@@ -140,7 +141,7 @@ def write_csv(rows: list[dict], path: Path, cols=TIDY_COLS) -> None:
 
 def read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
-        return [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        return [{k: to_num(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 def finals(rows: list[dict]) -> list[dict]:
@@ -185,7 +186,7 @@ def _k(n: int) -> str:
 
 
 # -- plots -----------------------------------------------------------------------------------
-def _plt():
+def get_plt():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,7 +195,7 @@ def _plt():
     return plt
 
 
-def _finish(fig, axes, path: Path, ncol: int = 3) -> None:
+def finish_figure(fig, axes, path: Path, ncol: int = 3) -> None:
     handles, labels = [], []
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -205,10 +206,10 @@ def _finish(fig, axes, path: Path, ncol: int = 3) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, min(0.45, 0.035 * rows + 0.02), 1, 1))
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    get_plt().close(fig)
 
 
-def _loglog(ax, xlabel: str, ylabel: str, title: str = "", xbase: int = 2) -> None:
+def loglog_axes(ax, xlabel: str, ylabel: str, title: str = "", xbase: int = 2) -> None:
     ax.set_xscale("log", base=xbase)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
@@ -219,7 +220,7 @@ def _loglog(ax, xlabel: str, ylabel: str, title: str = "", xbase: int = 2) -> No
     ax.grid(True, which="minor", alpha=0.1)
 
 
-def _pos(v) -> float:
+def positive(v) -> float:
     return v if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else math.nan
 
 
@@ -231,7 +232,7 @@ def curves(rows: list[dict], path: Path, key_of: Callable[[dict], str], title: s
     """Log-log metric vs decode steps, one line per ``key_of(row)``; one panel per metric (and
     per value of ``split_by``). Colours by ``color_of`` (default: the line), line styles by
     ``style_of`` (default: cycled, so coinciding curves stay visible)."""
-    plt = _plt()
+    plt = get_plt()
     groups = sorted({split_by(r) for r in rows}) if split_by else [None]
     n = len(panels) * len(groups)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.6), squeeze=False)
@@ -245,7 +246,7 @@ def curves(rows: list[dict], path: Path, key_of: Callable[[dict], str], title: s
         for pi, (metric, ylabel) in enumerate(panels):
             ax = axes[gi * len(panels) + pi]
             for i, k in enumerate(keys):
-                pts = sorted((r["step"], _pos(r[metric])) for r in sub if key_of(r) == k)
+                pts = sorted((r["step"], positive(r[metric])) for r in sub if key_of(r) == k)
                 if not pts or all(math.isnan(p[1]) for p in pts):
                     continue
                 first = next(r for r in sub if key_of(r) == k)
@@ -253,16 +254,16 @@ def curves(rows: list[dict], path: Path, key_of: Callable[[dict], str], title: s
                 c = colors[ckeys.index(color_of(first)) % 10]
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=ls, color=c,
                         lw=1.6, label=k, marker="o" if len(pts) <= 3 else None, ms=3)
-            _loglog(ax, "decode steps (tokens)", ylabel, f"{grp}" if grp else "")
+            loglog_axes(ax, "decode steps (tokens)", ylabel, f"{grp}" if grp else "")
     fig.suptitle(title, fontsize=10)
-    _finish(fig, axes, path, ncol=3 if len(keys) > 4 else len(keys) or 1)
+    finish_figure(fig, axes, path, ncol=3 if len(keys) > 4 else len(keys) or 1)
 
 
-def _shape(r: dict) -> str:
+def shape_label(r: dict) -> str:
     return f"{r['model']} ({r['heads']}×{r['head_dim']}×{r['state_dim']})"
 
 
-def _title(rows: list[dict], what: str) -> str:
+def title_line(rows: list[dict], what: str) -> str:
     r = rows[0]
     return f"{what}: {r['steps']:,} steps, {r['workload']} workload, seqs={r['seqs']}"
 
@@ -273,7 +274,7 @@ def _title(rows: list[dict], what: str) -> str:
 
 
 
-def _front(pts):
+def pareto_points(pts):
     """Pareto front (min cost, min value) of (cost, value, ...) tuples."""
     best, out = math.inf, []
     for p in sorted(pts, key=lambda p: (p[0], p[1])):
@@ -287,7 +288,7 @@ def _front(pts):
 
 
 
-def _profile(r: dict) -> str:
+def profile_label(r: dict) -> str:
     """A job's acceptance, short: a rate, or a per-position profile's first entries."""
     acc = r["acceptance"]
     if not r["drafts"] or acc is None:

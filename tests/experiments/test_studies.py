@@ -103,7 +103,7 @@ def test_archive_round_trip(buffer_study, tmp_path):
 
 def test_thinning_keeps_ends_and_lengths(rs):
     steps = list(range(256, 131072 + 1, 256))
-    keep = rs._thin(steps)
+    keep = rs.thin_steps(steps)
     assert {256, 1024, 4096, 32768, 131072} <= keep
     assert 30 <= len(keep) <= 60
-    assert rs._thin(steps[:2]) == {256, 512}
+    assert rs.thin_steps(steps[:2]) == {256, 512}

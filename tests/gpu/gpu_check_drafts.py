@@ -255,7 +255,7 @@ def study(rep: Report, device: str, smoke: bool, work: Path, sweep_timeout: floa
     fin = [r for r in rs.finals(rows) if r["kind"] != "conventional"]
     rep.say(f"\nrel_err at {last:,} steps (bytes/step/head in brackets); T = 0 is the no-draft "
             "baseline")
-    profiles = sorted({rs._profile(r) for r in fin if r["drafts"]})
+    profiles = sorted({rs.profile_label(r) for r in fin if r["drafts"]})
     Ts = sorted({r["drafts"] for r in fin})
     table = []
     for model in dict.fromkeys(r["model"] for r in fin):
@@ -264,7 +264,8 @@ def study(rep: Report, device: str, smoke: bool, work: Path, sweep_timeout: floa
                 cells = []
                 for T in Ts:
                     r = next((x for x in fin if x["model"] == model and x["label"] == lab
-                              and x["drafts"] == T and (T == 0 or rs._profile(x) == prof)), None)
+                              and x["drafts"] == T
+                              and (T == 0 or rs.profile_label(x) == prof)), None)
                     cells.append(None if r is None else (r["rel_err"], r["bytes_per_step"]))
                 table.append({"model": model, "scheme": lab, "profile": prof, "T": Ts,
                               "rel_err_bytes": cells})

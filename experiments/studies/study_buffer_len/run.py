@@ -16,21 +16,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
     Study,
-    _finish,
-    _loglog,
-    _plt,
-    _pos,
-    _shape,
-    _title,
     finals,
+    finish_figure,
+    get_plt,
+    loglog_axes,
     main,
     md_table,
     nbytes,
+    positive,
+    shape_label,
+    title_line,
 )
 
 
 def plot_buffer_len(rows, path):
-    plt = _plt()
+    plt = get_plt()
     fin = [r for r in finals(rows) if r["kind"] != "conventional"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     for i, lab in enumerate(dict.fromkeys(r["label"] for r in fin)):
@@ -38,20 +38,20 @@ def plot_buffer_len(rows, path):
                      for r in fin if r["label"] == lab)
         x = [p[0] for p in pts]
         style = dict(ls=("-", "--", ":")[i % 3], marker="osD"[i % 3], ms=5, label=lab)
-        axes[0].plot(x, [_pos(p[1]) for p in pts], **style)
-        axes[1].plot(x, [_pos(p[2]) for p in pts], **style)
-        line, = axes[2].plot([p[3] for p in pts], [_pos(p[1]) for p in pts], **style)
+        axes[0].plot(x, [positive(p[1]) for p in pts], **style)
+        axes[1].plot(x, [positive(p[2]) for p in pts], **style)
+        line, = axes[2].plot([p[3] for p in pts], [positive(p[1]) for p in pts], **style)
         for p in pts if i < 2 else []:  # the FP16-SR split lies on the FP32 one
-            axes[2].annotate(f"L={p[0]}", (p[3], _pos(p[1])), fontsize=7,
+            axes[2].annotate(f"L={p[0]}", (p[3], positive(p[1])), fontsize=7,
                              xytext=(3, 4 if i == 0 else -10), textcoords="offset points",
                              color=line.get_color())
     step = fin[0]["step"] if fin else 0
-    _loglog(axes[0], "buffer length L (steps)", f"relative output error at step {step:,}")
-    _loglog(axes[1], "buffer length L (steps)", f"KL at step {step:,}, nats/token")
-    _loglog(axes[2], "bytes per decode step per head (cost model)",
+    loglog_axes(axes[0], "buffer length L (steps)", f"relative output error at step {step:,}")
+    loglog_axes(axes[1], "buffer length L (steps)", f"KL at step {step:,}, nats/token")
+    loglog_axes(axes[2], "bytes per decode step per head (cost model)",
             f"relative output error at step {step:,}", xbase=10)
-    fig.suptitle(_title(rows, f"buffer length, {_shape(rows[0])}"), fontsize=10)
-    _finish(fig, list(axes), path)
+    fig.suptitle(title_line(rows, f"buffer length, {shape_label(rows[0])}"), fontsize=10)
+    finish_figure(fig, list(axes), path)
 
 
 def table_buffer_len(rows):

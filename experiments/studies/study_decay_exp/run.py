@@ -17,18 +17,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studyl
 from studylib import (  # noqa: E402
     ARTICLE,
     Study,
-    _shape,
-    _title,
     curves,
     finals,
     main,
     md_table,
+    shape_label,
+    title_line,
 )
 
 
 def plot_decay_exp(rows, path):
     curves(rows, path, lambda r: f"{r['label']}, exp {r['decay_exp']}",
-           _title(rows, f"decay exp, {_shape(rows[0])}"),
+           title_line(rows, f"decay exp, {shape_label(rows[0])}"),
            panels=(("rel_err", "relative output error (window mean)"),
                    ("state_drift", "state drift ‖S−S_ref‖/‖S_ref‖")),
            style_of=lambda r: "--" if r["decay_exp"] == "fast" else "-",

@@ -18,27 +18,27 @@ from studylib import (  # noqa: E402
     REPLAY_KL,
     SMOKE_BASE,
     Study,
-    _finish,
-    _plt,
-    _shape,
-    _title,
     finals,
+    finish_figure,
+    get_plt,
     main,
     md_table,
+    shape_label,
+    title_line,
 )
 
 
 def plot_kl_vs_paper(rows, path):
-    plt = _plt()
+    plt = get_plt()
     fin = [r for r in finals(rows) if r["kind"] != "conventional"]
-    models = list(dict.fromkeys(_shape(r) for r in fin))
+    models = list(dict.fromkeys(shape_label(r) for r in fin))
     labels = list(dict.fromkeys(r["label"] for r in fin))
     fig, ax = plt.subplots(figsize=(10, 4.8))
     width = 0.8 / (len(labels) + 1)
     for i, lab in enumerate(labels):
         xs, ys, lo, hi = [], [], [], []
         for j, mdl in enumerate(models):
-            r = next((r for r in fin if r["label"] == lab and _shape(r) == mdl), None)
+            r = next((r for r in fin if r["label"] == lab and shape_label(r) == mdl), None)
             if r is None:
                 continue
             xs.append(j + i * width)
@@ -55,15 +55,15 @@ def plot_kl_vs_paper(rows, path):
     ax.set_yscale("log")
     ax.set_ylabel("KL(p_ref ‖ p_sim) at the last window, nats/token")
     ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(_title(rows, "KL, shared vs split"), fontsize=10)
-    _finish(fig, [ax], path, ncol=2)
+    fig.suptitle(title_line(rows, "KL, shared vs split"), fontsize=10)
+    finish_figure(fig, [ax], path, ncol=2)
 
 
 def table_kl_vs_paper(rows):
     fin = finals(rows)
     body = []
-    for mdl in dict.fromkeys(_shape(r) for r in fin):
-        sub = {r["scheme"]: r for r in fin if _shape(r) == mdl}
+    for mdl in dict.fromkeys(shape_label(r) for r in fin):
+        sub = {r["scheme"]: r for r in fin if shape_label(r) == mdl}
         for r in sub.values():
             body.append([mdl, r["label"], r["kl"], r["kl_p10"], r["kl_p90"], r["rel_err"]])
         sh, sp = sub.get("shared_nvfp4_sr"), sub.get("split_fp32_nvfp4")

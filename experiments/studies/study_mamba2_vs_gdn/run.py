@@ -16,12 +16,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
     Study,
-    _shape,
-    _title,
     curves,
     finals,
     main,
     md_table,
+    shape_label,
+    title_line,
 )
 
 
@@ -33,16 +33,16 @@ def plot_mamba2_vs_gdn(rows, path):
     def key(r):
         u = f", S·k from {r['gdn_u_source']}" if r["gdn_u_source"] else ""
         return f"{r['label']}{u}"
-    curves(rows, path, key, _title(rows, "Mamba-2 vs GDN"),
+    curves(rows, path, key, title_line(rows, "Mamba-2 vs GDN"),
            panels=(("rel_err", "relative output error (window mean)"),
                    ("state_drift", "state drift ‖S−S_ref‖/‖S_ref‖ (split: master)")),
            style_of=lambda r: "--" if r["gdn_u_source"] == "master" else "-",
-           split_by=_shape, color_of=lambda r: r["label"])
+           split_by=shape_label, color_of=lambda r: r["label"])
 
 
 def table_mamba2_vs_gdn(rows):
     fin = sorted(finals(rows), key=lambda r: (r["family"], r["label"], str(r["gdn_u_source"])))
-    body = [[_shape(r), r["job"], r["gdn_u_source"] or "(n/a)", r["label"], r["rel_err"],
+    body = [[shape_label(r), r["job"], r["gdn_u_source"] or "(n/a)", r["label"], r["rel_err"],
              r["kl"], r["state_drift"], r["read_drift"]] for r in fin]
     return md_table(["layer", "job", "S·k from", "scheme", f"rel_err at {fin[0]['step']:,}",
                      "KL (nats/token)", "state drift (master)", "read drift"], body)

@@ -18,50 +18,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studyl
 from studylib import (  # noqa: E402
     NEMOTRON,
     Study,
-    _front,
-    _loglog,
-    _plt,
-    _pos,
-    _shape,
-    _title,
     finals,
     g,
+    get_plt,
+    loglog_axes,
     main,
     md_table,
     nbytes,
+    pareto_points,
+    positive,
+    shape_label,
+    title_line,
 )
 
 
 def plot_precision_table(rows, path):
-    plt = _plt()
+    plt = get_plt()
     fin = finals(rows)
-    models = list(dict.fromkeys(_shape(r) for r in fin))
+    models = list(dict.fromkeys(shape_label(r) for r in fin))
     fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 9), squeeze=False)
     reads = ["nvfp4", "mxfp4", "fp8_e4m3", "fp16"]
     markers = {"nvfp4": "o", "mxfp4": "s", "fp8_e4m3": "^", "fp16": "D", None: "x"}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     upd = list(dict.fromkeys(f"{r['fmt']}/{r['rounding']}" for r in fin if r["kind"] == "split"))
     for j, mdl in enumerate(models):
-        sub = [r for r in fin if _shape(r) == mdl]
+        sub = [r for r in fin if shape_label(r) == mdl]
         for i, metric in enumerate(("rel_err", "kl")):
             ax = axes[i][j]
             for r in sub:
                 if r["kind"] == "split":
                     c = colors[upd.index(f"{r['fmt']}/{r['rounding']}") % 10]
-                    ax.scatter(r["bytes_per_step"], _pos(r[metric]), color=c,
+                    ax.scatter(r["bytes_per_step"], positive(r[metric]), color=c,
                                marker=markers.get(r["read_fmt"], "o"), s=30, zorder=3)
                 else:
-                    ax.scatter(r["bytes_per_step"], _pos(r[metric]), color="k", marker="x",
+                    ax.scatter(r["bytes_per_step"], positive(r[metric]), color="k", marker="x",
                                s=30, zorder=3)
-                    ax.annotate(r["label"], (r["bytes_per_step"], _pos(r[metric])),
+                    ax.annotate(r["label"], (r["bytes_per_step"], positive(r[metric])),
                                 fontsize=6.5, xytext=(4, -10), textcoords="offset points",
                                 zorder=5)  # above the markers of the crowded 4-bit corner,
                                 # no box, so that the markers stay visible through it
-            front = _front([(r["bytes_per_step"], _pos(r[metric])) for r in sub
-                            if not math.isnan(_pos(r[metric]))])
+            front = pareto_points([(r["bytes_per_step"], positive(r[metric])) for r in sub
+                            if not math.isnan(positive(r[metric]))])
             ax.plot([p[0] for p in front], [p[1] for p in front], "-", color="0.5", lw=1,
                     zorder=1, label="Pareto front")
-            _loglog(ax, "bytes per decode step per head (cost model)",
+            loglog_axes(ax, "bytes per decode step per head (cost model)",
                     "relative output error at the last window" if metric == "rel_err"
                     else "KL at the last window, nats/token", mdl if i == 0 else "", xbase=10)
     h = [plt.Line2D([], [], color=colors[k % 10], marker="o", ls="", label=f"split, update {u}")
@@ -71,7 +71,7 @@ def plot_precision_table(rows, path):
     h += [plt.Line2D([], [], color="k", marker="x", ls="", label="conventional / shared"),
           plt.Line2D([], [], color="0.5", ls="-", label="Pareto front")]
     fig.legend(handles=h, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle(_title(rows, "precision table"), fontsize=10)
+    fig.suptitle(title_line(rows, "precision table"), fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -80,8 +80,8 @@ def plot_precision_table(rows, path):
 def table_precision_table(rows, budgets=(0.01, 0.0625, 0.25)):
     fin = finals(rows)
     out = []
-    for mdl in dict.fromkeys(_shape(r) for r in fin):
-        sub = [r for r in fin if _shape(r) == mdl]
+    for mdl in dict.fromkeys(shape_label(r) for r in fin):
+        sub = [r for r in fin if shape_label(r) == mdl]
         split = [r for r in sub if r["kind"] == "split"]
         reads = list(dict.fromkeys(r["read_fmt"] for r in split))
         upds = list(dict.fromkeys(f"{r['fmt']}/{r['rounding']}" for r in split))
@@ -101,7 +101,7 @@ def table_precision_table(rows, budgets=(0.01, 0.0625, 0.25)):
             ["scheme", "bytes/step/head", "rel_err", "KL (nats/token)"], refs))
         rec = []
         for b in budgets:
-            ok = sorted((r for r in sub if _pos(r["rel_err"]) <= b),
+            ok = sorted((r for r in sub if positive(r["rel_err"]) <= b),
                         key=lambda r: (r["bytes_per_step"], r["rel_err"]))
             rec.append([f"rel_err ≤ {b:g}"] + ([ok[0]["label"], nbytes(ok[0]["bytes_per_step"]),
                                                 ok[0]["rel_err"]] if ok else ["none fits", "–",

@@ -153,7 +153,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
 def read_csv(path: Path) -> list[dict]:
     rs = _rs()
     with open(path, newline="") as f:
-        return [{k: rs._num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        return [{k: rs.to_num(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 def _lay(r: dict) -> str:
@@ -172,7 +172,7 @@ def finals(rows: list[dict]) -> list[dict]:
 
 def plot(rows: list[dict], path: Path) -> None:
     rs = _rs()
-    plt = rs._plt()
+    plt = rs.get_plt()
     fams = list(dict.fromkeys(r["family"] for r in rows))
     fig, axes = plt.subplots(2, len(fams), figsize=(6.6 * len(fams), 9.6), squeeze=False)
     fin = [r for r in finals(rows) if r["study"] == "study_precision_table"]
@@ -184,21 +184,21 @@ def plot(rows: list[dict], path: Path) -> None:
             pts = [r for r in sub if _lay(r) == lay]
             for kind, mk in kind_m.items():
                 k = [r for r in pts if r["kind"] == kind]
-                ax.scatter([r["bytes_per_step"] for r in k], [rs._pos(r["rel_err"]) for r in k],
+                ax.scatter([r["bytes_per_step"] for r in k], [rs.positive(r["rel_err"]) for r in k],
                            marker=mk, s=34, color=f"C{li}", alpha=0.75,
                            label=f"{lay.split(' (')[0]}, {kind}", zorder=3)
-            front = rs._front([(r["bytes_per_step"], rs._pos(r["rel_err"])) for r in pts
-                               if not math.isnan(rs._pos(r["rel_err"]))])
+            front = rs.pareto_points([(r["bytes_per_step"], rs.positive(r["rel_err"])) for r in pts
+                               if not math.isnan(rs.positive(r["rel_err"]))])
             ax.plot([p[0] for p in front], [p[1] for p in front], "-", color=f"C{li}", lw=1,
                     alpha=0.6, zorder=1)
         for r in sub:  # name the references once (first layer's)
             if r["kind"] != "split" and r["layer"] == sub[0]["layer"]:
                 short = r["label"].replace("conventional", "conv.")
                 up = r["kind"] == "shared"
-                ax.annotate(short, (r["bytes_per_step"], rs._pos(r["rel_err"])), fontsize=6.5,
+                ax.annotate(short, (r["bytes_per_step"], rs.positive(r["rel_err"])), fontsize=6.5,
                             xytext=(4, 5 if up else -10), textcoords="offset points",
                             bbox=dict(fc="white", ec="none", alpha=0.7, pad=0.3))
-        rs._loglog(ax, "bytes per decode step per head (cost model)",
+        rs.loglog_axes(ax, "bytes per decode step per head (cost model)",
                    f"rel. output error, window ending at step {sub[0]['step']:,}",
                    f"study 4 schemes, {sub[0]['model_class']} (lines: Pareto fronts)", xbase=10)
         ax.legend(fontsize=7, ncol=2, loc="best")
@@ -208,13 +208,13 @@ def plot(rows: list[dict], path: Path) -> None:
         labels = list(dict.fromkeys(r["label"] for r in sub))
         for li, lay in enumerate(dict.fromkeys(_lay(r) for r in sub)):
             for si, lab in enumerate(labels):
-                pts = sorted((r["step"], rs._pos(r["kl"])) for r in sub
+                pts = sorted((r["step"], rs.positive(r["kl"])) for r in sub
                              if _lay(r) == lay and r["label"] == lab)
                 wide = "fp32 update" in lab  # drawn under the FP16-SR split it coincides with
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], ("-", "--", ":")[li % 3],
                         color=f"C{si + 2}", lw=3.2 if wide else 1.5, alpha=0.55 if wide else 1,
                         label=f"{lab}, {lay.split(' (')[0]}")
-        rs._loglog(ax, "decode step (tokens)", "KL(p_ref ‖ p_sim), window mean, nats/token",
+        rs.loglog_axes(ax, "decode step (tokens)", "KL(p_ref ‖ p_sim), window mean, nats/token",
                    f"study 8 schemes, {sub[0]['model_class']}")
         ax.legend(fontsize=6.5, loc="best", framealpha=0.85)
     fig.suptitle("Traces recorded from tiny RANDOM-weight models (not trained): "
@@ -263,7 +263,7 @@ def table_precision(rows: list[dict], budgets=(0.01, 0.0625, 0.25)) -> str:
     for f, lay in lays:
         sub = [r for r in fin if (r["family"], r["layer"]) == (f, lay)]
         for b in budgets:
-            ok = sorted((r for r in sub if rs._pos(r["rel_err"]) <= b),
+            ok = sorted((r for r in sub if rs.positive(r["rel_err"]) <= b),
                         key=lambda r: (r["bytes_per_step"], r["rel_err"]))
             rec.append([f"{name[f]}{lay}", f"rel_err ≤ {b:g}"] + (
                 [ok[0]["label"], rs.nbytes(ok[0]["bytes_per_step"]), ok[0]["rel_err"]]

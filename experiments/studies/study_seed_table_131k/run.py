@@ -20,19 +20,20 @@ from studylib import (  # noqa: E402
     STUDIES_DIR,
     Study,
     _lengths_of,
-    _shape,
-    _title,
     at,
     curves,
     finals,
     g,
     main,
     md_table,
+    shape_label,
+    title_line,
 )
 
 
 def plot_seed_table(rows, path):
-    curves(rows, path, lambda r: r["label"], _title(rows, f"article's table, {_shape(rows[0])}"),
+    curves(rows, path, lambda r: r["label"],
+           title_line(rows, f"article's table, {shape_label(rows[0])}"),
            panels=(("rel_err", "relative output error (window mean)"),
                    ("kl", "KL(p_ref ‖ p_sim), nats/token"),
                    ("state_drift", "state drift ‖S−S_ref‖/‖S_ref‖")))

@@ -17,22 +17,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studylib
 from studylib import (  # noqa: E402
     Study,
-    _finish,
-    _plt,
-    _pos,
-    _profile,
-    _title,
     finals,
+    finish_figure,
+    get_plt,
     main,
     md_table,
     nbytes,
+    positive,
+    profile_label,
+    title_line,
 )
 
 
 def plot_speculative(rows, path):
     """Per layer and ReplaySSM scheme: the last window's error vs T, one line per acceptance
     profile, T = 0 drawn as T = 0 of every line."""
-    plt = _plt()
+    plt = get_plt()
     fin = [r for r in finals(rows) if r["kind"] != "conventional"]
     panels = list(dict.fromkeys((r["model"], r["label"]) for r in fin))
     ncol = min(3, len(panels))
@@ -42,10 +42,10 @@ def plot_speculative(rows, path):
     for ax, (model, lab) in zip(axes, panels, strict=False):
         sub = [r for r in fin if r["model"] == model and r["label"] == lab]
         base = [r for r in sub if not r["drafts"]]
-        for i, prof in enumerate(dict.fromkeys(_profile(r) for r in sub if r["drafts"])):
-            pts = sorted((r["drafts"], r["rel_err"]) for r in sub if _profile(r) == prof)
+        for i, prof in enumerate(dict.fromkeys(profile_label(r) for r in sub if r["drafts"])):
+            pts = sorted((r["drafts"], r["rel_err"]) for r in sub if profile_label(r) == prof)
             pts = [(0, base[0]["rel_err"])] * bool(base) + pts
-            ax.plot([p[0] for p in pts], [_pos(p[1]) for p in pts], "o-", color=f"C{i}",
+            ax.plot([p[0] for p in pts], [positive(p[1]) for p in pts], "o-", color=f"C{i}",
                     label=prof)
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xticks([0, 1, 2, 4, 8], ["0", "1", "2", "4", "8"])
@@ -56,18 +56,20 @@ def plot_speculative(rows, path):
         ax.grid(True, alpha=0.3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    fig.suptitle(_title(rows, f"speculative decoding, L = {rows[0]['buffer_len']}"), fontsize=10)
-    _finish(fig, axes[:len(panels)], path, ncol=4)
+    fig.suptitle(title_line(rows, f"speculative decoding, L = {rows[0]['buffer_len']}"),
+                 fontsize=10)
+    finish_figure(fig, axes[:len(panels)], path, ncol=4)
 
 
 def table_speculative(rows):
-    fin = sorted(finals(rows), key=lambda r: (r["model"], r["label"], _profile(r), r["drafts"]))
+    fin = sorted(finals(rows),
+                 key=lambda r: (r["model"], r["label"], profile_label(r), r["drafts"]))
     fin = [r for r in fin if (r["drafts"] and r["kind"] != "conventional") or (  # conventional:
         not r["drafts"] and not any(  # T = 0 only (drafts change nothing), once per layer
             x is not r and not x["drafts"] and (x["model"], x["label"]) == (r["model"],
                                                                             r["label"])
             and x["job"] < r["job"] for x in fin))]
-    body = [[r["model"], r["label"], str(r["drafts"]), _profile(r), r["rel_err"], r["kl"],
+    body = [[r["model"], r["label"], str(r["drafts"]), profile_label(r), r["rel_err"], r["kl"],
              r["state_drift"], nbytes(r["bytes_per_step"])] for r in fin]
     return md_table(["layer", "scheme", "drafts T", "acceptance", f"rel_err at "
                      f"{fin[0]['step']:,}", "KL (nats/token)", "state drift",

@@ -17,19 +17,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # studies/: studyl
 from studylib import (  # noqa: E402
     NEMOTRON,
     Study,
-    _finish,
-    _plt,
-    _pos,
-    _shape,
-    _title,
     finals,
+    finish_figure,
+    get_plt,
     main,
     md_table,
+    positive,
+    shape_label,
+    title_line,
 )
 
 
 def plot_sr_bits(rows, path):
-    plt = _plt()
+    plt = get_plt()
     fin = finals(rows)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     colors = {"fp16": "C0", "fp8_e4m3": "C3"}
@@ -40,23 +40,23 @@ def plot_sr_bits(rows, path):
                 pts = sorted((r["sr_bits"], r[metric]) for r in fin if r["fmt"] == f
                              and r["kind"] == kind and r["rounding"] == "sr" and r["sr_bits"])
                 if pts:
-                    ax.plot([p[0] for p in pts], [_pos(p[1]) for p in pts], ls, color=c,
+                    ax.plot([p[0] for p in pts], [positive(p[1]) for p in pts], ls, color=c,
                             label=f"{kind} {f}, SR" + (" + nvfp4 read" if kind == "split"
                                                        else ""))
             rne = [r for r in fin if r["fmt"] == f and r["rounding"] == "rne"]
             if rne:
-                ax.axhline(_pos(rne[0][metric]), color=c, ls=":", lw=1.2,
+                ax.axhline(positive(rne[0][metric]), color=c, ls=":", lw=1.2,
                            label=f"conventional {f}, RNE")
         ref = [r for r in fin if r["fmt"] == "fp32" and r["kind"] == "conventional"]
         if ref:
-            ax.axhline(_pos(ref[0][metric]), color="k", ls=":", lw=1, label="conventional fp32")
+            ax.axhline(positive(ref[0][metric]), color="k", ls=":", lw=1, label="conventional fp32")
         ax.set_yscale("log")
         ax.set_xticks(sorted({r["sr_bits"] for r in fin if r["sr_bits"]}))
         ax.set_xlabel("SR random bits per rounding")
         ax.set_ylabel(ylab)
         ax.grid(True, alpha=0.3)
-    fig.suptitle(_title(rows, f"SR random bits, {_shape(rows[0])}"), fontsize=10)
-    _finish(fig, list(axes), path)
+    fig.suptitle(title_line(rows, f"SR random bits, {shape_label(rows[0])}"), fontsize=10)
+    finish_figure(fig, list(axes), path)
 
 
 def table_sr_bits(rows):
