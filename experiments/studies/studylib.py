@@ -26,7 +26,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -43,6 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXP = ROOT / "experiments"
+sys.path.insert(0, str(EXP / "bench"))
+from record import machine  # noqa: E402  (bench/record.py: the one description of a machine)
 
 STUDIES_DIR = EXP / "studies"  # one folder per study
 # the Hydra studies (a preset each), in study order; each has studies/<name>/run.py
@@ -380,20 +381,6 @@ def _has_joblib() -> bool:
         return importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
     except ModuleNotFoundError:  # no hydra_plugins namespace at all
         return False
-
-
-def machine() -> dict:
-    out = {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
-           "python": platform.python_version()}
-    try:
-        import torch
-
-        out["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            out["gpu"] = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - no torch: machine info without it
-        pass
-    return out
 
 
 def run_study(st: Study, work: Path, dest: Path, device: str, smoke: bool,
