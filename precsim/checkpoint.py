@@ -251,6 +251,10 @@ class Checkpoint:
         self._state = state
         return state
 
+    def saved(self) -> bool:
+        """Whether a saved state of this config waits to be resumed (read by :meth:`load`)."""
+        return (self._state if self._state is not None else self.load()) is not None
+
     def resume(self, device=None) -> dict | None:
         """The engine's saved state (its ``acc`` without a readout), or None; says so. Tensors
         come back on the CPU, or on ``device`` (an engine whose accumulator holds tensors;

@@ -56,6 +56,9 @@ class ModelConfig:
     # whole-model parallel mode: positions per forward pass (rounded up to whole metric windows
     # of whole ReplaySSM segments; 0 = the whole document at once); checkpoints fall between
     chunk: int = 32768
+    # whole-model mode: documents per batch of groups x documents rows (0: every document in one
+    # batch; auto: on a GPU as many as an estimate fits in half its free memory, on the CPU 0)
+    doc_batch: Any = "auto"
     # whole-model mode across devices: null (one device, run.device), auto, balanced, or a map
     # {module: device} / a .yaml/.json file of one (docs/real-models.md, "Across several GPUs")
     device_map: Any = None
@@ -319,6 +322,9 @@ def validate(cfg: Config) -> None:
               "an integer >= 1 (tokens generated after each prompt)")
     check(isinstance(m.chunk, int) and m.chunk >= 0, "model.chunk", m.chunk,
           "an integer >= 0 (positions per forward pass; 0 = the whole document)")
+    check(m.doc_batch == "auto" or (isinstance(m.doc_batch, int) and not isinstance(
+        m.doc_batch, bool) and m.doc_batch >= 0), "model.doc_batch", m.doc_batch,
+        "auto, or an integer >= 0 (documents per batch; 0 = every document in one batch)")
     check(m.dtype in (None, "float32", "float64", "bfloat16", "float16"), "model.dtype", m.dtype,
           "null (the checkpoint's), float32, float64, bfloat16, float16")
     m.device_map = parse_device_map(m.device_map)

@@ -138,8 +138,9 @@ def run_decode(model, ids: np.ndarray, groups, cfg, compute, bar=None) -> dict:
     if K != 1:
         from ..errors import PrecsimError
 
-        raise PrecsimError(f"run.seqs={K} with model.mode=decode; allowed: 1 (or "
-                           "model.mode=parallel)")
+        raise PrecsimError(f"model.doc_batch={cfg.model.doc_batch!r} with model.mode=decode "
+                           f"({K} documents a batch); allowed: 1 or auto (one document a "
+                           "batch), or model.mode=parallel")
     with torch.no_grad(), Hook(model) as hook:
         for t in range(N):
             logits = []

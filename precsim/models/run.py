@@ -126,7 +126,8 @@ def every_layer_scheme(cfg, layers: list[int], also: dict | None = None):
 def place(cfg, device: str, split_ok: bool):
     """``model.device_map``'s plan (:func:`.placement.plan_run`) for the run of ``cfg`` on
     ``device``'s kind (``cpu``, or the visible GPUs), stated on one line of the log; None
-    without a map."""
+    without a map. It is sized for one batch of ``model.doc_batch`` documents when that is an
+    integer (each batch runs on the same placement), else for every document."""
     import logging
 
     from .placement import plan_run
@@ -140,7 +141,10 @@ def place(cfg, device: str, split_ok: bool):
     if pl.formats is not None:  # experiment=per_layer: its widest pass (no split)
         wide = max(pl.groups_per_pass, len(pl.formats) + 1)
         schemes = [f"group{i}" for i in range(wide)]
-    plan = plan_run(m.path, m.dtype, m.device_map, device, docs=cfg.run.seqs,
+    # sized for one batch of documents (model.doc_batch=B), else for all of them (auto: one
+    # batch under a plan, doc_batch)
+    docs = min(m.doc_batch, cfg.run.seqs) if m.doc_batch not in ("auto", 0) else cfg.run.seqs
+    plan = plan_run(m.path, m.dtype, m.device_map, device, docs=docs,
                     schemes=schemes, tokens=cfg.run.steps, chunk=chunk,
                     split_ok=split_ok and m.mode == "parallel")
     logging.getLogger("precsim").info(plan.line())
@@ -215,6 +219,73 @@ def prepare(cfg, device: str = "cpu", also: dict | None = None, split_ok: bool =
                   plan, copies, tok)
 
 
+DOC_BATCH_FREE = 0.5  # model.doc_batch=auto: of a GPU's free memory, what one batch may take
+
+
+def batch_seed(seed: int, b: int) -> int:
+    """The ``run.seed`` batch ``b`` of a run's documents (or of a task's rows) draws from:
+    ``seed`` itself for the first batch (a run of one batch draws what it always drew), else a
+    63-bit hash of ``(seed, b)``. Every batch must draw its own bits: with one seed, document
+    ``j`` of every batch would get the same SR bits and dither (each draw is keyed by the seed,
+    the scheme, the layer and the element's index within the batch), correlated noise that
+    narrows the intervals over documents."""
+    import hashlib
+
+    if b == 0:
+        return seed
+    h = hashlib.blake2b(f"precsim batch {seed} {b}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") >> 1
+
+
+def batch_cfg(cfg, b: int):
+    """``cfg`` with batch ``b``'s ``run.seed`` (:func:`batch_seed`)."""
+    import dataclasses
+
+    if b == 0:
+        return cfg
+    return dataclasses.replace(cfg, run=dataclasses.replace(
+        cfg.run, seed=batch_seed(cfg.run.seed, b)))
+
+
+def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None) -> int:
+    """Documents per batch of a whole-model run of ``groups`` groups over ``ld.ids`` (``K``
+    documents; ``K``: one batch). ``model.doc_batch``: an integer ``B >= 1`` (at most ``K``),
+    ``0`` (``K``), or ``auto``:
+
+    * on a CUDA device, the largest ``B`` (at least 1) whose estimated bytes fit
+      ``DOC_BATCH_FREE`` (half) of the device's free memory, read after the model is loaded
+      (``torch.cuda.mem_get_info``). The estimate is :func:`.placement.estimate`'s, the one
+      ``model.device_map`` sizes runs with, for one document times ``B``: per group and SSM
+      layer the state at 16 bytes an element (a scheme's float32 state, read copy and
+      error-feedback residual, or the reference's float64 state, 12 bytes at most; the model's
+      own float32 cache, 4), the conv state and (a run of several passes) the attention
+      cache of every token; per group and pass, ``chunk`` positions of hidden states, the
+      widest projection and the scan's inputs and outputs; the output head's float64 logits
+      of 1,024 positions. Generation counts its new tokens among the tokens; decode mode
+      passes one position at a time. Half the free memory leaves room for what the estimate
+      misses (the allocator's fragmentation, the scan's temporaries);
+    * 1 in decode mode (it runs one document at a time);
+    * ``K`` on the CPU (the whole batch: memory is rarely the limit there), with a
+      ``model.device_map`` (its plan was sized for every document: an integer batches it), and
+      when a checkpoint of this config is to be resumed (only a run of one batch saves one)."""
+    m = cfg.model
+    K, N = ld.ids.shape
+    if m.doc_batch != "auto":
+        return min(m.doc_batch or K, K)
+    if m.mode == "decode":  # (decode mode runs one document at a time)
+        return 1
+    if not ld.device.startswith("cuda") or ld.plan is not None or (
+            ckpt is not None and ckpt.saved()):
+        return K
+    from .placement import estimate, shape_of
+
+    mdtype = next(ld.model.parameters()).dtype
+    tokens = N + (m.new_tokens if m.mode == "generate" else 0)
+    per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, tokens, min(chunk, tokens)).run()
+    free, _ = torch.cuda.mem_get_info(torch.device(ld.device))
+    return int(min(K, max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
+
+
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
     rows have the layer-level columns (of the model's own logits). ``ckpt``: parallel mode saves
@@ -226,63 +297,76 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             ckpt=None):
     """One whole-model run of ``schemes`` (name -> SchemeConfig) beside the reference on the
     loaded model: the Result (of ``cfg`` with these schemes); ``ckpt`` as in
-    :func:`run_model_kl`."""
-    import dataclasses
+    :func:`run_model_kl`.
 
+    The documents go through in batches of ``model.doc_batch`` (:func:`doc_batch`), each with
+    fresh groups (a Group keeps its run's drift and first non-finite token); the batches' per-
+    token metrics, drift samples and generations are concatenated in document order
+    (:func:`merge_batches`), so a deterministic scheme's figures do not depend on the batch
+    size. The random draws do (SR bits, the noise run's dither): batch ``b`` draws from
+    :func:`batch_seed` ``(run.seed, b)``, so a run's draws depend on (``run.seed``,
+    ``model.doc_batch``); ``summary.json``'s ``info.doc_batch`` is the batch size used. Only a
+    run of one batch saves checkpoints between chunks (several: ``info.checkpoints_off``)."""
+    import dataclasses
+    import logging
+
+    from ..checkpoint import Interrupted
     from ..engines.base import progress_bar
     from ..result import make_result
+    from .parallel import chunk_len
 
     cfg = dataclasses.replace(cfg, schemes=dict(schemes))
     m, model, phases = cfg.model, ld.model, dict(ld.phases)
     K, N = ld.ids.shape
     mdtype = next(model.parameters()).dtype
     groups = build_groups(cfg, mdtype)
+    chunk = chunk_len(cfg, N, ld.backend) if m.mode != "decode" else 1
+    B = doc_batch(cfg, ld, len(groups), chunk, ckpt)
+    spans = [(s, min(K, s + B)) for s in range(0, K, B)]
+    one = len(spans) == 1
+    if not one:
+        logging.getLogger("precsim").info(
+            f"documents: {K} in {len(spans)} batches of {B} (model.doc_batch={m.doc_batch!r}; "
+            f"{len(groups)} groups a document){'' if ckpt is None else '; no checkpoints'}")
     bar = progress_bar(cfg, progress)
+    if bar is not None:  # (every batch's)
+        per = {"parallel": len(ld.layers) * -(-N // chunk) * max(1, len(ld.copies)),
+               "generate": len(ld.layers) * -(-N // chunk) + m.new_tokens, "decode": N}[m.mode]
+        bar.reset(total=per * len(spans))
+        if m.mode != "decode":
+            bar.set_description(f"{bar_desc} x chunks"
+                                + (", then tokens" if m.mode == "generate" else ""))
+    if ckpt is not None and one and m.mode == "parallel" and not ld.copies:
+        ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
     t_run = time.perf_counter()
+    parts = []
     try:
-        if m.mode == "parallel":
-            from .parallel import chunk_len, run_parallel, run_split
-
-            chunk = chunk_len(cfg, N, ld.backend)
-            if bar is not None:
-                bar.reset(total=len(ld.layers) * -(-N // chunk) * max(1, len(ld.copies)))
-                bar.set_description(f"{bar_desc} x chunks")
-            if ld.copies:  # the scheme batch split across devices (no checkpoints)
-                tok_m = run_split(ld.copies, ld.plan.shards, ld.ids, groups, cfg, ld.compute,
-                                  ld.backend, bar, phases)
-            else:
-                if ckpt is not None:
-                    ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
-                tok_m = run_parallel(model, ld.ids, groups, cfg, ld.compute, ld.backend, bar,
-                                     phases=phases, ckpt=ckpt)
-        elif m.mode == "generate":
-            from .generate import run_generate
-            from .parallel import chunk_len
-
-            chunk = chunk_len(cfg, N, ld.backend)
-            if bar is not None:
-                bar.reset(total=len(ld.layers) * -(-N // chunk) + m.new_tokens)
-                bar.set_description(f"{bar_desc} x chunks, then tokens")
-            tok_m, gen = run_generate(model, ld.ids, groups, cfg, ld.compute, m.new_tokens,
-                                      bar, phases, ld.backend)
-        else:
-            from .decode import run_decode
-
-            if bar is not None:
-                bar.reset(total=N)
-            tok_m = run_decode(model, ld.ids, groups, cfg, ld.compute, bar)
+        for b, (s, e) in enumerate(spans):
+            cb = batch_cfg(cfg, b)
+            gs = groups if b == 0 else build_groups(cb, mdtype)
+            ph: dict = {}
+            parts.append((run_batch(cb, ld, ld.ids[s:e], gs, bar, ph, ckpt if one else None),
+                          gs))
+            for k, v in ph.items():
+                phases[k] = round(phases.get(k, 0.0) + v, 3)
     except torch.OutOfMemoryError:
-        rows = (f"{K} document(s) x {len(groups)} rows (the reference, the floor's and each "
-                "scheme's)")
+        rows = (f"{min(B, K)} document(s) a batch x {len(groups)} rows (the reference, the "
+                "floor's and each scheme's)")
         fix = (f"a smaller model.chunk (now {chunk:,} positions a pass; attention layers hold "
-               "a chunk x everything before it), fewer run.seqs or fewer schemes"
-               if m.mode in ("parallel", "generate") else "fewer run.seqs or fewer schemes")
+               "a chunk x everything before it), " if m.mode in ("parallel", "generate") else "")
         raise PrecsimError(f"the whole-model run ran out of {ld.device} memory ({rows}, "
-                           f"{N:,} tokens each); allowed: {fix}") from None
+                           f"{N:,} tokens each); allowed: a smaller model.doc_batch (now "
+                           f"{m.doc_batch!r}: {min(B, K)} documents a batch), {fix}fewer "
+                           "run.seqs or fewer schemes") from None
+    except Interrupted as e:
+        if one:
+            raise
+        # a partial result of one batch's documents is not the run's: nothing is kept
+        raise Interrupted(e.signum) from None
     run_s = time.perf_counter() - t_run
     if bar is not None:
         bar.close()
-    tok_all = tok_m
+    tok_all, gen, groups = merge_batches(parts)
     tok_m, rows_groups, seeds = merge_seeds(tok_all, groups, cfg)
     res = result_rows(tok_m, rows_groups, cfg.metrics.window, N, seeds)
     floor = floor_figures(tok_all, tok_m, groups, cfg, mdtype, rows_groups)
@@ -304,8 +388,12 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             "scan_backend": ld.backend, **({"scan_backend_why": ld.why} if ld.why else {}),
             "phases_s": phases, "ssm_layers": ld.layers,
             **({"placement": ld.plan.info()} if ld.plan is not None else {}),
-            **({"chunk": chunk_len(cfg, N, ld.backend)} if m.mode == "parallel" else {}),
+            **({"chunk": chunk} if m.mode == "parallel" else {}),
+            "doc_batch": min(B, K),
             **(ckpt.info() if ckpt is not None else {}),
+            **({"checkpoints_off": f"{len(spans)} document batches (model.doc_batch): only "
+                                   "a run of one batch saves"}
+               if ckpt is not None and not one else {}),
             "layers": model.config.num_hidden_layers,
             "documents": K, "tokens": N, "source": ld.source, "model_s": round(run_s, 3),
             "first_flip": {g.name: first_flips(tok_m[g.name]["top1"]) for g in rows_groups[1:]},
@@ -316,6 +404,64 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     return make_result(cfg, None, {g.name: g.dead_at for g in rows_groups[1:]},
                        engine=f"model/{ld.backend}", device=ld.device, t_start=ld.t_start,
                        info=info, **res, steps=N)
+
+
+def run_batch(cfg, ld: Loaded, ids: np.ndarray, groups, bar, phases: dict, ckpt=None):
+    """One batch of documents ``ids`` (``(K_b, N)``) under fresh ``groups``, in
+    ``model.mode``: ``(per-token metrics, generation or None)``; ``ckpt``: saves between
+    parallel mode's chunks (one device)."""
+    m = cfg.model
+    if m.mode == "parallel":
+        from .parallel import run_parallel, run_split
+
+        if ld.copies:  # the scheme batch split across devices (no checkpoints)
+            return run_split(ld.copies, ld.plan.shards, ids, groups, cfg, ld.compute,
+                             ld.backend, bar, phases), None
+        return run_parallel(ld.model, ids, groups, cfg, ld.compute, ld.backend, bar,
+                            phases=phases, ckpt=ckpt), None
+    if m.mode == "generate":
+        from .generate import run_generate
+
+        return run_generate(ld.model, ids, groups, cfg, ld.compute, m.new_tokens, bar, phases,
+                            ld.backend)
+    from .decode import run_decode
+
+    return run_decode(ld.model, ids, groups, cfg, ld.compute, bar), None
+
+
+def merge_batches(parts: list) -> tuple[dict, dict | None, list]:
+    """The batches of a run as one: ``parts`` is ``[((tok, gen), groups)]`` in document order;
+    returns the per-token metrics and generations (each ``(K_b, ...)`` array concatenated along
+    the documents) and the groups (the first batch's, with every batch's drift: the samples of
+    each layer align by token, every batch having the same positions and chunks; and the
+    earliest non-finite token of any batch)."""
+    import dataclasses
+
+    if len(parts) == 1:
+        (tok, gen), groups = parts[0]
+        return tok, gen, groups
+
+    def cat(dicts: list[dict]) -> dict:
+        return {n: {k: np.concatenate([d[n][k] for d in dicts]) for k in dicts[0][n]}
+                for n in dicts[0]}
+
+    tok = cat([t for (t, _), _ in parts])
+    gen = cat([g for (_, g), _ in parts]) if parts[0][0][1] is not None else None
+    groups = []
+    for gi, g in enumerate(parts[0][1]):
+        mine = [gs[gi] for _, gs in parts]
+        drift = {}
+        for layer in g.drift:
+            per = [x.drift[layer] for x in mine]
+            drift[layer] = []
+            for samples in zip(*per, strict=True):
+                assert len({s[0] for s in samples}) == 1, "drift samples out of step"
+                drift[layer].append((samples[0][0], np.concatenate([s[1] for s in samples]),
+                                     None if samples[0][2] is None
+                                     else np.concatenate([s[2] for s in samples])))
+        dead = [x.dead_at for x in mine if x.dead_at is not None]
+        groups.append(dataclasses.replace(g, drift=drift, dead_at=min(dead) if dead else None))
+    return tok, gen, groups
 
 
 def merge_seeds(tok: dict, groups, cfg):

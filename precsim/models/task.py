@@ -67,15 +67,18 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
     """Every group's scores of ``rows``: ``{name: {"lp": summed log-likelihood of each row's
     scored tokens (R,), "greedy": 1.0 where the argmax at each of them is the next token (R,)}}``
     (NaN log-likelihood where a group's output is not finite). ``groups_fn()``: a fresh list of
-    the run's groups (a Group keeps per-run state)."""
+    the run's groups (a Group keeps per-run state). Batch ``b`` draws its SR bits and dither
+    from :func:`.run.batch_seed` ``(run.seed, b)`` (the first: ``run.seed``), so rows of
+    different batches do not share random bits."""
     from .parallel import run_parallel
+    from .run import batch_cfg
 
     lengths = np.asarray([r.size for r in rows.ids])
     G = len(groups_fn())
     R = lengths.size
     out: dict = {}
     V = int(ld.model.get_output_embeddings().weight.shape[0])
-    for idx in batches(lengths, G, budget):
+    for b, idx in enumerate(batches(lengths, G, budget)):
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
         for j, r in enumerate(idx):
@@ -88,7 +91,7 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
         pos = np.repeat(st - 1, nn) + (np.arange(nn.sum()) - np.repeat(np.cumsum(nn) - nn, nn))
         at = np.zeros((K, N), dtype=bool)  # the head only where a token is scored
         at[rr, pos] = True
-        tok = run_parallel(ld.model, ids, groups, cfg, ld.compute, ld.backend,
+        tok = run_parallel(ld.model, ids, groups, batch_cfg(cfg, b), ld.compute, ld.backend,
                            head_chunk=head, phases=phases, at=at)
         nxt = ids[rr, pos + 1]
         for g in groups:
@@ -104,20 +107,21 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
 
 def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget: int) -> np.ndarray:
     """The greedy next token (argmax at the last position) of each sequence in ``seqs`` under
-    group ``name``, in batches as :func:`score_rows`."""
+    group ``name``, in batches (and batch seeds) as :func:`score_rows`."""
     from .parallel import run_parallel
+    from .run import batch_cfg
 
     lengths = np.asarray([len(s) for s in seqs])
     G = len(groups_fn())
     V = int(ld.model.get_output_embeddings().weight.shape[0])
     out = np.zeros(lengths.size, dtype=np.int64)
-    for idx in batches(lengths, G, budget):
+    for b, idx in enumerate(batches(lengths, G, budget)):
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
         for j, r in enumerate(idx):
             ids[j, :lengths[r]] = seqs[r]
         head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
-        tok = run_parallel(ld.model, ids, groups_fn(), cfg, ld.compute, ld.backend,
+        tok = run_parallel(ld.model, ids, groups_fn(), batch_cfg(cfg, b), ld.compute, ld.backend,
                            head_chunk=head)
         out[idx] = tok[name]["arg"][np.arange(K), lengths[idx] - 1].astype(np.int64)
     return out
