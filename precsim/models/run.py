@@ -310,7 +310,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     import dataclasses
     import logging
 
-    from ..checkpoint import Interrupted
+    from ..checkpoint import Checkpoint, Interrupted
     from ..engines.base import progress_bar
     from ..result import make_result
     from .parallel import chunk_len
@@ -344,9 +344,11 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
         for b, (s, e) in enumerate(spans):
             cb = batch_cfg(cfg, b)
             gs = groups if b == 0 else build_groups(cb, mdtype)
+            ck = ckpt if one and ckpt is not None else Checkpoint(cb, None)  # (stops, no saves)
+            if ck is not ckpt:
+                ck.start(f"model/{ld.backend}", ld.device, ld.t_start)
             ph: dict = {}
-            parts.append((run_batch(cb, ld, ld.ids[s:e], gs, bar, ph, ckpt if one else None),
-                          gs))
+            parts.append((run_batch(cb, ld, ld.ids[s:e], gs, bar, ph, ck), gs))
             for k, v in ph.items():
                 phases[k] = round(phases.get(k, 0.0) + v, 3)
     except torch.OutOfMemoryError:
