@@ -352,13 +352,13 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             for k, v in ph.items():
                 phases[k] = round(phases.get(k, 0.0) + v, 3)
     except torch.OutOfMemoryError:
-        rows = (f"{min(B, K)} document(s) a batch x {len(groups)} rows (the reference, the "
-                "floor's and each scheme's)")
+        rows = (f"{min(B, K)} document(s) x {len(groups)} rows (the reference, the floor's "
+                "and each scheme's)")
         fix = (f"a smaller model.chunk (now {chunk:,} positions a pass; attention layers hold "
                "a chunk x everything before it), " if m.mode in ("parallel", "generate") else "")
         raise PrecsimError(f"the whole-model run ran out of {ld.device} memory ({rows}, "
-                           f"{N:,} tokens each); allowed: a smaller model.doc_batch (now "
-                           f"{m.doc_batch!r}: {min(B, K)} documents a batch), {fix}fewer "
+                           f"{N:,} tokens each); allowed: {fix}a smaller model.doc_batch (now "
+                           f"{m.doc_batch!r}: {min(B, K)} of {K} documents a batch), fewer "
                            "run.seqs or fewer schemes") from None
     except Interrupted as e:
         if one:

@@ -259,3 +259,17 @@ def test_task_scoring_batches_draw_their_own_seeds(m2, monkeypatch):
         assert each[name]["lp"].tolist() == [each[name]["lp"][0]] * 3, name
     assert each["sr"]["lp"][0] == whole["sr"]["lp"][0]
     assert len(set(each["sr"]["lp"].tolist())) == 3
+
+
+def test_out_of_memory_names_the_batch(m2, monkeypatch):
+    """Out of memory: the one line names model.doc_batch with its value and batch size."""
+    from precsim.errors import PrecsimError
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("faked")
+
+    monkeypatch.setattr(run_mod, "run_batch", oom)
+    with pytest.raises(PrecsimError, match=r"\(2 document\(s\) x 5 rows .*allowed: a smaller "
+                                           r"model.chunk .*, a smaller model.doc_batch \(now "
+                                           r"2: 2 of 4 documents a batch\), fewer run.seqs"):
+        run_model_kl(_cfg(m2, model__doc_batch=2), "cpu", progress=False)
