@@ -57,7 +57,8 @@ class ModelConfig:
     # of whole ReplaySSM segments; 0 = the whole document at once); checkpoints fall between
     chunk: int = 32768
     # whole-model mode: documents per batch of groups x documents rows (0: every document in one
-    # batch; auto: on a GPU as many as an estimate fits in half its free memory, on the CPU 0)
+    # batch; auto: on a GPU as many as an estimate fits in half its free memory, on the CPU all,
+    # in decode mode 1; docs/real-models.md, "Documents in batches")
     doc_batch: Any = "auto"
     # whole-model mode across devices: null (one device, run.device), auto, balanced, or a map
     # {module: device} / a .yaml/.json file of one (docs/real-models.md, "Across several GPUs")
