@@ -140,13 +140,24 @@ def _flat(d, prefix: str = "") -> dict:
     return out
 
 
+def _defaults() -> dict:
+    """Every key of a default :class:`precsim.config.Config`, flattened as in ``summary.json``."""
+    import dataclasses
+
+    from .config import Config
+
+    return _flat(json.loads(json.dumps(json_safe(dataclasses.asdict(Config())))))
+
+
 def config_diff(stored: dict, current: dict) -> list[tuple[str, object, object]]:
     """``(key, stored value, current value)`` for every result-changing key that differs
     between two configs (as written in ``summary.json``). With ``workload.kind=trace`` the trace
     fixes ``model.*``, and with ``model.path`` the checkpoint fixes the layer shape, so those
-    keys are not compared."""
+    keys are not compared. A key the stored config lacks (written before the key existed)
+    counts as the key's default, the value the older run had in effect."""
     a = _flat(json.loads(json.dumps(json_safe(stored))))
     b = _flat(json.loads(json.dumps(json_safe(current))))
+    a = {**{k: v for k, v in _defaults().items() if k not in a and k in b}, **a}
     trace = b.get("workload.kind") == "trace"
     shape = {f"model.{k}" for k in ("family", "heads", "head_dim", "state_dim", "groups")} \
         if b.get("model.path") else set()

@@ -128,6 +128,25 @@ def test_rerun_reuses_only_a_matching_config(tmp_path, capsys):
             if p.is_file()} == files
 
 
+def test_a_result_written_before_a_key_existed_is_reused(tmp_path, capsys):
+    """A summary.json written before a config key existed (here ``model.doc_batch``, dropped
+    from it) is the same config as today's default, not "another config"; a non-default
+    value of that key still is."""
+    import json
+
+    out = tmp_path / "r"
+    rc, _, err = _run([*TINY, f"hydra.run.dir={out}"], capsys)
+    assert rc == 0, err
+    sj = out / "summary.json"
+    s = json.loads(sj.read_text())
+    assert s["config"]["model"].pop("doc_batch") == "auto"
+    sj.write_text(json.dumps(s))
+    rc, stdout, err = _run([*TINY, f"hydra.run.dir={out}"], capsys)
+    assert rc == 0 and "reused" in stdout, err
+    rc, _, err = _run([*TINY, "model.doc_batch=2", f"hydra.run.dir={out}"], capsys)
+    _one_line(rc, err, "model.doc_batch='auto' there, 2 now", str(out))
+
+
 def test_a_changed_input_file_is_not_taken_for_the_same_input(tmp_path, capsys):
     """A result (and a checkpoint) records its input files' sizes and times: the same config
     over a trace rewritten in place is a one-line error, not a reuse of the old numbers."""
