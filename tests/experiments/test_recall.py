@@ -4,7 +4,6 @@ decidable only from the planted pairs / key; its evaluation items are precsim's 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 pytest.importorskip("transformers")
 
@@ -20,10 +20,7 @@ SCRIPT = REPO / "experiments" / "recall" / "train_recall.py"
 
 
 def recipe():
-    spec = importlib.util.spec_from_file_location("recall_recipe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "recall_recipe")
 
 
 R = recipe()
@@ -150,9 +147,7 @@ def test_eval_items_are_task_evals_own():
 
 def test_study_commands_compose_to_the_schemes_it_names(tmp_path):
     """study.py's overrides give task_eval exactly its schemes (FP32 + the engines' formats)."""
-    spec = importlib.util.spec_from_file_location("recall_study", SCRIPT.parent / "study.py")
-    st = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(st)
+    st = load_script(SCRIPT.parent / "study.py", "recall_study")
     from precsim.cli import compose_config, register_configs
 
     register_configs()
@@ -174,11 +169,7 @@ def test_study_commands_compose_to_the_schemes_it_names(tmp_path):
 
 # -- gpu_full.py: the GPU runs' driver and post-processing -------------------------------------
 def gpu_full():
-    spec = importlib.util.spec_from_file_location(
-        "recall_gpu_full", REPO / "experiments" / "recall" / "gpu_full.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "experiments" / "recall" / "gpu_full.py", "recall_gpu_full")
 
 
 def _fake_run(runs: Path, G, fam: str, seed: int, accs: dict, items: int = 20) -> None:

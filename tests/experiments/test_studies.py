@@ -4,24 +4,19 @@ CSV's columns and shape, the PNG, the NOTES results block, and the archive round
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def rs():
-    spec = importlib.util.spec_from_file_location("run_studies", ROOT / "experiments" /
-                                                  "run_studies.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_studies"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    # (registered in sys.modules: dataclasses look their module up there)
+    return load_script(ROOT / "experiments" / "run_studies.py", "run_studies")
 
 
 @pytest.fixture(scope="module")

@@ -3,23 +3,17 @@ script's non-CUDA parts (tests/gpu/gpu_check_ef.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_main
+from conftest import load_script, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(path, name)
 
 
 def test_study_rows_table_csv_and_plot(tmp_path, capsys, monkeypatch):

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "experiments" / "studies" / "study_real_traces"
 
 
 def _mod():
-    spec = importlib.util.spec_from_file_location("study_real_traces_run", HERE / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["study_real_traces_run"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(HERE / "run.py", "study_real_traces_run")
 
 
 def test_committed_csv_columns_and_tables():

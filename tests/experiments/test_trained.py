@@ -7,7 +7,6 @@ points them at another run's folders (a ``--cpu --tiny`` run's, say)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import load_script
 
 pytest.importorskip("transformers")
 
@@ -32,11 +32,7 @@ MAX_BYTES = 8_000_000  # the issue's limit on a committed checkpoint
 
 def recipe():
     """``experiments/trained/train.py`` as a module (its corpus and split)."""
-    spec = importlib.util.spec_from_file_location("trained_recipe",
-                                                  REPO / "experiments" / "trained" / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "experiments" / "trained" / "train.py", "trained_recipe")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ split drops near-duplicates of training files by its stated rule."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,16 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "experiments" / "trained" / "train.py"
 
 
 def recipe():
-    spec = importlib.util.spec_from_file_location("trained_recipe_t", TRAIN)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(TRAIN, "trained_recipe_t")
 
 
 def train(out: Path, seed: int, models: str = "mamba2,gdn") -> dict[str, str]:
