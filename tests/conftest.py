@@ -141,6 +141,23 @@ REPO = Path(__file__).resolve().parents[1]
 _HYDRA_DEFAULTS = ("outputs", "multirun")
 
 
+def interrupted(monkeypatch, at: str, cfg, path, run):
+    """What ``run(ckpt)`` raises when ``PRECSIM_SIGNAL_AT=at`` (``SIGINT@STEP``: the signal at
+    that step) interrupts it under precsim's signal handlers, with a Checkpoint of ``cfg`` in
+    ``path``: the Interrupted (the handlers restored and the variable unset after)."""
+    from precsim.checkpoint import Checkpoint, Interrupted, install_handlers, restore_handlers
+
+    monkeypatch.setenv("PRECSIM_SIGNAL_AT", at)
+    old = install_handlers()
+    try:
+        with pytest.raises(Interrupted) as e, Checkpoint(cfg, path) as ck:
+            run(ck)
+    finally:
+        restore_handlers(old)
+        monkeypatch.delenv("PRECSIM_SIGNAL_AT")
+    return e.value
+
+
 def _left_in_repo() -> set[str]:
     return {p.relative_to(REPO).as_posix() for d in _HYDRA_DEFAULTS
             for p in (REPO / d).glob("*/*")}

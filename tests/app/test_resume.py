@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import EF_SCHEMES, SEED_TABLE, run_main, tiny_cfg
+from conftest import EF_SCHEMES, SEED_TABLE, interrupted, run_main, tiny_cfg
 
 from precsim import report
 from precsim.checkpoint import (
@@ -76,19 +76,13 @@ def test_engine_resumes_bit_identically(engine, family, tmp_path, monkeypatch):
                              run__engine=engine, replay__buffer_len=8, model__head_dim=16))
     ref = mod.run(cfg, dev, progress=False)
     assert ref.engine == engine  # no fallback
-    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@100")
-    old = install_handlers()
-    try:
-        with pytest.raises(Interrupted) as e, Checkpoint(cfg, tmp_path) as ck:
-            mod.run(cfg, dev, progress=False, ckpt=ck)
-    finally:
-        restore_handlers(old)
-    assert e.value.signum == signal.SIGINT and 100 <= e.value.pos < 256
+    e = interrupted(monkeypatch, "SIGINT@100", cfg, tmp_path,
+                    lambda ck: mod.run(cfg, dev, progress=False, ckpt=ck))
+    assert e.signum == signal.SIGINT and 100 <= e.pos < 256
     assert (tmp_path / CHECKPOINT_FILE).is_file()
-    part = e.value.partial  # the whole windows before the stop, as the full run has them
-    assert part.rows and max(r["step"] for r in part.rows) <= e.value.pos
+    part = e.partial  # the whole windows before the stop, as the full run has them
+    assert part.rows and max(r["step"] for r in part.rows) <= e.pos
     assert _same_rows(part.rows, ref.rows[:len(part.rows)])
-    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
     ck = Checkpoint(cfg, tmp_path)
     res = mod.run(cfg, dev, progress=False, ckpt=ck)
     assert res.info["resumed_s"] > 0
@@ -326,7 +320,6 @@ def test_an_interrupt_lost_in_a_finaliser_is_delivered_again(capfd):
     """An interrupt raised where Python cannot propagate it (here a finaliser; under load, an
     import lock's callback) was printed as "Exception ignored" and lost; the handlers now send
     the signal again from outside that callback, and it stops the command as any other."""
-    from precsim.checkpoint import Interrupted, install_handlers, restore_handlers
 
     class Finaliser:
         def __del__(self):
@@ -354,7 +347,6 @@ def test_interrupt_while_hydra_is_half_imported_is_one_line(monkeypatch):
     from importlib import metadata
 
     from precsim import hydra_patches
-    from precsim.checkpoint import Interrupted
     from precsim.compose import interrupt_lines
 
     monkeypatch.setitem(sys.modules, "hydra", None)

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import build, kl_cfg, one_line_errors, run_main
+from conftest import build, interrupted, kl_cfg, one_line_errors, run_main
 
 from precsim.models import run as run_mod
 from precsim.models.run import batch_seed, run_model_kl
@@ -174,22 +174,16 @@ def test_several_batches_do_not_checkpoint_and_an_interrupt_keeps_nothing(m2, tm
     """With several batches no checkpoint is saved between chunks (the info says so); an
     interrupt stops the run with no partial result (one batch's documents are not the run's)
     and no checkpoint; the rerun completes with the uninterrupted figures."""
-    from precsim.checkpoint import Checkpoint, Interrupted, install_handlers, restore_handlers
+    from precsim.checkpoint import Checkpoint
 
     cfg = _cfg(m2, model__doc_batch=2, model__chunk=8)
     ref = run_model_kl(cfg, "cpu", progress=False, ckpt=Checkpoint(cfg, tmp_path, every_s=1e-9))
     assert "checkpoints_off" in ref.info and "checkpoints" not in ref.info
     assert not (tmp_path / "checkpoint.pt").exists()
-    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@8")
-    old = install_handlers()
-    try:
-        with pytest.raises(Interrupted) as e, Checkpoint(cfg, tmp_path) as ck:
-            run_model_kl(cfg, "cpu", progress=False, ckpt=ck)
-    finally:
-        restore_handlers(old)
-    assert e.value.partial is None and e.value.pos is None and e.value.path is None
+    e = interrupted(monkeypatch, "SIGINT@8", cfg, tmp_path,
+                    lambda ck: run_model_kl(cfg, "cpu", progress=False, ckpt=ck))
+    assert e.partial is None and e.pos is None and e.path is None
     assert not (tmp_path / "checkpoint.pt").exists()
-    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
     _same_figures(ref, run_model_kl(cfg, "cpu", progress=False, ckpt=Checkpoint(cfg, tmp_path)))
 
 

@@ -11,7 +11,7 @@ import pytest
 tf = pytest.importorskip("transformers")
 
 from conftest import MODEL_SCHEMES as SCHEMES  # noqa: E402
-from conftest import kl_cfg, one_line_errors  # noqa: E402
+from conftest import interrupted, kl_cfg, one_line_errors  # noqa: E402
 
 from precsim.errors import PrecsimError  # noqa: E402
 from precsim.models.run import run_model_kl  # noqa: E402
@@ -51,23 +51,17 @@ def test_whole_model_run_resumes_bit_identically(kl_ckpt, arch, tmp_path, monkey
     """SIGINT at a known position stops a chunked whole-model run at the next chunk with a
     checkpoint (the model's cache, every layer's scheme states and SR counters, the metrics so
     far); the resumed run equals the uninterrupted one bit for bit."""
-    from precsim.checkpoint import Checkpoint, Interrupted, install_handlers, restore_handlers
+    from precsim.checkpoint import Checkpoint
 
     schemes = {**SCHEMES, "sr": {"kind": "conventional", "fmt": "fp16", "rounding": "sr"}}
     cfg = kl_cfg(kl_ckpt[arch], schemes, 40, model__chunk=8)
     ref = run_model_kl(cfg, "cpu", progress=False)
-    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@12")
-    old = install_handlers()
-    try:
-        with pytest.raises(Interrupted) as e, Checkpoint(cfg, tmp_path) as ck:
-            run_model_kl(cfg, "cpu", progress=False, ckpt=ck)
-    finally:
-        restore_handlers(old)
-    assert e.value.pos == 16 and (tmp_path / "checkpoint.pt").is_file()
-    part = e.value.partial
+    e = interrupted(monkeypatch, "SIGINT@12", cfg, tmp_path,
+                    lambda ck: run_model_kl(cfg, "cpu", progress=False, ckpt=ck))
+    assert e.pos == 16 and (tmp_path / "checkpoint.pt").is_file()
+    part = e.partial
     assert part.info["interrupted_at"] == 16 and max(r["step"] for r in part.rows) == 16
     assert part.rows == [r for r in ref.rows if r["step"] <= 16]
-    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
     res = run_model_kl(cfg, "cpu", progress=False, ckpt=Checkpoint(cfg, tmp_path))
     assert res.info["resumed_s"] > 0
     for name, v in ref.per_step_rel_err.items():

@@ -10,7 +10,7 @@ import torch
 tf = pytest.importorskip("transformers")
 
 from conftest import MODEL_SCHEMES as SCHEMES  # noqa: E402
-from conftest import build, kl_cfg  # noqa: E402
+from conftest import build, interrupted, kl_cfg  # noqa: E402
 
 from precsim.models.run import run_model_kl  # noqa: E402
 
@@ -20,7 +20,7 @@ from precsim.models.run import run_model_kl  # noqa: E402
 def test_triton_backend_chunks_and_resumes_on_the_gpu(arch, tmp_path, monkeypatch):
     """On a GPU (the Triton scan): chunked equals one pass to float32 noise, and an interrupted
     chunked run resumes bit-identically."""
-    from precsim.checkpoint import Checkpoint, Interrupted, install_handlers, restore_handlers
+    from precsim.checkpoint import Checkpoint
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -41,15 +41,9 @@ def test_triton_backend_chunks_and_resumes_on_the_gpu(arch, tmp_path, monkeypatc
     for name, v in r0.per_step_rel_err.items():  # measured on one H200: <= 1.9e-4 of the
         if name.endswith(":kl"):  # largest KL (Mamba-2; the GPU's float32 kernels differ more)
             assert np.abs(ref.per_step_rel_err[name] - v).max() <= 1e-3 * np.abs(v).max() + 1e-9
-    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@100")
-    old = install_handlers()
-    try:
-        with pytest.raises(Interrupted) as e, Checkpoint(cfg, tmp_path / "run") as ck:
-            run_model_kl(cfg, "cuda", progress=False, ckpt=ck)
-    finally:
-        restore_handlers(old)
-    assert e.value.pos == 2048
-    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
+    e = interrupted(monkeypatch, "SIGINT@100", cfg, tmp_path / "run",
+                    lambda ck: run_model_kl(cfg, "cuda", progress=False, ckpt=ck))
+    assert e.pos == 2048
     res = run_model_kl(cfg, "cuda", progress=False, ckpt=Checkpoint(cfg, tmp_path / "run"))
     for name, v in ref.per_step_rel_err.items():
         np.testing.assert_array_equal(res.per_step_rel_err[name], v, err_msg=name)
