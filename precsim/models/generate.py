@@ -10,6 +10,9 @@ first token other than the baseline's) its rows have read exactly the baseline's
 so that position is the first argmax mismatch of the scheme teacher-forced along the
 baseline's continuation (a test checks the two agree); from there it runs free.
 
+In several document batches (``model.doc_batch``) only the prompts go batch by batch; the
+batches' documents then write their tokens together (:func:`generate_batches`).
+
 One-token steps end inside ReplaySSM segments: the scans keep the unfinished segment's inputs
 and evaluate it again at the next step (:class:`precsim.models.scan.Chunks`), as decode mode
 does. The steps run on the torch backend; the prompt too, unless the run's scans are the Triton
@@ -35,8 +38,16 @@ def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, 
     """``(per-token metrics over the prompts, as run_parallel's; generation)``: generation's
     ``tokens`` and ``margin`` (top-1 minus top-2 logit of each written token) per group name,
     arrays ``(K, new_tokens)``."""
-    import inspect
+    phases = {} if phases is None else phases
+    out, tail = read_prompts(model, ids, groups, cfg, compute, bar, phases, backend)
+    return out, write_tokens(model, tail, groups, ids.shape[0], new_tokens, bar, phases)
 
+
+def read_prompts(model, ids: np.ndarray, groups, cfg, compute, bar=None,
+                 phases: dict | None = None, backend: str = "torch") -> tuple[dict, dict]:
+    """The prompts' pass: ``(per-token metrics, as run_parallel's; the tail)``, the tail being
+    what :func:`write_tokens` continues from (run_parallel's ``tail``: the model's cache, every
+    row's last hidden state, every layer's group states, on the torch backend)."""
     from .parallel import run_parallel
 
     phases = {} if phases is None else phases
@@ -44,10 +55,25 @@ def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, 
     tail: dict = {}
     backend = "triton" if backend == "triton" and P % cfg.replay.buffer_len == 0 else "torch"
     out = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases, tail=tail)
-    t0 = time.perf_counter()
     if backend == "triton":
+        t0 = time.perf_counter()
         to_torch(tail["chunks"], groups, K, cfg, compute, P)
         tail["handler"].backend = "torch"
+        phases["generate_s"] = round(phases.get("generate_s", 0.0) + time.perf_counter() - t0, 3)
+    tail["prompt_len"] = P
+    return out, tail
+
+
+def write_tokens(model, tail: dict, groups, K: int, new_tokens: int, bar=None,
+                 phases: dict | None = None) -> dict:
+    """``new_tokens`` greedy tokens of every row from ``tail`` (:func:`read_prompts`'s, or
+    :func:`merge_tails`'): per group name ``tokens`` and ``margin``, arrays ``(K, new_tokens)``;
+    the seconds go to ``phases["generate_s"]``."""
+    import inspect
+
+    phases = {} if phases is None else phases
+    t0 = time.perf_counter()
+    P = tail["prompt_len"]
     base, head = base_and_head(model)
     kw, attr = cache_io(base)
     pos_kw = "position_ids" in inspect.signature(base.forward).parameters
@@ -74,10 +100,164 @@ def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, 
             o = base(input_ids=nxt[:, None].to(dev), **extra)
             cache, h = getattr(o, attr), o.last_hidden_state
     chunks.settle()  # the steps' non-finite checks (each step's top-2 read-back waited already)
-    phases["generate_s"] = round(time.perf_counter() - t0, 3)
-    gen = {g.name: {"tokens": toks[i * K:(i + 1) * K], "margin": margin[i * K:(i + 1) * K]}
-           for i, g in enumerate(groups)}
-    return out, gen
+    phases["generate_s"] = round(phases.get("generate_s", 0.0) + time.perf_counter() - t0, 3)
+    return {g.name: {"tokens": toks[i * K:(i + 1) * K], "margin": margin[i * K:(i + 1) * K]}
+            for i, g in enumerate(groups)}
+
+
+def generate_batches(ld, spans: list[tuple[int, int]], batch, new_tokens: int, step_docs: int,
+                     bar, phases: dict) -> list:
+    """Generation over document batches (``spans``: each batch's documents ``[s, e)``;
+    ``batch(b)``: batch ``b``'s config and fresh groups): each batch's prompts go through the
+    model alone (the prompt pass is what needs the memory: a chunk of positions of every row),
+    then consecutive batches of up to ``step_docs`` documents together write their tokens, one
+    step for all of them (a step costs about the same for 80 rows as for 320: it is the host's
+    dispatch), from their tails merged (:func:`merge_tails`). On a GPU the tails of a group's
+    earlier batches wait in host memory while the later batches' prompts run. Returns
+    ``[((per-token metrics, generation), groups)]`` per batch, as :func:`.run.merge_batches`
+    takes them: the drift samples and first non-finite tokens of the steps are shared out to
+    the batches' groups by document.
+
+    The SR draws of the written tokens are the first batch's seed's, over all the group's
+    documents (a draw is keyed by the element's index, so no two documents share bits)."""
+    import dataclasses
+
+    cuda, dev = ld.device.startswith("cuda"), input_device(ld.model)
+    parts = []
+    for i, j in step_groups(spans, step_docs):
+        park = cuda and j - i > 1
+        done = []
+        for b in range(i, j):
+            cb, gs = batch(b)
+            s, e = spans[b]
+            ph: dict = {}
+            out, tail = read_prompts(ld.model, ld.ids[s:e], gs, cb, ld.compute, bar, ph,
+                                     ld.backend)
+            for k, v in ph.items():
+                phases[k] = round(phases.get(k, 0.0) + v, 3)
+            if park:  # (host memory until the group's last prompt is read)
+                _tensors([tail], lambda ts: ts[0].to("cpu"))
+            done.append((out, tail, gs, e - s))
+        sizes = [d[3] for d in done]
+        if len(done) == 1:
+            writers, tail = done[0][2], done[0][1]
+        else:
+            writers = [dataclasses.replace(g, drift={}, dead_at=None) for g in done[0][2]]
+            tail = merge_tails([d[1] for d in done], sizes, len(writers), writers)
+            if park:
+                _tensors([tail], lambda ts: ts[0].to(dev))
+        done = [(out, gs, k) for out, _, gs, k in done]  # (the batches' own tails go)
+        ph = {}
+        gen = write_tokens(ld.model, tail, writers, sum(sizes), new_tokens, bar, ph)
+        phases["generate_s"] = round(phases.get("generate_s", 0.0) + ph["generate_s"], 3)
+        del tail
+        lo = 0
+        for out, gs, k in done:
+            mine = {nm: {key: v[lo:lo + k] for key, v in d.items()} for nm, d in gen.items()}
+            if len(done) > 1:
+                _share_out(writers, gs, lo, k)
+            parts.append(((out, mine), gs))
+            lo += k
+    return parts
+
+
+def step_groups(spans: list[tuple[int, int]], step_docs: int) -> list[tuple[int, int]]:
+    """The batches ``[i, j)`` whose documents write their tokens together: consecutive
+    batches of at most ``step_docs`` documents in all (at least one batch)."""
+    out, i = [], 0
+    while i < len(spans):
+        j, docs = i + 1, spans[i][1] - spans[i][0]
+        while j < len(spans) and docs + spans[j][1] - spans[j][0] <= step_docs:
+            docs += spans[j][1] - spans[j][0]
+            j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+def merge_tails(tails: list[dict], sizes: list[int], n: int, groups) -> dict:
+    """One tail (:func:`read_prompts`') of the batches' documents in order, from each batch's
+    (``sizes``: its documents; ``n`` groups, whose rows are group-major: group ``i`` holds rows
+    ``[i*K, (i+1)*K)``): the model's cache and last hidden states row by row (every tensor whose
+    first axis is a batch's rows; the others, such as a cache's token count, are the same in
+    every batch), an unfinished ReplaySSM segment's inputs (rows on the second axis) likewise,
+    each layer's scheme states by document (``dead_at`` the earliest); the first batch's handler
+    and chunks carry them, with ``groups`` as the groups."""
+    from ..schemes import Scheme
+
+    def rows(ts: list, axis: int = 0):
+        if any(t.dim() <= axis or t.shape[axis] != n * k for t, k in zip(ts, sizes,
+                                                                          strict=True)):
+            if any(t.shape != ts[0].shape or not torch.equal(t, ts[0]) for t in ts[1:]):
+                raise RuntimeError(f"generation's merged batches: a cache tensor of shape "
+                                   f"{tuple(ts[0].shape)} has no axis of the batch's "
+                                   f"{n} x {sizes[0]} rows and differs between batches")
+            return ts[0]
+        return torch.cat([t.narrow(axis, i * k, k) for i in range(n)
+                          for t, k in zip(ts, sizes, strict=True)], dim=axis)
+
+    first = tails[0]
+    chunks = first["chunks"]
+    cache = _tensors([t["cache"] for t in tails], rows)
+    h = rows([t["h"] for t in tails])
+    for layer in chunks.partial:
+        chunks.partial[layer] = _tensors([t["chunks"].partial[layer] for t in tails],
+                                         lambda ts: rows(ts, 1))
+    for layer, objs in chunks.layers.items():
+        for gi, s in enumerate(objs):
+            mine: list[Scheme] = [t["chunks"].layers[layer][gi] for t in tails]
+            same_read = s.read is s.state
+            for attr in ("state", "resid") if same_read else ("state", "read", "resid"):
+                if getattr(s, attr) is not None:
+                    setattr(s, attr, torch.cat([getattr(x, attr) for x in mine]))
+            if same_read:
+                s.read = s.state
+            dead = [x.dead_at for x in mine if x.dead_at is not None]
+            s.dead_at = min(dead) if dead else None
+    handler = first["handler"]
+    handler.groups, handler.K = groups, sum(sizes)
+    return {**first, "cache": cache, "h": h, "chunks": chunks, "handler": handler}
+
+
+def _share_out(merged, groups, lo: int, k: int) -> None:
+    """The steps' drift samples and first non-finite tokens of the merged groups, as batch
+    groups ``groups``' (its documents: ``[lo, lo + k)`` of the merged rows), after their own."""
+    for m, g in zip(merged, groups, strict=True):
+        for layer, samples in m.drift.items():
+            g.drift.setdefault(layer, []).extend(
+                (tok, st[lo:lo + k], None if rd is None else rd[lo:lo + k])
+                for tok, st, rd in samples)
+        if m.dead_at is not None:
+            g.dead_at = min(g.dead_at or m.dead_at, m.dead_at)
+
+
+def _tensors(objs: list, fn, memo: dict | None = None):
+    """``objs[0]`` with each tensor ``t`` in it replaced by ``fn([t and the tensors at the same
+    place in objs[1:]])``, in place where it can be (lists, dicts, the attributes of
+    transformers' cache objects, of precsim's schemes and of :class:`.scan.Chunks`); a tensor
+    met twice is replaced once (a scheme whose read copy is its state stays so)."""
+    from ..schemes import Scheme
+    from .scan import Chunks
+
+    memo = {} if memo is None else memo
+    o = objs[0]
+    if isinstance(o, torch.Tensor):
+        if id(o) not in memo:
+            memo[id(o)] = fn(objs)
+        return memo[id(o)]
+    if isinstance(o, list):
+        o[:] = [_tensors([x[i] for x in objs], fn, memo) for i in range(len(o))]
+        return o
+    if isinstance(o, tuple):
+        return type(o)(_tensors([x[i] for x in objs], fn, memo) for i in range(len(o)))
+    if isinstance(o, dict):
+        for key in list(o):
+            o[key] = _tensors([x[key] for x in objs], fn, memo)
+        return o
+    if isinstance(o, Scheme | Chunks) or type(o).__module__.startswith("transformers"):
+        for key in list(vars(o)):
+            setattr(o, key, _tensors([vars(x)[key] for x in objs], fn, memo))
+    return o
 
 
 def to_torch(chunks, groups, K: int, cfg, compute, pos: int) -> None:

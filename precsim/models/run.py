@@ -286,6 +286,24 @@ def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None) -> int:
     return int(min(K, max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
 
 
+def step_docs(cfg, ld: Loaded, groups: int) -> int:
+    """Generation (``model.mode=generate``) in several document batches: how many documents
+    write their tokens together (:func:`.generate.generate_batches`). A step holds every
+    group's states and caches but only one position's activations, so more documents fit than
+    in a prompt pass: on a CUDA device the most whose :func:`.placement.estimate` at one
+    position a pass fits ``DOC_BATCH_FREE`` of the free memory read after the model is loaded
+    (as :func:`doc_batch`), elsewhere every document."""
+    K, N = ld.ids.shape
+    if not ld.device.startswith("cuda"):
+        return K
+    from .placement import estimate, shape_of
+
+    mdtype = next(ld.model.parameters()).dtype
+    per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, N + cfg.model.new_tokens, 1).run()
+    free, _ = torch.cuda.mem_get_info(torch.device(ld.device))
+    return int(min(K, max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
+
+
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
     """Run the whole-model study of ``cfg`` (``cfg.model.path`` set); returns a Result whose
     rows have the layer-level columns (of the model's own logits). ``ckpt``: parallel mode saves
@@ -324,6 +342,14 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     B = doc_batch(cfg, ld, len(groups), chunk, ckpt)
     spans = [(s, min(K, s + B)) for s in range(0, K, B)]
     one = len(spans) == 1
+    # generation in several batches: the batches' prompts one by one, their tokens written
+    # together (up to S documents at once); not under a device_map plan (each batch alone)
+    together = m.mode == "generate" and not one and ld.plan is None
+    if together:
+        from .generate import generate_batches, step_groups
+
+        S = max(B, step_docs(cfg, ld, len(groups)))
+        writes = len(step_groups(spans, S))
     if not one:
         logging.getLogger("precsim").info(
             f"documents: {K} in {len(spans)} batches of {B} (model.doc_batch={m.doc_batch!r}; "
@@ -332,7 +358,8 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     if bar is not None:  # (every batch's)
         per = {"parallel": len(ld.layers) * -(-N // chunk) * max(1, len(ld.copies)),
                "generate": len(ld.layers) * -(-N // chunk) + m.new_tokens, "decode": N}[m.mode]
-        bar.reset(total=per * len(spans))
+        bar.reset(total=per * len(spans) - (m.new_tokens * (len(spans) - writes) if together
+                                            else 0))
         if m.mode != "decode":
             bar.set_description(f"{bar_desc} x chunks"
                                 + (", then tokens" if m.mode == "generate" else ""))
@@ -340,10 +367,16 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
         ckpt.start(f"model/{ld.backend}", ld.device, ld.t_start)
     t_run = time.perf_counter()
     parts = []
+
+    def batch(b: int):  # batch b's config and groups (the first batch's: the run's)
+        cb = batch_cfg(cfg, b)
+        return cb, groups if b == 0 else build_groups(cb, mdtype)
+
     try:
-        for b, (s, e) in enumerate(spans):
-            cb = batch_cfg(cfg, b)
-            gs = groups if b == 0 else build_groups(cb, mdtype)
+        if together:
+            parts = generate_batches(ld, spans, batch, m.new_tokens, S, bar, phases)
+        for b, (s, e) in enumerate(spans if not together else ()):
+            cb, gs = batch(b)
             ck = ckpt if one and ckpt is not None else Checkpoint(cb, None)  # (stops, no saves)
             if ck is not ckpt:
                 ck.start(f"model/{ld.backend}", ld.device, ld.t_start)
@@ -392,6 +425,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
             **({"placement": ld.plan.info()} if ld.plan is not None else {}),
             **({"chunk": chunk} if m.mode == "parallel" else {}),
             "doc_batch": min(B, K),
+            **({"write_docs": min(S, K)} if together else {}),
             **(ckpt.info() if ckpt is not None else {}),
             **({"checkpoints_off": f"{len(spans)} document batches (model.doc_batch): only "
                                    "a run of one batch saves"}

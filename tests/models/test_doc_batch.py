@@ -267,3 +267,72 @@ def test_out_of_memory_names_the_batch(m2, monkeypatch):
                                            r"model.chunk .*, a smaller model.doc_batch \(now "
                                            r"2: 2 of 4 documents a batch\), fewer run.seqs"):
         run_model_kl(_cfg(m2, model__doc_batch=2), "cpu", progress=False)
+
+
+def test_generation_writes_every_batch_in_one_step_loop(m2, monkeypatch):
+    """model.mode=generate in batches: each batch reads its prompts alone, then the batches'
+    documents write their tokens together (one step loop over all four on the CPU; on a faked
+    GPU in groups of precsim.models.run.step_docs documents, the tails waiting in host memory),
+    equal bit for bit to one batch, a prompt ending inside a ReplaySSM segment (its unfinished
+    segment's inputs merged too) included."""
+    from precsim.models import generate as gen_mod
+
+    writes = []
+    real = gen_mod.write_tokens
+
+    def spy(model, tail, groups, K, *a, **k):
+        writes.append(K)
+        return real(model, tail, groups, K, *a, **k)
+
+    monkeypatch.setattr(gen_mod, "write_tokens", spy)
+    for steps in (24, 22):  # (22: the prompts end 2 tokens into a segment of 4)
+        over = {"model__mode": "generate", "model__new_tokens": 6, "model__chunk": 8,
+                "run__steps": steps}
+        ref = run_model_kl(_cfg(m2, model__doc_batch=0, **over), "cpu", progress=False)
+        writes.clear()
+        res = run_model_kl(_cfg(m2, model__doc_batch=1, **over), "cpu", progress=False)
+        assert writes == [4] and res.info["write_docs"] == 4 and res.info["doc_batch"] == 1
+        _same_figures(ref, res)
+        assert res.info["generation"] == ref.info["generation"]
+        assert res.info["generations_text"] == ref.info["generations_text"]
+    # a (faked) GPU whose free memory holds two documents' tails: two step loops of two
+    cfg = _cfg(m2, model__doc_batch=1, model__mode="generate", model__new_tokens=6,
+               model__chunk=8)
+    ld = run_mod.prepare(cfg, "cpu")
+    ld.device = "cuda"
+    from precsim.models import placement as pl
+
+    per = pl.estimate(pl.shape_of(ld.model, torch.float32), 1, 5, 24 + 6, 1).run()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (int(2 * per * 2.5), 0))
+    assert run_mod.step_docs(cfg, ld, 5) == 2
+    moved = []
+    real_t = gen_mod._tensors
+    monkeypatch.setattr(gen_mod, "_tensors",
+                        lambda objs, fn, memo=None: moved.append(1) or real_t(objs, fn, memo))
+    writes.clear()
+    res = run_mod.measure(cfg, ld, cfg.schemes, progress=False)
+    assert writes == [2, 2] and res.info["write_docs"] == 2
+    assert len(moved) >= 4  # (each batch's tail to the host, each merged tail back)
+    ref = run_model_kl(_cfg(m2, model__doc_batch=0, model__mode="generate",
+                            model__new_tokens=6, model__chunk=8), "cpu", progress=False)
+    _same_figures(ref, res)
+    assert res.info["generation"] == ref.info["generation"]
+
+
+@pytest.mark.parametrize("arch", ["NemotronHForCausalLM", "Qwen3_5ForCausalLM"])
+def test_merged_generation_of_hybrid_models_equals_one_batch(arch, tmp_path):
+    """Hybrid models (an attention layer's key/value cache, GDN's conv states) write the same
+    tokens when their batches' tails are merged as in one batch."""
+    build(arch, 0.2).save_pretrained(tmp_path / arch)
+    ids = np.random.default_rng(5).integers(0, 96, (3, 16))
+    np.save(tmp_path / "ids.npy", ids)
+
+    def run(B):
+        return run_model_kl(kl_cfg(tmp_path / arch, RNE, 16, model__ids=str(tmp_path / "ids.npy"),
+                                   run__seqs=3, metrics__baseline="fp32", model__doc_batch=B,
+                                   model__mode="generate", model__new_tokens=5, model__chunk=8),
+                            "cpu", progress=False)
+    one, two = run(0), run(2)
+    assert two.info["write_docs"] == 3
+    _same_figures(one, two)
+    assert two.info["generation"] == one.info["generation"]
