@@ -88,3 +88,29 @@ def test_triton_scan_in_the_interpreter_matches_the_torch_scan(arch, tmp_path, m
         w = rows[(r["scheme"], r["step"])]
         # (float32 schemes: drift ~1e-7, summation-order noise between the backends)
         assert r["state_drift"] == pytest.approx(w["state_drift"], rel=1e-3, abs=1e-6)
+
+
+@pytest.mark.gpu
+def test_generation_in_batches_on_the_gpu(tmp_path):
+    """On a GPU (the prompts on the Triton scan, then the torch steps): model.doc_batch=1 reads
+    each prompt alone, its tail waiting in host memory, then the four documents write their
+    tokens in one step loop; the round-to-nearest schemes write what one batch writes."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    build("Mamba2ForCausalLM", 0.2, slow_decay=True).save_pretrained(tmp_path / "m")
+    np.save(tmp_path / "ids.npy", np.random.default_rng(3).integers(0, 96, (4, 64)))
+    rne = {"fp32": SCHEMES["fp32"], "shared": {"kind": "shared", "fmt": "nvfp4"},
+           "split": SCHEMES["split"]}
+
+    def run(B):
+        return run_model_kl(kl_cfg(tmp_path / "m", rne, 64, model__ids=str(tmp_path / "ids.npy"),
+                                   run__seqs=4, replay__buffer_len=16, metrics__window=32,
+                                   model__mode="generate", model__new_tokens=8,
+                                   model__doc_batch=B), "cuda", progress=False)
+    one, four = run(0), run(1)
+    assert four.engine == "model/triton", four.info.get("scan_backend_why")
+    assert four.info["doc_batch"] == 1 and four.info["write_docs"] == 4
+    for name, g in one.info["generation"]["schemes"].items():
+        assert four.info["generation"]["schemes"][name]["first_divergence"] == \
+            g["first_divergence"], name
+    assert four.info["generations_text"] == one.info["generations_text"]
