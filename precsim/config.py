@@ -356,6 +356,8 @@ def validate(cfg: Config) -> None:
               "a local transformers checkpoint directory")
     check(0.0 <= w.long_memory_frac <= 1.0, "workload.long_memory_frac", w.long_memory_frac,
           "a fraction in [0, 1]")
+    check(math.isfinite(w.dt_noise) and w.dt_noise >= 0, "workload.dt_noise", w.dt_noise,
+          "a number >= 0 (the standard deviation of the raw dt around its bias)")
     run = cfg.run
     check(isinstance(run.steps, int) and run.steps > 0, "run.steps", run.steps, "an integer >= 1")
     check(isinstance(run.seqs, int) and run.seqs > 0, "run.seqs", run.seqs, "an integer >= 1")

@@ -38,6 +38,9 @@ def _one_line(rc, err, *needles):
     ("run.steps=abc", "run.steps='abc' is invalid; allowed: an integer"),  # Hydra's raw text
     ("metrics.budget=x", "metrics.budget='x' is invalid; allowed: a number"),
     ("metrics.kl=maybe", "metrics.kl='maybe' is invalid; allowed: true or false"),
+    # ran to the end with every figure NaN (rc 0), or took a negative standard deviation
+    ("workload.dt_noise=nan", "workload.dt_noise=nan is invalid; allowed: a number >= 0"),
+    ("workload.dt_noise=-1", "workload.dt_noise=-1.0 is invalid"),
 ])
 def test_bad_override_is_one_line_and_leaves_no_directory(arg, needle, tmp_path, capsys):
     out = tmp_path / "run"
