@@ -351,9 +351,19 @@ def validate(cfg: Config) -> None:
     if w.layer is not None:
         check(isinstance(w.layer, int) and w.layer >= 0, "workload.layer", w.layer,
               "a layer index >= 0 (a layer_XX.npz of a record directory)")
+        check(w.kind == "trace", "workload.layer", w.layer, "null unless workload=trace (a "
+              "layer of the precsim.record directory workload.path)")
     if m.path is not None:
         check(isinstance(m.path, str) and m.path != "", "model.path", m.path,
               "a local transformers checkpoint directory")
+    else:  # whole-model settings: a layer-level run ran without them, saying nothing
+        for key, v in (("model.text", m.text), ("model.ids", m.ids), ("model.prompt", m.prompt),
+                       ("model.dtype", m.dtype), ("task.path", cfg.task.path),
+                       ("task.name", cfg.task.name)):
+            check(v is None, key, v, "null without model.path (a whole-model setting; add "
+                  "model.path=DIR, a local save_pretrained directory)")
+        check(m.mode == "parallel", "model.mode", m.mode, "parallel without model.path (a "
+              "whole-model setting; add model.path=DIR, a local save_pretrained directory)")
     check(0.0 <= w.long_memory_frac <= 1.0, "workload.long_memory_frac", w.long_memory_frac,
           "a fraction in [0, 1]")
     check(math.isfinite(w.dt_noise) and w.dt_noise >= 0, "workload.dt_noise", w.dt_noise,

@@ -94,11 +94,16 @@ class TraceWorkload(Workload):
     def __init__(self, cfg: Config, device="cpu"):
         self.device = torch.device(device)
         path = Path(cfg.workload.path)
-        if (path / "record.json").is_file():  # a precsim.record directory: one layer's trace
+        record = (path / "record.json").is_file()
+        if record:  # a precsim.record directory: one layer's trace
             path = record_layer(path, cfg.workload.layer)
         if not path.exists():
             raise PrecsimError(f"workload.path={str(path)!r} does not exist; allowed: an .npz "
                                "trace file, a layer folder or a precsim.record directory")
+        if cfg.workload.layer is not None and not record:
+            raise PrecsimError(f"workload.layer={cfg.workload.layer} with workload.path="
+                               f"{str(path)!r}, one layer's trace (no record.json); allowed: "
+                               "null, or the precsim.record directory as workload.path")
         try:
             data = load_trace_arrays(path)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a user error

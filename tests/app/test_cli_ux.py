@@ -41,6 +41,17 @@ def _one_line(rc, err, *needles):
     # ran to the end with every figure NaN (rc 0), or took a negative standard deviation
     ("workload.dt_noise=nan", "workload.dt_noise=nan is invalid; allowed: a number >= 0"),
     ("workload.dt_noise=-1", "workload.dt_noise=-1.0 is invalid"),
+    # whole-model settings without model.path: a synthetic layer ran without a word (task.path:
+    # a TypeError traceback after Hydra made the run directory)
+    ("model.text=doc.txt", "model.text='doc.txt' is invalid; allowed: null without model.path"),
+    ("model.ids=ids.npy", "model.ids='ids.npy' is invalid; allowed: null without model.path"),
+    ("task.path=items.jsonl", "task.path='items.jsonl' is invalid; allowed: null without "
+                              "model.path (a whole-model setting; add model.path=DIR"),
+    ("task.name=passkey", "task.name='passkey' is invalid; allowed: null without model.path"),
+    ("model.mode=generate", "model.mode='generate' is invalid; allowed: parallel without "
+                            "model.path"),
+    ("model.dtype=bfloat16", "model.dtype='bfloat16' is invalid; allowed: null without"),
+    ("workload.layer=3", "workload.layer=3 is invalid; allowed: null unless workload=trace"),
 ])
 def test_bad_override_is_one_line_and_leaves_no_directory(arg, needle, tmp_path, capsys):
     out = tmp_path / "run"
@@ -210,6 +221,21 @@ def test_a_non_finite_trace_value_is_named_by_its_index(tmp_path, capsys):
                        "run.steps=64", "metrics.window=32", f"hydra.run.dir={tmp_path / 'b'}"],
                       capsys)
     _one_line(rc, err, "name both families")
+
+
+def test_a_layer_of_a_single_trace_file_is_one_line(tmp_path, capsys):
+    """workload.layer=3 with one layer's .npz (no record.json): the file was replayed as if it
+    were layer 3, without a word."""
+    import numpy as np
+    from conftest import make_trace
+
+    np.savez(tmp_path / "t.npz", **make_trace("mamba2", T=64, H=1, P=8, N=32))
+    rc, _, err = _run(["workload=trace", f"workload.path={tmp_path / 't.npz'}", "run.steps=64",
+                       "metrics.window=32", "workload.layer=3", f"hydra.run.dir={tmp_path / 'r'}"],
+                      capsys)
+    _one_line(rc, err, f"workload.layer=3 with workload.path='{tmp_path / 't.npz'}', one layer's "
+              "trace (no record.json); allowed: null, or the precsim.record directory")
+    assert not (tmp_path / "r").exists()
 
 
 def test_without_the_kl_the_table_has_no_kl_column(tmp_path, capsys):
