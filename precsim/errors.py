@@ -28,6 +28,19 @@ def print_error(prog: str, message) -> int:
     return EXIT_USAGE
 
 
+def argument_parser(error_prog: str, **kwargs):
+    """An ``argparse.ArgumentParser(**kwargs)`` whose own errors (an unknown, missing or
+    malformed option) follow the policy: one line ``<error_prog>: error: <message>``, exit
+    status 2, without argparse's usage block before it."""
+    import argparse
+
+    class OneLineParser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:
+            self.exit(print_error(error_prog, message))
+
+    return OneLineParser(**kwargs)
+
+
 def user_error_types() -> tuple:
     """The bases of config and input errors: ours, Hydra's, OmegaConf's."""
     from hydra.errors import HydraException

@@ -13,12 +13,11 @@ recording removes the layer folders it wrote (SIGINT / SIGTERM: one line, exit 1
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from .errors import PrecsimError, print_error
+from .errors import PrecsimError, argument_parser, print_error
 from .rundir import RECORD_FILE
 
 
@@ -57,8 +56,15 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
 
     device_map = parse_device_map(device_map, "--device-map")
     device = device or ("auto" if device_map is not None else "cpu")
+    if not (device in ("cpu", "cuda") or (device == "auto" and device_map is not None)
+            or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise PrecsimError(f"--device={device!r} is unknown; allowed: cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise PrecsimError(f"--device={device!r} but no CUDA device is visible; allowed: cpu")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise PrecsimError(f"--device={device!r} but {torch.cuda.device_count()} CUDA device(s) "
+                           f"are visible; allowed: cpu, cuda:0..cuda:"
+                           f"{torch.cuda.device_count() - 1}")
     t0 = time.perf_counter()
     plan = None
     if device_map is not None:
@@ -108,8 +114,8 @@ def record_model(model_path, out, *, tokens: int | None = None, text_file=None, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m precsim.record",
-                                 description=__doc__.split("\n")[0])
+    ap = argument_parser("precsim.record", prog="python -m precsim.record",
+                         description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="local checkpoint directory")
     ap.add_argument("--out", required=True, help="output directory")
     src = ap.add_mutually_exclusive_group()

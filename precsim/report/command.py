@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import result as res
-from ..errors import PrecsimError, print_error
+from ..errors import PrecsimError, argument_parser
 from ..rundir import SWEEP_CSV_FILE, SWEEP_ERROR_PLOT, SWEEP_PARETO_PLOT, atomic_write_text
 from .groups import longest_run
 from .ranking import decide, format_decision
@@ -49,11 +49,6 @@ def aggregate(root: Path, plots: bool = True, budget: tuple[str, float] | None =
     return Aggregate(jobs, rows, csv_path, written)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not usage + message (errors.print_error)
-        self.exit(print_error(self.prog, message))
-
-
 REPORT_HELP = """\
 Compares every run under DIR (a sweep directory, one run directory, or a folder of sweeps) and
 writes into DIR: sweep_summary.csv (one row per job and scheme: the job's overrides, rel_err /
@@ -67,8 +62,8 @@ example: python -m precsim.report multirun/precision_sweep/2026-01-01_12-00-00_a
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="precsim-report", description=REPORT_HELP,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argument_parser("precsim-report", prog="precsim-report", description=REPORT_HELP,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=Path, help="a sweep or run directory")
     p.add_argument("--metric", choices=METRICS, default="rel_err",
                    help="the figure compared against the budget (default: rel_err, the layer "

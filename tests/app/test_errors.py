@@ -72,3 +72,30 @@ def test_each_command_line_prints_a_precsim_error_as_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err == ("precsim.record: error: --tokens=0 is invalid; allowed: an "
                                "integer >= 1\n")
+
+
+def test_record_usage_and_device_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    """precsim.record printed argparse's usage block before a malformed option (precsim-report
+    already said one line), and took any --device: --device tpu ended in torch's traceback
+    after the model was read."""
+    import torch
+
+    from precsim import record
+
+    base = ["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--tokens", "4"]
+    for argv, want in ((base[:-1] + ["abc"], "argument --tokens: invalid int value: 'abc'"),
+                       (base[:2], "the following arguments are required: --out")):
+        with pytest.raises(SystemExit) as e:
+            record.main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err == f"precsim.record: error: {want}\n", err
+    for device, want in (("tpu", "--device='tpu' is unknown; allowed: cpu, cuda or cuda:N"),
+                         ("auto", "--device='auto' is unknown; allowed: cpu, cuda or cuda:N")):
+        assert record.main([*base, "--device", device]) == 2
+        assert capsys.readouterr().err == f"precsim.record: error: {want}\n"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a 2-GPU machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert record.main([*base, "--device", "cuda:2"]) == 2
+    assert capsys.readouterr().err == ("precsim.record: error: --device='cuda:2' but 2 CUDA "
+                                       "device(s) are visible; allowed: cpu, cuda:0..cuda:1\n")
+    assert not (tmp_path / "o").exists()
