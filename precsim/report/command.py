@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--budget={a.budget} must be a positive number")
     if a.horizon is not None and a.horizon < 1:
         p.error(f"--horizon={a.horizon} must be a positive number of tokens")
+    if a.top < 0:  # (a negative count sliced the list from its end)
+        p.error(f"--top={a.top} is invalid; allowed: an integer >= 0 (runners-up to list)")
     try:
         from ..preflight import readable_dir, writable_dir
 

@@ -193,6 +193,8 @@ def test_pareto_front():
     pytest.param(["--metric", "foo"], "invalid choice: 'foo'", id="metric"),
     pytest.param(["--budget", "-1"], "--budget=-1.0 must be a positive number", id="budget"),
     pytest.param(["--horizon", "100"], "no reported length <= --horizon=100", id="horizon"),
+    # listed all runners-up but the last (a slice from the end), exit 0
+    pytest.param(["--top", "-1"], "--top=-1 is invalid; allowed: an integer >= 0", id="top"),
 ])
 def test_bad_input_is_one_line(sweep, capsys, args, needle):
     with pytest.raises(SystemExit) as e:
