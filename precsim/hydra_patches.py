@@ -133,7 +133,7 @@ def check_job_settings(sweeper, jobs) -> bool:
     from .compose import checked_config
     from .config import check_preset
     from .errors import PrecsimError
-    from .rundir import MULTIRUN_FILE
+    from .rundir import MULTIRUN_FILE, remove_empty_parents
 
     ctx = getattr(sweeper, "hydra_context", None)
     loader = ctx.config_loader if ctx is not None else getattr(sweeper, "config_loader", None)
@@ -153,6 +153,7 @@ def check_job_settings(sweeper, jobs) -> bool:
             if sweep_dir.is_dir() and [p.name for p in sweep_dir.iterdir()] == [MULTIRUN_FILE]:
                 (sweep_dir / MULTIRUN_FILE).unlink()  # the sweeper's, made just before: no
                 sweep_dir.rmdir()  # stray folder for a sweep that never started
+                remove_empty_parents(sweep_dir)  # Hydra's multirun/NAME/ too
             raise PrecsimError(f"{e} (the sweep's job {' '.join(overrides)}; no job ran)"
                                ) from None
     return True

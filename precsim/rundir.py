@@ -277,14 +277,20 @@ def remove_stub(out: Path, job_name: str = "precsim") -> None:
     allowed = {HYDRA_DIR, f"{job_name}.log"}
     if out.is_dir() and all(p.name in allowed for p in out.iterdir()):
         shutil.rmtree(out, ignore_errors=True)
-        cwd = Path.cwd().resolve()
-        for parent in out.resolve().parents:  # e.g. outputs/NAME/ left empty: remove it too
-            if parent == cwd or cwd not in parent.parents:
-                break
-            try:
-                parent.rmdir()  # only when empty
-            except OSError:
-                break
+        remove_empty_parents(out)
+
+
+def remove_empty_parents(out: Path) -> None:
+    """After a removed stub ``out``: its parents below the working directory that it left
+    empty (e.g. Hydra's ``outputs/NAME/``, ``multirun/NAME/``)."""
+    cwd = Path.cwd().resolve()
+    for parent in Path(out).resolve().parents:
+        if parent == cwd or cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def job_log(text: str, level: str = "INFO") -> None:

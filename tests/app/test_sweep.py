@@ -167,6 +167,10 @@ def test_a_bad_value_in_the_grid_is_one_line_before_any_job(tmp_path):
     assert lines[0].startswith("precsim: error: replay.buffer_len=0 is invalid; allowed: an "
                                "integer >= 1") and "no job ran" in lines[0]
     assert not sweep.exists() and "Traceback" not in r.stdout + r.stderr
+    cwd = tmp_path / "cwd"  # Hydra's default sweep directory: its multirun/run/ was left empty
+    cwd.mkdir()
+    r = _cli(["-m", "experiment=split_nvfp4", "replay.buffer_len=16,0", *FAST], cwd)
+    assert r.returncode == 2 and "no job ran" in r.stderr and not list(cwd.iterdir())
 
 
 def test_a_failed_jobs_traceback_is_on_the_terminal_only_for_a_bug(tmp_path, capsys, caplog):
