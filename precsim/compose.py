@@ -99,6 +99,7 @@ def precheck(args: list[str], fresh_dir: list[bool]):
     from pathlib import Path
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
 
     from precsim.config import check_key
     from precsim.errors import PrecsimError
@@ -119,7 +120,15 @@ def precheck(args: list[str], fresh_dir: list[bool]):
             continue
         check_key(key)
         if key in group_options() and not o.is_delete():
-            check_group(key, o.value())
+            if not o.is_sweep_override():
+                check_group(key, o.value())
+            elif flags and isinstance(o.value(), (ChoiceSweep, RangeSweep)):  # model=mamba2,gdn
+                for v in o.sweep_string_iterator():
+                    check_group(key, v)
+            elif flags and isinstance(o.value(), Glob) and not o.value().filter(
+                    group_options()[key]):  # no job at all: a sweep of nothing
+                raise PrecsimError(f"{o.input_line} matches no {key} option; allowed: "
+                                   f"{', '.join(group_options()[key])}")
     check_output_dirs(parsed, multirun=bool(flags))  # before Hydra makes any of them
     if flags:  # a sweep: each job is checked as it runs; a failed job leaves error.txt
         return None
