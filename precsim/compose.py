@@ -259,7 +259,9 @@ def checked_config(cfg):
 
 def explain_missing_scheme(e: Exception, overrides: list[str]) -> None:
     """``schemes.candidate.fmt=...`` where the chosen schemes preset has no ``candidate``: say
-    which schemes there are and which preset defines it (instead of Hydra's ``+`` hint)."""
+    which schemes there are and which preset defines it (instead of Hydra's ``+`` hint). With
+    ``+`` (``+schemes.mine.fmt=fp16``) Hydra's own line was "Invalid type assigned: dict is not
+    a subclass of SchemeConfig"."""
     import re
     from importlib.resources import files
 
@@ -268,6 +270,8 @@ def explain_missing_scheme(e: Exception, overrides: list[str]) -> None:
     from precsim.errors import PrecsimError
 
     m = re.search(r"Could not override '(schemes\.([^.']+)[^']*)'", str(e))
+    if not m and "subclass of SchemeConfig" in str(e.__cause__):
+        m = re.search(r"Error merging override \+{1,2}(schemes\.([^.=]+)[^=]*)=", str(e))
     if not m:
         return
     name = m.group(2)

@@ -333,7 +333,11 @@ def test_report_help_is_plain_text(capsys):
 
 
 @pytest.mark.parametrize("arg", ["schemes.mine={kind: split, fmt: fp32, read_fmt: nvfp4}",
-                                 "schemes.mine.fmt=fp16"])
+                                 "schemes.mine.fmt=fp16",
+                                 # with + Hydra's line was "Invalid type assigned: dict is not a
+                                 # subclass of SchemeConfig. value: {}; full_key: mine"
+                                 "+schemes.mine.fmt=fp16",
+                                 "+schemes.mine={kind: split, fmt: fp32, read_fmt: nvfp4}"])
 def test_a_new_scheme_error_suggests_commands_that_run(arg, tmp_path, capsys):
     """Adding a scheme the preset lacks: the one-line error names the preset's schemes and
     suggests forms that work (a typed Dict[str, SchemeConfig] takes no new key by override);
