@@ -590,8 +590,11 @@ def main(argv: list[str] | None = None, studies: list[Study] | None = None,
     dispatcher (default: every study)."""
     STUDIES = studies or all_studies()
     BY_NAME = {s.name: s for s in STUDIES}
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from precsim.errors import argument_parser
+
+    p = argument_parser(prog or Path(sys.argv[0]).name, prog=prog,
+                        description=__doc__.split("\n\n")[0],
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true",
                    help="reduced sizes on the CPU, into experiments/_smoke (not committed)")
     p.add_argument("--only", help="comma-separated study names (default: all)")
@@ -614,7 +617,16 @@ def main(argv: list[str] | None = None, studies: list[Study] | None = None,
                    help="redraw every PNG and refresh every NOTES.md results block from the "
                    "study CSVs under --dest (default: experiments/)")
     a = p.parse_args(argv)
+    unknown = [n.strip() for n in (a.only or "").split(",") if n.strip() not in BY_NAME]
+    if a.only is not None and unknown:  # (a KeyError traceback)
+        p.error(f"--only={a.only!r}: no study {', '.join(map(repr, unknown))}; allowed: "
+                f"{', '.join(BY_NAME)}")
+    if a.jobs is not None and a.jobs < 1:
+        p.error(f"--jobs={a.jobs} is invalid; allowed: an integer >= 1")
     if a.unpack:
+        if not (a.unpack.is_file() and tarfile.is_tarfile(a.unpack)):  # (a traceback)
+            p.error(f"--unpack={str(a.unpack)!r} is not a {ARCHIVE} archive; allowed: the "
+                    "archive that --out wrote")
         print("unpacked:", ", ".join(unpack(a.unpack, studies=STUDIES)))
         return 0
     if a.notes:

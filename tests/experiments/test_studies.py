@@ -36,6 +36,23 @@ def test_every_study_has_its_preset(rs):
     assert [st.number for st in rs.STUDIES] == list(range(1, 9))
 
 
+@pytest.mark.parametrize(("args", "want"), [
+    # a KeyError traceback, a FileNotFoundError / ReadError traceback, a ValueError traceback
+    (["--only", "study_buffer_len,nosuch"], "--only='study_buffer_len,nosuch': no study "
+                                            "'nosuch'; allowed: study_seed_table_131k, "),
+    (["--unpack", "missing.tar.gz"], "--unpack='missing.tar.gz' is not a studies.tar.gz "
+                                     "archive; allowed: the archive that --out wrote"),
+    (["--jobs", "-1"], "--jobs=-1 is invalid; allowed: an integer >= 1"),
+    (["--bogus"], "unrecognized arguments: --bogus"),  # (after argparse's usage block)
+])
+def test_bad_arguments_are_one_line(rs, args, want, capsys):
+    with pytest.raises(SystemExit) as e:
+        rs.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"experiments/run_studies.py: error: {want}"), err
+
+
 def test_small_study_csv_columns_and_shape(buffer_study):
     rs, st, info, out = buffer_study
     assert info["returncode"] == 0, (out / "run.log").read_text()[-2000:]
