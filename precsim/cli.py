@@ -203,8 +203,10 @@ def _main(args: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - the last line of defence for one-line errors
         if is_user_error(e):
             GlobalHydra.instance().clear()
-            try:  # a scheme the preset lacks: say which preset has it (not Hydra's `+` hint)
-                compose.explain_missing_scheme(e, args)
+            try:  # a key the schema lacks (--cfg job skips the precheck), then a scheme the
+                # preset lacks: say which preset has it (not Hydra's `+` hint)
+                compose.explain_unknown_key(e)
+                compose.explain_missing_scheme(e, compose.overrides_of(args))
             except Exception as better:  # noqa: BLE001
                 e = better
             _fail(one_line(e))

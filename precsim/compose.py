@@ -257,6 +257,30 @@ def checked_config(cfg):
         raise PrecsimError(str(e).splitlines()[0]) from None
 
 
+def overrides_of(args: list[str]) -> list[str]:
+    """The overrides among the command line's ``args``, without Hydra's options and their
+    values (``--cfg job``)."""
+    try:
+        from hydra._internal.utils import get_args_parser
+
+        return list(get_args_parser().parse_known_args(args)[0].overrides)
+    except (ImportError, SystemExit):  # another Hydra: what is not an option
+        return [a for a in args if not a.startswith("-")]
+
+
+def explain_unknown_key(e: Exception) -> None:
+    """Hydra's "Could not override 'run.stepz'" for a key the schema lacks, where
+    :func:`precheck` did not see it (``--cfg job``): :func:`~precsim.config.check_key`'s line
+    with the nearest key, instead of Hydra's "+run.stepz" hint (which fails too)."""
+    import re
+
+    from precsim.config import check_key
+
+    m = re.search(r"Could not override '([^']+)'", str(e))
+    if m and " not in " in f"{e}\n{e.__cause__}":
+        check_key(m.group(1))
+
+
 def explain_missing_scheme(e: Exception, overrides: list[str]) -> None:
     """``schemes.candidate.fmt=...`` where the chosen schemes preset has no ``candidate``: say
     which schemes there are and which preset defines it (instead of Hydra's ``+`` hint). With

@@ -61,6 +61,24 @@ def test_bad_override_is_one_line_and_leaves_no_directory(arg, needle, tmp_path,
     assert not out.exists()  # validated before Hydra made a directory
 
 
+@pytest.mark.parametrize("arg,needle", [
+    ("run.stepz=3", "unknown key run.stepz; did you mean run.steps?"),
+    ("schemes.split_fp32_nvfp4.read_fm=x", "unknown key schemes.split_fp32_nvfp4.read_fm; did you "
+                                           "mean schemes.split_fp32_nvfp4.read_fmt?"),
+    ("schemes.mine.fmt=fp16", "this config's schemes are: conventional_fp32, shared_nvfp4_sr, "
+                              "split_fp32_nvfp4; a scheme of your own"),
+])
+def test_cfg_job_names_a_bad_key_as_a_run_does(arg, needle, tmp_path, capsys, monkeypatch):
+    """--cfg job skips the precheck: Hydra's "To append to your config use +run.stepz=3" (which
+    fails too), "schemes=decay_exp defines it" for a scheme this config has (its field was the
+    typo), "this config's schemes are: ?" (the recomposition took "job" for an override)."""
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _run(["--cfg", "job", arg], capsys)
+    _one_line(rc, err, needle)
+    assert "To append" not in err[0] and "defines it" not in err[0] and "?;" not in err[0]
+    assert not list(tmp_path.iterdir())
+
+
 def test_kl_budget_needs_the_kl(tmp_path, capsys):
     rc, _, err = _run([*TINY, "metrics.kl=false", "metrics.budget_metric=kl",
                        f"hydra.run.dir={tmp_path / 'r'}"], capsys)
