@@ -21,7 +21,6 @@ DEVICE_MAPS = ("auto", "balanced")  # model.device_map, besides none and an expl
 DEVICE_MAP_ALLOWED = ("none (one device: run.device)", "auto", "balanced",
                       "a map {module: device} (device: an integer GPU index, cuda:N or cpu)",
                       "a .yaml/.json file holding such a map")
-_ALLOWED_MAPS = "; ".join(DEVICE_MAP_ALLOWED)
 WORKLOADS = ("synthetic", "seed_article", "trace")
 BUFFER_DTYPES = ("fp32", "bf16", "fp16", "fp64")
 COMPUTE_DTYPES = ("fp32", "fp64")
@@ -624,13 +623,20 @@ def parse_device_map(value, key: str = "model.device_map"):
                 return parse_device_map(yaml.safe_load(v), key)
             except yaml.YAMLError:
                 pass
-        raise PrecsimError(f"{key}={value!r} is unknown; allowed: {_ALLOWED_MAPS}")
+        raise PrecsimError(f"{key}={value!r} is unknown; allowed: {_allowed_maps(key)}")
     if not isinstance(value, dict) or not value:
-        raise PrecsimError(f"{key}={value!r} is invalid; allowed: {_ALLOWED_MAPS}")
+        raise PrecsimError(f"{key}={value!r} is invalid; allowed: {_allowed_maps(key)}")
     out = {}
     for mod, dev in value.items():
         out[str(mod)] = device_name(dev, f"{key}.{mod}")
     return out
+
+
+def _allowed_maps(key: str) -> str:
+    """What a device map may be, as ``key`` says it (precsim.record's ``--device-map``: its one
+    device is ``--device``, not ``run.device``)."""
+    text = "; ".join(DEVICE_MAP_ALLOWED)
+    return text.replace("run.device", "--device") if key.startswith("--") else text
 
 
 def _read_map(path: str, key: str) -> dict:
@@ -641,7 +647,7 @@ def _read_map(path: str, key: str) -> dict:
 
     p = Path(path)
     if not p.is_file():
-        raise PrecsimError(f"{key}={path!r} does not exist; allowed: {_ALLOWED_MAPS}")
+        raise PrecsimError(f"{key}={path!r} does not exist; allowed: {_allowed_maps(key)}")
     try:
         d = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
     except (ValueError, yaml.YAMLError) as e:

@@ -355,7 +355,8 @@ def test_record_with_a_device_map_writes_the_same_traces(kl_path, tmp_path, caps
     assert main([*base, "--out", str(tmp_path / "c"), "--device-map", "all"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("precsim.record: error: --device-map='all' is "
-                                               "unknown; allowed: none")
+                                               "unknown; allowed: none (one device: --device); "
+                                               "auto; balanced")  # (it said run.device)
 
 
 @pytest.mark.gpu
