@@ -270,6 +270,10 @@ def validate_trace(data: dict, where: str = "trace") -> dict:
             raise PrecsimError(f"{where}: {k} has a non-finite value at index "
                                f"{tuple(int(i) for i in bad)}; "
                                "allowed: finite numbers")
+    t_key = next(k for k, nd in keys.items() if nd > 1)  # (A, D: per head)
+    if data[t_key].shape[0] == 0:  # ("run.steps=1 exceeds the trace length T=0; allowed: 1..0")
+        raise PrecsimError(f"{where}: {t_key} has shape {data[t_key].shape}, no steps; allowed: "
+                           "a trace of at least one step")
     expect = fam.check_trace(data, where, _groups_of)  # the family's values and shapes
     for k, shp in expect.items():
         if tuple(data[k].shape) != shp:

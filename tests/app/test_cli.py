@@ -216,6 +216,9 @@ def _bad_traces():
     g = make_trace("gdn", T=32, H=2, P=4, N=16)
     cases["gdn_beta_out_of_range"] = (dict(g, beta=g["beta"] + 1.0), "beta")
     cases["too_many_steps"] = (good, "run.steps=64")
+    # "run.steps=64 exceeds the trace length T=0; allowed: 1..0"
+    cases["no_steps"] = ({k: v[:0] if v.ndim > 1 else v for k, v in good.items()},
+                         "dt has shape (0, 2), no steps; allowed: a trace of at least one step")
     return cases
 
 
