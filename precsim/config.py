@@ -316,10 +316,9 @@ def validate(cfg: Config) -> None:
     check(m.heads % m.groups == 0, "model.groups", m.groups, f"a divisor of model.heads={m.heads}")
     check_choice("model.decay_exp", m.decay_exp, DECAY_EXPS)
     check_choice("model.mode", m.mode, MODEL_MODES)
-    if m.mode == "generate":
-        check(isinstance(m.new_tokens, int) and not isinstance(m.new_tokens, bool)
-              and m.new_tokens > 0, "model.new_tokens", m.new_tokens,
-              "an integer >= 1 (tokens generated after each prompt)")
+    check(isinstance(m.new_tokens, int) and not isinstance(m.new_tokens, bool)
+          and m.new_tokens > 0, "model.new_tokens", m.new_tokens,
+          "an integer >= 1 (tokens generated after each prompt, model.mode=generate)")
     check(isinstance(m.chunk, int) and m.chunk >= 0, "model.chunk", m.chunk,
           "an integer >= 0 (positions per forward pass; 0 = the whole document)")
     check(m.doc_batch == "auto" or (isinstance(m.doc_batch, int) and not isinstance(

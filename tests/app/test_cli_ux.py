@@ -41,6 +41,8 @@ def _one_line(rc, err, *needles):
     # ran to the end with every figure NaN (rc 0), or took a negative standard deviation
     ("workload.dt_noise=nan", "workload.dt_noise=nan is invalid; allowed: a number >= 0"),
     ("workload.dt_noise=-1", "workload.dt_noise=-1.0 is invalid"),
+    # checked only with model.mode=generate: a negative count was taken without a word
+    ("model.new_tokens=-5", "model.new_tokens=-5 is invalid; allowed: an integer >= 1"),
     # whole-model settings without model.path: a synthetic layer ran without a word (task.path:
     # a TypeError traceback after Hydra made the run directory)
     ("model.text=doc.txt", "model.text='doc.txt' is invalid; allowed: null without model.path"),
