@@ -336,6 +336,7 @@ def record_error_line(capsys, argv):
 def one_line_errors(cases, capsys):
     """Each ``(args, want)``: the app, at a tiny size, exits 2 with one line holding ``want``."""
     tiny = ["run.steps=8", "metrics.window=8", "metrics.plot=false", "run.progress=false"]
+    capsys.readouterr()  # drop what came before (save_pretrained's progress bars on stderr)
     for args, want in cases:
         rc, out, lines = run_main([*args, *tiny], capsys)
         assert rc == 2 and len(lines) == 1 and not out, (args, lines)
