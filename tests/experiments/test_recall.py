@@ -130,12 +130,10 @@ def test_answers_are_decidable_only_from_the_planted_key(iid):
 
 
 def test_eval_items_are_task_evals_own():
-    from precsim.config import to_config
+    from precsim.config import TaskConfig
     from precsim.tasks import builtin_items
 
-    fp32 = {"fp32": {"kind": "conventional", "fmt": "fp32"}}
-    t = to_config({"schemes": fp32, "task": {"name": "mqar", "lengths": [64], "items": 3,
-                                             "key_len": 4, "depth": 0.5, "seed": 9}}).task
+    t = TaskConfig(name="mqar", lengths=[64], items=3, key_len=4, depth=0.5, seed=9)
     ours = R.eval_items("mqar", [64], 3, 128, 9)
     assert [i.context for i in ours] == [i.context for i in builtin_items(t, 128)]
     it = ours[0]  # the answer is the value planted right after the queried key

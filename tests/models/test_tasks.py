@@ -37,7 +37,10 @@ def _cfg(path, task: dict, schemes=None, **run):
 
 
 def _task(**kw):
-    return to_config({"schemes": {"fp32": SCHEMES["fp32"]}, "task": kw}).task
+    """A task section alone (a config with a task needs model.path: config.validate)."""
+    from precsim.config import TaskConfig
+
+    return TaskConfig(**kw)
 
 
 def _char_tokenizer():
