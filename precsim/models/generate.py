@@ -136,7 +136,7 @@ def generate_batches(ld, spans: list[tuple[int, int]], batch, new_tokens: int, s
             for k, v in ph.items():
                 phases[k] = round(phases.get(k, 0.0) + v, 3)
             if park:  # (host memory until the group's last prompt is read)
-                _tensors([tail], lambda ts: ts[0].to("cpu"))
+                map_tensors([tail], lambda ts: ts[0].to("cpu"))
             done.append((out, tail, gs, e - s))
         sizes = [d[3] for d in done]
         if len(done) == 1:
@@ -145,7 +145,7 @@ def generate_batches(ld, spans: list[tuple[int, int]], batch, new_tokens: int, s
             writers = [dataclasses.replace(g, drift={}, dead_at=None) for g in done[0][2]]
             tail = merge_tails([d[1] for d in done], sizes, len(writers), writers)
             if park:
-                _tensors([tail], lambda ts: ts[0].to(dev))
+                map_tensors([tail], lambda ts: ts[0].to(dev))
         done = [(out, gs, k) for out, _, gs, k in done]  # (the batches' own tails go)
         ph = {}
         gen = write_tokens(ld.model, tail, writers, sum(sizes), new_tokens, bar, ph)
@@ -198,10 +198,10 @@ def merge_tails(tails: list[dict], sizes: list[int], n: int, groups) -> dict:
 
     first = tails[0]
     chunks = first["chunks"]
-    cache = _tensors([t["cache"] for t in tails], rows)
+    cache = map_tensors([t["cache"] for t in tails], rows)
     h = rows([t["h"] for t in tails])
     for layer in chunks.partial:
-        chunks.partial[layer] = _tensors([t["chunks"].partial[layer] for t in tails],
+        chunks.partial[layer] = map_tensors([t["chunks"].partial[layer] for t in tails],
                                          lambda ts: rows(ts, 1))
     for layer, objs in chunks.layers.items():
         for gi, s in enumerate(objs):
@@ -231,7 +231,7 @@ def _share_out(merged, groups, lo: int, k: int) -> None:
             g.dead_at = min(g.dead_at or m.dead_at, m.dead_at)
 
 
-def _tensors(objs: list, fn, memo: dict | None = None):
+def map_tensors(objs: list, fn, memo: dict | None = None):
     """``objs[0]`` with each tensor ``t`` in it replaced by ``fn([t and the tensors at the same
     place in objs[1:]])``, in place where it can be (lists, dicts, the attributes of
     transformers' cache objects, of precsim's schemes and of :class:`.scan.Chunks`); a tensor
@@ -246,17 +246,17 @@ def _tensors(objs: list, fn, memo: dict | None = None):
             memo[id(o)] = fn(objs)
         return memo[id(o)]
     if isinstance(o, list):
-        o[:] = [_tensors([x[i] for x in objs], fn, memo) for i in range(len(o))]
+        o[:] = [map_tensors([x[i] for x in objs], fn, memo) for i in range(len(o))]
         return o
     if isinstance(o, tuple):
-        return type(o)(_tensors([x[i] for x in objs], fn, memo) for i in range(len(o)))
+        return type(o)(map_tensors([x[i] for x in objs], fn, memo) for i in range(len(o)))
     if isinstance(o, dict):
         for key in list(o):
-            o[key] = _tensors([x[key] for x in objs], fn, memo)
+            o[key] = map_tensors([x[key] for x in objs], fn, memo)
         return o
     if isinstance(o, Scheme | Chunks) or type(o).__module__.startswith("transformers"):
         for key in list(vars(o)):
-            setattr(o, key, _tensors([vars(x)[key] for x in objs], fn, memo))
+            setattr(o, key, map_tensors([vars(x)[key] for x in objs], fn, memo))
     return o
 
 

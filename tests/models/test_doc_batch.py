@@ -306,8 +306,8 @@ def test_generation_writes_every_batch_in_one_step_loop(m2, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (int(2 * per * 2.5), 0))
     assert run_mod.step_docs(cfg, ld, 5) == 2
     moved = []
-    real_t = gen_mod._tensors
-    monkeypatch.setattr(gen_mod, "_tensors",
+    real_t = gen_mod.map_tensors
+    monkeypatch.setattr(gen_mod, "map_tensors",
                         lambda objs, fn, memo=None: moved.append(1) or real_t(objs, fn, memo))
     writes.clear()
     res = run_mod.measure(cfg, ld, cfg.schemes, progress=False)
