@@ -78,6 +78,9 @@ def main() -> int:
         rows.append({"what": label, "wall_s": round(wall, 2), "rc": p.returncode,
                      "cmd": " ".join(cmd[1:]), "phases_s": j.get("info", {}).get("phases_s"),
                      "model_s": j.get("info", {}).get("model_s"),
+                     # documents a prompt batch, and (generation) written together
+                     "doc_batch": j.get("info", {}).get("doc_batch"),
+                     "write_docs": j.get("info", {}).get("write_docs"),
                      "tail": (p.stdout + p.stderr).strip().splitlines()[-12:]})
         print(f"{label:<40} {wall:8.1f} s rc={p.returncode} phases={rows[-1]['phases_s']}",
               flush=True)
