@@ -136,8 +136,9 @@ class RunConfig:
     threads: Any = "auto"
     progress: bool = True
     out_dir: str | None = None  # default: Hydra's run directory (cwd when no Hydra)
-    # the engine's state saved beside the results at most every checkpoint_s seconds (0: never;
-    # docs/resume.md); a rerun into the directory resumes from it unless resume=false
+    # the engine's state saved beside the results at most every checkpoint_s seconds (0: only
+    # when interrupted; docs/resume.md); a rerun into the directory resumes from it unless
+    # resume=false
     checkpoint_s: float = 120.0
     resume: bool = True
     # whole-model mode: each stochastic-rounding scheme runs under this many SR seeds (its rows
