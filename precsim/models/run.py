@@ -144,8 +144,10 @@ def place(cfg, device: str, split_ok: bool):
     # sized for one batch of documents (model.doc_batch=B), else for all of them (auto: one
     # batch under a plan, doc_batch)
     docs = min(m.doc_batch, cfg.run.seqs) if m.doc_batch not in ("auto", 0) else cfg.run.seqs
+    # (generation's caches and attention keys grow by the written tokens too)
+    tokens = cfg.run.steps + (m.new_tokens if m.mode == "generate" else 0)
     plan = plan_run(m.path, m.dtype, m.device_map, device, docs=docs,
-                    schemes=schemes, tokens=cfg.run.steps, chunk=chunk,
+                    schemes=schemes, tokens=tokens, chunk=chunk,
                     split_ok=split_ok and m.mode == "parallel")
     logging.getLogger("precsim").info(plan.line())
     return plan

@@ -212,15 +212,21 @@ def test_a_split_plan_runs_each_batch_on_its_copies(m2, monkeypatch):
 
 def test_the_plan_is_sized_for_one_batch(m2, monkeypatch):
     """model.device_map's plan: sized for model.doc_batch documents when that is an integer,
-    else (auto, 0) for every document."""
+    else (auto, 0) for every document; in generate mode for the prompt and the written
+    tokens."""
     from precsim.models import placement as pl
 
-    docs = []
-    monkeypatch.setattr(pl, "plan_run", lambda *a, **k: docs.append(k["docs"]) or pl.Plan(
-        "single", "auto", ["cpu"], pl.Need(1, 1, 1, 1, 5, 1, 24, 24), {"cpu": 1}, why="test"))
+    docs, tokens = [], []
+    monkeypatch.setattr(pl, "plan_run", lambda *a, **k: docs.append(k["docs"]) or tokens.append(
+        k["tokens"]) or pl.Plan("single", "auto", ["cpu"], pl.Need(1, 1, 1, 1, 5, 1, 24, 24),
+                                {"cpu": 1}, why="test"))
     for B in (2, 9, 0, "auto"):
         run_mod.place(_cfg(m2, model__doc_batch=B, model__device_map="auto"), "cpu", True)
-    assert docs == [2, 4, 4, 4]
+    assert docs == [2, 4, 4, 4] and tokens == [24] * 4
+    # generation: sized for the prompt and the written tokens
+    run_mod.place(_cfg(m2, model__device_map="auto", model__mode="generate",
+                       model__new_tokens=6), "cpu", True)
+    assert tokens[-1] == 30
 
 
 def test_task_scoring_batches_draw_their_own_seeds(m2, monkeypatch):
