@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     src.add_argument("--text-file", default=None, help=".txt or .jsonl document (tokenizer)")
     src.add_argument("--ids-file", default=None, help=".npy token ids (N,) or (K, N): row 0")
     src.add_argument("--prompt", default=None, help="prompt text; greedy tokens follow")
-    ap.add_argument("--prompt-file", default=None, help="file holding the prompt text")
+    src.add_argument("--prompt-file", default=None, help="file holding the prompt text")
     ap.add_argument("--tokens", type=int, default=None, help="tokens to record (>= 1)")
     ap.add_argument("--layers", default=None, help="SSM layers, e.g. 0,5 (default: all)")
     ap.add_argument("--dtype", default="fp32", help="trace storage: fp32 (default) or bf16")

@@ -77,14 +77,21 @@ def test_each_command_line_prints_a_precsim_error_as_one_line(tmp_path, capsys):
 def test_record_usage_and_device_errors_are_one_line(tmp_path, capsys, monkeypatch):
     """precsim.record printed argparse's usage block before a malformed option (precsim-report
     already said one line), and took any --device: --device tpu ended in torch's traceback
-    after the model was read."""
+    after the model was read; --prompt-file is one source of tokens among the others."""
     import torch
 
     from precsim import record
 
     base = ["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--tokens", "4"]
+    (tmp_path / "p.txt").write_text("hi")
+    # --prompt-file is one source of tokens (it was taken over --prompt without a word)
+    pf = ["--prompt-file", str(tmp_path / "p.txt")]
     for argv, want in ((base[:-1] + ["abc"], "argument --tokens: invalid int value: 'abc'"),
-                       (base[:2], "the following arguments are required: --out")):
+                       (base[:2], "the following arguments are required: --out"),
+                       (base + pf + ["--prompt", "x"],
+                        "argument --prompt: not allowed with argument --prompt-file"),
+                       (base + pf + ["--ids-file", "i.npy"],
+                        "argument --ids-file: not allowed with argument --prompt-file")):
         with pytest.raises(SystemExit) as e:
             record.main(argv)
         err = capsys.readouterr().err
