@@ -481,7 +481,9 @@ def _check_per_layer(cfg: Config) -> None:
               f"the template scheme's name (this config has {', '.join(names)})")
     else:
         check_choice("per_layer.scheme", pl.scheme, names)
-    check_choice("metrics.budget_metric", cfg.metrics.budget_metric, ("kl", "rel_err", "accuracy"))
+    check(cfg.metrics.budget_metric in ("kl", "rel_err", "accuracy"), "metrics.budget_metric",
+          cfg.metrics.budget_metric, "kl, rel_err or accuracy in experiment=per_layer (the "
+          "figures whose per-layer sensitivities it adds up; not state_drift)")
     if (cfg.task.path or cfg.task.name) and cfg.metrics.budget_metric != "accuracy":
         raise PrecsimError(f"metrics.budget_metric={cfg.metrics.budget_metric} with a task "
                            "(task.path or task.name) in experiment=per_layer; allowed: "

@@ -242,7 +242,8 @@ def test_per_layer_bad_inputs_are_one_line(ckpts, tmp_path, capsys):
           r"schemes.s.layers='first' is invalid; allowed: layer indices >= 0 and default")
     fails({"s": SPLIT}, r"per_layer.formats=\['fp16'\] is invalid; allowed: two or more",
           per_layer__formats=["fp16"])
-    fails({"s": SPLIT}, r"metrics.budget_metric='state_drift' is unknown; allowed: kl, rel_err",
+    fails({"s": SPLIT}, r"metrics.budget_metric='state_drift' is invalid; allowed: kl, rel_err "
+          r"or accuracy in experiment=per_layer \(.*not state_drift\)",
           per_layer__formats=["fp16", "nvfp4"], metrics__budget_metric="state_drift")
     # a block format whose block does not divide the checkpoint's state (16 wide here)
     fails({"s": {"kind": "conventional", "fmt": "fp16", "rounding": "rne",
