@@ -111,8 +111,9 @@ def generate_batches(ld, spans: list[tuple[int, int]], batch, new_tokens: int, s
     ``batch(b)``: batch ``b``'s config and fresh groups): each batch's prompts go through the
     model alone (the prompt pass is what needs the memory: a chunk of positions of every row),
     then consecutive batches of up to ``step_docs`` documents together write their tokens, one
-    step for all of them (a step costs about the same for 80 rows as for 320: it is the host's
-    dispatch), from their tails merged (:func:`merge_tails`). On a GPU the tails of a group's
+    step for all of them (a step is mostly the host's dispatch of the scheme code, hardly
+    growing with the rows: experiments/bench/bench_floor_gen.md), from their tails merged
+    (:func:`merge_tails`). On a GPU the tails of a group's
     earlier batches wait in host memory while the later batches' prompts run. Returns
     ``[((per-token metrics, generation), groups)]`` per batch, as :func:`.run.merge_batches`
     takes them: the drift samples and first non-finite tokens of the steps are shared out to

@@ -279,13 +279,8 @@ def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None) -> int:
     if not ld.device.startswith("cuda") or ld.plan is not None or (
             ckpt is not None and ckpt.saved()):
         return K
-    from .placement import estimate, shape_of
-
-    mdtype = next(ld.model.parameters()).dtype
     tokens = N + (m.new_tokens if m.mode == "generate" else 0)
-    per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, tokens, min(chunk, tokens)).run()
-    free, _ = torch.cuda.mem_get_info(torch.device(ld.device))
-    return int(min(K, max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
+    return _docs_that_fit(ld, groups, tokens, min(chunk, tokens))
 
 
 def step_docs(cfg, ld: Loaded, groups: int) -> int:
@@ -298,12 +293,18 @@ def step_docs(cfg, ld: Loaded, groups: int) -> int:
     K, N = ld.ids.shape
     if not ld.device.startswith("cuda"):
         return K
+    return _docs_that_fit(ld, groups, N + cfg.model.new_tokens, 1)
+
+
+def _docs_that_fit(ld: Loaded, groups: int, tokens: int, chunk: int) -> int:
+    """The most of ``ld``'s documents (at least 1) whose :func:`.placement.estimate` (one
+    document's, times the count) fits ``DOC_BATCH_FREE`` of the CUDA device's free memory."""
     from .placement import estimate, shape_of
 
     mdtype = next(ld.model.parameters()).dtype
-    per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, N + cfg.model.new_tokens, 1).run()
+    per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, tokens, chunk).run()
     free, _ = torch.cuda.mem_get_info(torch.device(ld.device))
-    return int(min(K, max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
+    return int(min(ld.ids.shape[0], max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
 
 
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):
