@@ -92,7 +92,8 @@ class Shared(Scheme):
     def run_segment(self, family, inp, params, flush: bool, *, out_from_fold=True,
                     buffer_round=None, u_from_master=False) -> torch.Tensor:
         Y, fold = family.segment(self.read, self.state, inp, params, out_from_fold=out_from_fold,
-                                 buffer_round=buffer_round, u_from_master=u_from_master)
+                                 buffer_round=buffer_round, u_from_master=u_from_master,
+                                 fold=flush)
         if flush:
             self.write(fold)
             self.read = self.new_read()

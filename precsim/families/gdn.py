@@ -107,8 +107,10 @@ def step_delta(S, inp: dict):
 
 
 def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
-            u_from_master: bool = False):
-    """ReplaySSM over one segment ``(m, S, H, ...)``: outputs and the unrounded folded state.
+            u_from_master: bool = False, fold: bool = True):
+    """ReplaySSM over one segment ``(m, S, H, ...)``: outputs and the unrounded folded state
+    (None with ``fold`` False and ``out_from_fold`` False: the sum ``F`` and the fold, state-sized
+    work at every step, are skipped for a segment left unfinished, whose fold nothing reads).
 
     The sums that involve the state are in fixed orders, the numba engine's bit for bit: over
     the key axis by :func:`key_dot`; over the segment's steps ``j = 0, 1, ...`` in order, each
@@ -130,12 +132,16 @@ def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
     # a_t S_{t-1} k_t, checkpoint part (output-only: the state is never rebuilt)
     Sk0 = gam[..., None] * key_dot(master if u_from_master else read, k)
     CY = torch.zeros((2, *v.shape), dtype=v.dtype, device=v.device)  # sum_j A_tj u_j, M_tj u_j
-    F = torch.zeros_like(master)  # sum_j w_j u_j k_j^T
+    want = fold or out_from_fold
+    F = torch.zeros_like(master) if want else None  # sum_j w_j u_j k_j^T
     for t in range(m):  # sequential: u_t needs the (buffer-rounded) u_j of j < t
         u = buffer_round(beta[t][..., None] * (v[t] - Sk0[t] - CY[0, t]))
         CY[:, t:] += AM[:, t:, t, ..., None] * u  # (A_tt = 0: after its last use)
-        F += (w_last[t] * u)[..., None] * k[t][..., None, :]
+        if want:
+            F += (w_last[t] * u)[..., None] * k[t][..., None, :]
     Y = CY[1] + gam[..., None] * key_dot(read, q)
+    if not want:
+        return Y, None
     fold = gam[-1][..., None, None] * master + F
     if out_from_fold:
         Y[-1] = key_dot(fold, q[-1])

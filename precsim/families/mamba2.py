@@ -113,8 +113,10 @@ def step(S, inp: dict):
 
 
 def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
-            u_from_master: bool = False):
-    """ReplaySSM over one segment ``(m, S, H, ...)``: outputs and the unrounded folded state."""
+            u_from_master: bool = False, fold: bool = True):
+    """ReplaySSM over one segment ``(m, S, H, ...)``: outputs and the unrounded folded state
+    (None with ``fold`` False and ``out_from_fold`` False: a segment left unfinished, whose fold
+    nothing reads, costs no state-sized work beyond its outputs)."""
     dt, C = inp["dt"], inp["C"]
     x, B = buffer_round(inp["x"]), buffer_round(inp["B"])
     Lc, D = decay_matrices(inp["la"])
@@ -127,6 +129,8 @@ def segment(read, master, inp, params, *, out_from_fold: bool, buffer_round,
     Y = torch.einsum("shtj,jshp->tshp", W * G, torch.where(ok[..., None], x, 0.0))
     Y = torch.where((torch.cumsum(~ok, 0) > 0)[..., None], math.nan, Y)
     Y = Y + torch.exp(Lc)[..., None] * torch.einsum("shpn,tshn->tshp", read, C)
+    if not (fold or out_from_fold):
+        return Y, None
     w_last = W[..., -1, :].permute(2, 0, 1)  # (m, S, H)
     fold = torch.exp(Lc[-1])[..., None, None] * master + torch.einsum(
         "jshp,jshn->shpn", w_last[..., None] * x, B)

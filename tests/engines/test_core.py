@@ -393,3 +393,44 @@ def test_slow_notice_speaks_only_when_the_block_is_slow(capsys):
     time.sleep(0.6)  # a cancelled timer would have fired by now
     err = capsys.readouterr().err
     assert err == "precsim: compiling something ...\n", err
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_unfinished_segment_outputs_do_not_depend_on_the_fold(family):
+    """A segment left unfinished (a generated token inside a ReplaySSM segment) skips the
+    fold's state-sized work: its outputs are the bits of the same segment with the fold
+    computed; a shared float64 scheme that does not flush keeps its state, and one that
+    flushes holds conventional decoding's state (the family's one-token steps from zero)."""
+    import torch
+
+    from precsim.families import decays, get_family
+    from precsim.schemes import build_schemes
+    from precsim.workload import expand_groups
+
+    cfg = to_config(tiny_cfg(family, steps=32, schemes={"s": {"kind": "shared",
+                                                              "fmt": "fp64"}}))
+    wl = make_workload(cfg)
+    fam = get_family(family)
+    p64 = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in wl.params.items()}
+    H = cfg.model.heads
+    inp = expand_groups(dict(wl.chunk(0, 7)), H)
+    inp.update(decays(family, inp, p64, torch.float64))
+    P, N = inp[fam.VALUE].shape[3], inp[fam.KEY].shape[-1]
+    rng = torch.Generator().manual_seed(0)
+    read, master = (torch.randn((1, H, P, N), generator=rng, dtype=torch.float64)
+                    for _ in range(2))
+    kw = dict(out_from_fold=False, buffer_round=lambda v: v)
+    y_all, fold = fam.segment(read, master, inp, p64, fold=True, **kw)
+    y_skip, none = fam.segment(read, master, inp, p64, fold=False, **kw)
+    assert none is None and fold is not None
+    assert torch.equal(y_all, y_skip) and y_all.shape[0] == 7
+    (s,) = build_schemes(cfg)
+    s.init((1, H, P, N), "cpu", torch.float64)
+    s.run_segment(fam, inp, p64, False, out_from_fold=False, buffer_round=lambda v: v)
+    assert not s.state.any() and s.events == 0
+    s.run_segment(fam, inp, p64, True, out_from_fold=True, buffer_round=lambda v: v)
+    S = torch.zeros((1, H, P, N), dtype=torch.float64)
+    for t in range(7):
+        S, _ = fam.step(S, {k: v[t] for k, v in inp.items()})
+    assert s.events == 1 and S.abs().max() > 0.1
+    torch.testing.assert_close(s.state, S, rtol=1e-12, atol=1e-12)
