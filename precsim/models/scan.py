@@ -181,18 +181,26 @@ def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
     inp_all = step.inp if not P else {k: torch.cat([prev[k], v]) for k, v in step.inp.items()}
     off -= P
     ys = []
-    finite: list[list[torch.Tensor]] = [[] for _ in groups]
+    finite: list[torch.Tensor] = []  # per segment: (its output positions, groups) flags
+    Ds = {dt: D.to(dt)[:, None] for _, dt, _, _ in runs} if D is not None else {}
     for pos in range(0, T + P, L):
         m = min(L, T + P - pos)
         full = m == L or (carry and pos + m == T + P)
         skip = max(0, P - pos)  # positions of this segment the previous chunk returned
         seg64 = expand_groups({k: v[pos:pos + m].double() for k, v in inp_all.items()}, H)
+        # the segment's inputs and decays in each dtype, every row at once (elementwise: each
+        # group's rows are what its own cast would give; a one-token step is mostly the host's
+        # dispatch of these calls, experiments/bench/bench_floor_gen.md)
+        prep: dict = {}
         out = []
         for gi, (s, dt, br, pc) in enumerate(runs):
             lo = 0 if s.replay else skip
-            i64 = {k: v[lo:, gi * K:(gi + 1) * K] for k, v in seg64.items()}
-            inp = {k: v.to(dt) for k, v in i64.items()}
-            inp.update(decays(fam.name, i64, p64, dt, cfg.model.decay_exp))
+            if (dt, lo) not in prep:
+                i64 = {k: v[lo:] for k, v in seg64.items()}
+                every = {k: v.to(dt) for k, v in i64.items()}
+                every.update(decays(fam.name, i64, p64, dt, cfg.model.decay_exp))
+                prep[dt, lo] = every
+            inp = {k: v[:, gi * K:(gi + 1) * K] for k, v in prep[dt, lo].items()}
             # a group whose output went non-finite runs on (as the Triton scan does): its
             # non-finite rows stay so, the other documents' rows (other task items) are not
             # made NaN with them; dead_at still marks the group from its first such token
@@ -202,11 +210,8 @@ def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
             else:
                 y = s.run_segment(fam, inp, pc, True)
             if D is not None:
-                y = y + D.to(dt)[:, None] * inp["x"]
-            y = y[skip - lo:]
-            # (each position's finiteness stays on the device until :func:`_dead_check`)
-            finite[gi].append(torch.isfinite(y).reshape(y.shape[0], -1).all(dim=1))
-            out.append(y)
+                y = y + Ds[dt] * inp["x"]
+            out.append(y[skip - lo:])
         if drift_due(off + pos, m, L, W):
             ref = runs[0][0].state
             for g, (s, *_rest) in zip(groups[1:], runs[1:], strict=True):
@@ -216,6 +221,8 @@ def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
                      rel_rows(held["read"], ref) if "read" in held else None))
         wide = torch.float64 if any(o.dtype == torch.float64 for o in out) else torch.float32
         ys.append(torch.cat([o.to(wide) for o in out], dim=1))
+        # (each position's finiteness, per group, stays on the device until _dead_check)
+        finite.append(torch.isfinite(ys[-1]).reshape(ys[-1].shape[0], len(groups), -1).all(2))
         if chunks is not None and not full:  # left unfinished: the next chunk continues it
             chunks.partial[step.layer] = {k: v[pos:pos + m] for k, v in inp_all.items()}
     check = _dead_check(groups, [r[0] for r in runs], finite, off + P)
@@ -230,11 +237,11 @@ def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
 
 def _dead_check(groups, schemes, finite, first_pos: int):
     """A closure marking each group's first non-finite output (``dead_at``, 1-based, the
-    earliest over the layers) from ``finite`` (per group, the call's per-position flags on the
-    device, the call's first output position ``first_pos``). Its one read-back runs when the
-    closure is called: once per forward pass (:meth:`Chunks.settle`), not once per segment and
-    group, which would make the host wait for the device at every segment."""
-    flags = torch.stack([torch.cat(f) for f in finite])  # (groups, positions)
+    earliest over the layers) from ``finite`` (per segment, the call's flags ``(positions,
+    groups)`` on the device, the call's first output position ``first_pos``). Its one read-back
+    runs when the closure is called: once per forward pass (:meth:`Chunks.settle`), not once per
+    segment and group, which would make the host wait for the device at every segment."""
+    flags = torch.cat(finite).T  # (groups, positions)
     bad = ~flags
     anyb, first = bad.any(dim=1), bad.to(torch.uint8).argmax(dim=1)
 
