@@ -107,12 +107,13 @@ class TorchOps:
     @staticmethod
     def div_const(a, c):
         """a / c, correctly rounded: CUDA turns division by a host scalar into a multiply by
-        its reciprocal (1 ulp off at times), so the divisor lives on a's device."""
+        its reciprocal (1 ulp off at times), so the divisor lives on a's device (filled there:
+        a tensor copied from the host would wait for the device at every call)."""
         import torch
 
         if a.device.type == "cpu":
             return a / c
-        return a / torch.tensor(c, dtype=a.dtype, device=a.device)
+        return a / torch.full((), c, dtype=a.dtype, device=a.device)
 
     @staticmethod
     def recip(a):

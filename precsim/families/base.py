@@ -30,8 +30,9 @@ def decay_matrices(la: torch.Tensor):
     D = Lh[..., :, None] - Lh[..., None, :]
     m = la.shape[0]
     causal = torch.ones(m, m, dtype=torch.bool, device=D.device).tril()
-    ninf = torch.tensor(float("-inf"), dtype=D.dtype, device=D.device)
-    return Lc, torch.where(causal, D, ninf)
+    # (-inf as a scalar: a tensor built from a host value on a GPU is a copy that waits for the
+    # device, at every segment)
+    return Lc, torch.where(causal, D, float("-inf"))
 
 
 def key_dot(S, x):

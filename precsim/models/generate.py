@@ -79,16 +79,19 @@ def write_tokens(model, tail: dict, groups, K: int, new_tokens: int, bar=None,
     pos_kw = "position_ids" in inspect.signature(base.forward).parameters
     dev = input_device(model)
     n = len(groups)
-    toks = np.zeros((n * K, new_tokens), dtype=np.int64)
-    margin = np.zeros((n * K, new_tokens))
     cache, h, chunks = tail["cache"], tail["h"], tail["chunks"]
+    # the written tokens and margins stay on the device until the last step: a read-back at
+    # every step would make the host wait for the device there, instead of queuing the next
+    # step's work while the device runs this one's
+    toks = torch.zeros((n * K, new_tokens), dtype=torch.int64, device=h.device)
+    margin = torch.zeros((n * K, new_tokens), dtype=torch.float64, device=h.device)
     tail["handler"].bar = None  # (the bar counts written tokens from here)
     with torch.no_grad(), Hook(model, tail["handler"]):
         for t in range(new_tokens):
             top2 = torch.topk(head(h[:, -1]).double(), 2, dim=-1)
             nxt = top2.indices[:, 0]
-            toks[:, t] = nxt.cpu().numpy()
-            margin[:, t] = (top2.values[:, 0] - top2.values[:, 1]).cpu().numpy()
+            toks[:, t] = nxt
+            margin[:, t] = top2.values[:, 0] - top2.values[:, 1]
             if bar is not None:
                 bar.update(1)
             if t == new_tokens - 1:
@@ -99,7 +102,8 @@ def write_tokens(model, tail: dict, groups, K: int, new_tokens: int, bar=None,
                 extra["position_ids"] = torch.full((n * K, 1), P + t, device=dev)
             o = base(input_ids=nxt[:, None].to(dev), **extra)
             cache, h = getattr(o, attr), o.last_hidden_state
-    chunks.settle()  # the steps' non-finite checks (each step's top-2 read-back waited already)
+    toks, margin = toks.cpu().numpy(), margin.cpu().numpy()
+    chunks.settle()  # the steps' non-finite checks
     phases["generate_s"] = round(phases.get("generate_s", 0.0) + time.perf_counter() - t0, 3)
     return {g.name: {"tokens": toks[i * K:(i + 1) * K], "margin": margin[i * K:(i + 1) * K]}
             for i, g in enumerate(groups)}
