@@ -82,3 +82,62 @@ def test_a_dead_scheme_is_reported_at_its_first_non_finite_token_by_both_scans(f
     assert got["torch"] == {"fp32": (None, [8, 16]), "shared": (6, [8, 16]),
                             "split": (None, [8, 16])}
     assert got["triton"] == got["torch"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_one_token_steps_of_the_torch_scan_never_wait_for_the_gpu(family):
+    """Generation's one-token steps (the torch scan continuing unfinished ReplaySSM segments,
+    flushes with NVFP4-SR and NVFP4 read-copy roundings, the floor's dithered run) queue their
+    work without a host synchronisation (``torch.cuda.set_sync_debug_mode("error")`` raises at
+    any): a step that waits for the device stops the host from queuing the next layer's work,
+    once per layer, group and token. The checks' read-back waits until ``Chunks.settle``."""
+    from precsim.config import SchemeConfig, to_config
+    from precsim.models.hook import Step
+    from precsim.models.scan import Chunks, Group, scan
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    K, H, P, G, N, L, T = 2, 2, 16, 1, 16, 4, 10
+    cfg = to_config({"schemes": SCHEMES, "replay": {"buffer_len": L},
+                     "metrics": {"window": 64}, "run": {"progress": False}})
+    groups = [Group("reference", SchemeConfig(kind="shared", fmt="fp64"), reference=True),
+              *(Group(n, sc) for n, sc in cfg.schemes.items()),
+              Group("noise", cfg.schemes["fp32"], dither=2.0 ** -24, role="noise")]
+    b = len(groups) * K
+    rng = np.random.default_rng(0)
+
+    def f32(shape, lo=None, hi=None):
+        a = rng.standard_normal(shape) if lo is None else rng.uniform(lo, hi, shape)
+        return torch.tensor(a, dtype=torch.float32, device=dev)
+
+    if family == "mamba2":
+        inp = {"dt": f32((T, b, H), 0.01, 0.1), "x": f32((T, b, H, P)),
+               "B": f32((T, b, G, N)), "C": f32((T, b, G, N))}
+        const = {"A": -torch.ones(H, device=dev)}
+    else:
+        k = f32((T, b, G, N))
+        inp = {"g": -f32((T, b, H), 0.01, 0.1), "beta": f32((T, b, H), 0.1, 0.9),
+               "q": f32((T, b, G, N)) / 4, "k": k / torch.linalg.vector_norm(k, dim=-1,
+                                                                            keepdim=True),
+               "v": f32((T, b, H, P))}
+        const = {}
+    chunks = Chunks(horizon=T)
+    torch.cuda.synchronize()
+    ys = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for t in range(T):  # one token a call, as write_tokens' steps (flushes at 4 and 8)
+            chunks.offset = t
+            step = Step(layer=0, family=family, inp={k: v[t:t + 1] for k, v in inp.items()},
+                        const=const, state=None, recurrent=False)
+            ys.append(scan(step, groups, K, cfg, torch.float32, chunks=chunks))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    chunks.settle()
+    y = torch.cat(ys)
+    assert y.shape[:2] == (T, b) and bool(torch.isfinite(y).all())
+    assert all(g.dead_at is None for g in groups)
+    flushes = [s.events for s in chunks.layers[0]]
+    assert flushes[1] == T and flushes[2:4] == [2, 2], flushes  # conventional: every token
