@@ -9,9 +9,9 @@ Every benchmark writes its figures through :func:`write`, which appends one line
 ``figures`` is the script's own dictionary of numbers (rows, settings, card). A run that may be
 cut short keeps its figures so far with :func:`write_partial` (the same line in
 ``OUT/<bench>.partial.jsonl``, replaced at each call). Committed records go to
-``experiments/bench/records/<bench>.jsonl``, newest last (copy the run's line there; none
-yet); the older ``.txt`` / ``.md`` / ``.json`` files beside the scripts are historical records
-kept as written.
+``experiments/bench/records/<bench>.jsonl``, newest last (copy the run's line there); the
+older ``.txt`` / ``.md`` / ``.json`` files beside the scripts are historical records kept as
+written.
 Shell scripts write through the command line::
 
     python experiments/bench/record.py OUT BENCH --command "bash ..." < figures.json
