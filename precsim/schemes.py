@@ -36,7 +36,9 @@ class Scheme:
     tensor_scope: str
     state: torch.Tensor | None = None
     read: torch.Tensor | None = None
-    resid: torch.Tensor | None = None  # error feedback: the residual carried to the next write
+    # error feedback: the residual carried to the next write (None without error feedback: a
+    # state-sized tensor nothing reads, a third of a float32 scheme's memory in a whole model)
+    resid: torch.Tensor | None = None
     dead_at: int | None = None  # first step whose output was not finite
     events: int = 0
     extra: dict = field(default_factory=dict)
@@ -57,7 +59,7 @@ class Scheme:
     def init(self, shape, device, dtype) -> None:
         self.state = torch.zeros(shape, device=device, dtype=dtype)
         self.read = self.state
-        self.resid = torch.zeros_like(self.state)
+        self.resid = torch.zeros_like(self.state) if ef_fmt(self.cfg) else None
 
     def write(self, x: torch.Tensor) -> None:
         """The master's rounding after an update or a fold (with error feedback if set)."""
@@ -79,6 +81,7 @@ class Conventional(Scheme):
             self.write(S_new)
             self.events += 1
             ys.append(y)
+        self.read = self.state  # (nothing reads it: not the initial zeros kept alive beside it)
         return torch.stack(ys)
 
 

@@ -68,7 +68,7 @@ def held_states(engine: str, cfg: Config, device: str = "cpu") -> dict:
     for i, n in enumerate(names):
         if engine == "torch":
             d = cap.last["schemes"][i]
-            out[n] = (d["state"], d["resid"])
+            out[n] = (d["state"], d["resid"] if "resid" in d else np.zeros_like(d["state"]))
         elif engine == "numpy":
             out[n] = (cap.last["state"][n], cap.last["resid"][n])
         else:

@@ -269,7 +269,7 @@ def to_torch(chunks, groups, K: int, cfg, compute, pos: int) -> None:
     """Every layer's Triton states in ``chunks`` (at a flush, after ``pos`` tokens) as the torch
     backend's schemes, in place: the float64 truth slot becomes the reference's state, each
     scheme slot its group's master (``st``), read copy (``rd``, split) and error-feedback
-    residual (``ef``, zero for a group without it); the event counts (tokens for conventional
+    residual (``ef``, None for a group without it); the event counts (tokens for conventional
     schemes, flushes for replay ones) continue the SR streams where the kernels left them (the
     same keys)."""
     from ..schemes import SCHEMES, format_options
@@ -286,13 +286,13 @@ def to_torch(chunks, groups, K: int, cfg, compute, pos: int) -> None:
                                  tensor_scope=cfg.formats.tensor_scope)
             if g.reference:
                 s.state = s.read = k["S64"].view(shape).clone()
-                s.resid = torch.zeros_like(s.state)
+                s.resid = None
             else:
                 i = gi - 1
                 s.state = k["st"][i].view(shape).to(compute).clone()
                 s.read = k["rd"][i].view(shape).to(compute).clone() if sc.kind == "split" \
                     else s.state
-                s.resid = (torch.zeros_like(s.state) if k["ef"][i] is None
+                s.resid = (None if k["ef"][i] is None
                            else k["ef"][i].view(shape).to(compute).clone())
             s.events = pos if sc.kind == "conventional" else pos // L
             s.dead_at = g.dead_at

@@ -115,12 +115,13 @@ class Need:
 
 
 def estimate(s: Shape, docs: int, groups: int, tokens: int, chunk: int,
-             head_chunk: int = 1024) -> Need:
+             head_chunk: int = 1024, state_bytes: float = 12) -> Need:
     """The bytes of a whole-model run of ``groups`` groups (the reference and each scheme) of
     ``docs`` documents over ``tokens`` tokens in forward passes of ``chunk`` positions.
 
-    Per group and SSM layer: every scheme's state, read copy and error-feedback residual (at most
-    three float32 copies, or the reference's float64 state; 12 bytes an element), the model's own
+    Per group and SSM layer: the scheme's state, read copy and error-feedback residual at
+    ``state_bytes`` an element (the groups' mean, :func:`state_bytes`; 12 when they are not
+    known: three float32 copies at most, or the reference's float64 state), the model's own
     cached state (float32) and conv state. Per group and attention layer: the key/value cache
     over every token (only when the run goes in several passes). Per group and pass: six hidden
     vectors and two of the widest projection per position in the model's dtype, the scan's
@@ -129,7 +130,7 @@ def estimate(s: Shape, docs: int, groups: int, tokens: int, chunk: int,
     ``head_chunk`` positions of the reference and a scheme in float64 (four arrays)."""
     state = s.heads * s.dv * s.dk
     several = chunk < tokens
-    layers = s.ssm_layers * state * (12 + 4) + s.conv * s.dtype_bytes \
+    layers = int(s.ssm_layers * state * (state_bytes + 4)) + s.conv * s.dtype_bytes \
         + (s.kv * tokens * s.dtype_bytes if several else 0)
     scan_io = s.heads * s.dv * (4 + 8 + 4) + s.heads * 4 + s.bc * 2 * 4
     per_pos = (6 * s.hidden + 2 * s.width) * s.dtype_bytes + scan_io \
@@ -137,6 +138,21 @@ def estimate(s: Shape, docs: int, groups: int, tokens: int, chunk: int,
     head = docs * min(head_chunk, chunk) * s.vocab * 8 * 4
     return Need(s.weights, docs * layers, docs * chunk * per_pos, head, groups, docs, tokens,
                 chunk)
+
+
+def state_bytes(groups, compute) -> float:
+    """The mean bytes a state element takes over ``groups`` (:class:`.scan.Group`) in the
+    scans: the reference's float64 state; a scheme's state in the ``compute`` dtype (a torch
+    dtype), and as much again for a split scheme's read copy and for an error-feedback residual
+    (none is held without them)."""
+    import torch
+
+    from ..config import ef_fmt
+
+    size = torch.empty((), dtype=compute).element_size()
+    per = [8 if g.reference else size * (1 + (g.cfg.kind == "split") + bool(ef_fmt(g.cfg)))
+           for g in groups]
+    return sum(per) / max(1, len(per))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -249,7 +249,8 @@ def batch_cfg(cfg, b: int):
         cfg.run, seed=batch_seed(cfg.run.seed, b)))
 
 
-def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None) -> int:
+def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None,
+              state_bytes: float = 12) -> int:
     """Documents per batch of a whole-model run of ``groups`` groups over ``ld.ids`` (``K``
     documents; ``K``: one batch). ``model.doc_batch``: an integer ``B >= 1`` (at most ``K``),
     ``0`` (``K``), or ``auto``:
@@ -258,14 +259,15 @@ def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None) -> int:
       ``DOC_BATCH_FREE`` (half) of the device's free memory, read after the model is loaded
       (``torch.cuda.mem_get_info``). The estimate is :func:`.placement.estimate`'s, the one
       ``model.device_map`` sizes runs with, for one document times ``B``: per group and SSM
-      layer the state at 16 bytes an element (a scheme's float32 state, read copy and
-      error-feedback residual, or the reference's float64 state, 12 bytes at most; the model's
-      own float32 cache, 4), the conv state and (a run of several passes) the attention
-      cache of every token; per group and pass, ``chunk`` positions of hidden states, the
-      widest projection and the scan's inputs and outputs; the output head's float64 logits
-      of 1,024 positions. Generation counts its new tokens among the tokens; decode mode
-      passes one position at a time. Half the free memory leaves room for what the estimate
-      misses (the allocator's fragmentation, the scan's temporaries);
+      layer the state at ``state_bytes`` an element (the groups' mean,
+      :func:`.placement.state_bytes`: a scheme's float32 state, read copy if split and
+      error-feedback residual if any, or the reference's float64 state; 12 when not given)
+      plus the model's own float32 cache (4), the conv state and (a run of several passes)
+      the attention cache of every token; per group and pass, ``chunk`` positions of hidden
+      states, the widest projection and the scan's inputs and outputs; the output head's
+      float64 logits of 1,024 positions. Generation counts its new tokens among the tokens;
+      decode mode passes one position at a time. Half the free memory leaves room for what the
+      estimate misses (the allocator's fragmentation, the scan's temporaries);
     * 1 in decode mode (it runs one document at a time);
     * ``K`` on the CPU (the whole batch: memory is rarely the limit there), with a
       ``model.device_map`` (its plan was sized for every document: an integer batches it), and
@@ -280,10 +282,10 @@ def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None) -> int:
             ckpt is not None and ckpt.saved()):
         return K
     tokens = N + (m.new_tokens if m.mode == "generate" else 0)
-    return _docs_that_fit(ld, groups, tokens, min(chunk, tokens))
+    return _docs_that_fit(ld, groups, tokens, min(chunk, tokens), state_bytes)
 
 
-def step_docs(cfg, ld: Loaded, groups: int) -> int:
+def step_docs(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
     """Generation (``model.mode=generate``) in several document batches: how many documents
     write their tokens together (:func:`.generate.generate_batches`). A step holds every
     group's states and caches but only one position's activations, so more documents fit than
@@ -293,16 +295,18 @@ def step_docs(cfg, ld: Loaded, groups: int) -> int:
     K, N = ld.ids.shape
     if not ld.device.startswith("cuda"):
         return K
-    return _docs_that_fit(ld, groups, N + cfg.model.new_tokens, 1)
+    return _docs_that_fit(ld, groups, N + cfg.model.new_tokens, 1, state_bytes)
 
 
-def _docs_that_fit(ld: Loaded, groups: int, tokens: int, chunk: int) -> int:
+def _docs_that_fit(ld: Loaded, groups: int, tokens: int, chunk: int,
+                   state_bytes: float = 12) -> int:
     """The most of ``ld``'s documents (at least 1) whose :func:`.placement.estimate` (one
     document's, times the count) fits ``DOC_BATCH_FREE`` of the CUDA device's free memory."""
     from .placement import estimate, shape_of
 
     mdtype = next(ld.model.parameters()).dtype
-    per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, tokens, chunk).run()
+    per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, tokens, chunk,
+                       state_bytes=state_bytes).run()
     free, _ = torch.cuda.mem_get_info(torch.device(ld.device))
     return int(min(ld.ids.shape[0], max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
 
@@ -342,7 +346,10 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     mdtype = next(model.parameters()).dtype
     groups = build_groups(cfg, mdtype)
     chunk = chunk_len(cfg, N, ld.backend) if m.mode != "decode" else 1
-    B = doc_batch(cfg, ld, len(groups), chunk, ckpt)
+    from .placement import state_bytes
+
+    held = state_bytes(groups, ld.compute)  # (bytes a state element takes, the groups' mean)
+    B = doc_batch(cfg, ld, len(groups), chunk, ckpt, held)
     spans = [(s, min(K, s + B)) for s in range(0, K, B)]
     one = len(spans) == 1
     # generation in several batches: the batches' prompts one by one, their tokens written
@@ -351,7 +358,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     if together:
         from .generate import generate_batches, step_groups
 
-        S = max(B, step_docs(cfg, ld, len(groups)))
+        S = max(B, step_docs(cfg, ld, len(groups), held))
         writes = len(step_groups(spans, S))
     if not one:
         logging.getLogger("precsim").info(

@@ -308,9 +308,14 @@ def test_generation_writes_every_batch_in_one_step_loop(m2, monkeypatch):
     ld.device = "cuda"
     from precsim.models import placement as pl
 
-    per = pl.estimate(pl.shape_of(ld.model, torch.float32), 1, 5, 24 + 6, 1).run()
+    # (the estimate at the bytes these groups' states take, as the run sizes it)
+    held = pl.state_bytes(run_mod.build_groups(cfg, torch.float32), ld.compute)
+    assert held < 12  # (a float32 scheme holds no residual without error feedback)
+    per = pl.estimate(pl.shape_of(ld.model, torch.float32), 1, 5, 24 + 6, 1,
+                      state_bytes=held).run()
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (int(2 * per * 2.5), 0))
-    assert run_mod.step_docs(cfg, ld, 5) == 2
+    assert run_mod.step_docs(cfg, ld, 5, held) == 2
+    assert run_mod.step_docs(cfg, ld, 5) == 1  # (at the most a group can hold: fewer)
     moved = []  # the calls that move a whole tail (map_tensors' recursion calls it too)
     real_t = gen_mod.map_tensors
     monkeypatch.setattr(gen_mod, "map_tensors", lambda objs, fn, memo=None: moved.append(

@@ -378,3 +378,42 @@ def test_device_map_auto_on_one_gpu_equals_the_default_run(kl_path, arch):
                        "cuda", progress=False)
     assert got.engine == ref.engine
     _equal(ref, got)
+
+
+@pytest.mark.parametrize("compute", [torch.float32, torch.float64])
+def test_state_bytes_are_what_the_scans_hold(compute):
+    """The estimate's bytes a state element takes (``placement.state_bytes``, the groups' mean)
+    equal what the torch scan's schemes hold after a segment, counted tensor by tensor: the
+    reference's float64 state; a scheme's state in the compute dtype, a split scheme's read
+    copy, an error-feedback residual; nothing else (a residual without error feedback is not
+    held)."""
+    from precsim.config import to_config
+    from precsim.models.hook import Step
+    from precsim.models.run import build_groups
+    from precsim.models.scan import Chunks, scan_torch
+
+    schemes = {"fp32": {"kind": "conventional", "fmt": "fp32"},
+               "shared": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
+               "split": {"kind": "split", "fmt": "fp32", "read_fmt": "nvfp4"},
+               "ef": {"kind": "conventional", "fmt": "fp8_e4m3", "error_feedback": "bf16"}}
+    cfg = to_config({"schemes": schemes, "replay": {"buffer_len": 4},
+                     "metrics": {"window": 8}, "run": {"progress": False}})
+    groups = build_groups(cfg, torch.float32)
+    assert [g.name for g in groups][:3] == ["reference", "fp32", "noise_floor"]
+    T, K, H, P, G, N = 8, 2, 2, 16, 1, 16
+    b = len(groups) * K
+    rng = np.random.default_rng(0)
+    inp = {"dt": torch.tensor(rng.uniform(0.01, 0.1, (T, b, H))),
+           **{k: torch.tensor(rng.standard_normal((T, b, *s)), dtype=torch.float32)
+              for k, s in (("x", (H, P)), ("B", (G, N)), ("C", (G, N)))}}
+    chunks = Chunks(horizon=T)
+    scan_torch(Step(layer=0, family="mamba2", inp=inp, const={"A": -torch.ones(H)},
+                    state=None, recurrent=False), groups, K, cfg, compute, chunks=chunks)
+    held = 0
+    for s in chunks.layers[0]:
+        ts = {id(t): t for t in (s.state, s.read, s.resid) if t is not None}
+        held += sum(t.numel() * t.element_size() for t in ts.values())
+    per_element = held / (len(groups) * K * H * P * N)
+    assert per_element == pl.state_bytes(groups, compute)
+    want = (8 + (3 * 1 + 2 + 2) * (4 if compute == torch.float32 else 8)) / 6
+    assert per_element == want  # ref; fp32, noise, shared 1; split, ef 2 copies
