@@ -148,7 +148,10 @@ def generate_batches(ld, spans: list[tuple[int, int]], batch, new_tokens: int, s
             writers, tail = done[0][2], done[0][1]
         else:
             writers = [dataclasses.replace(g, drift={}, dead_at=None) for g in done[0][2]]
-            tail = merge_tails([d[1] for d in done], sizes, len(writers), writers)
+            # (parked: each merged tensor is filled on the device from the host's parts, not
+            # joined in host memory first; what the merge does not join follows it there)
+            tail = merge_tails([d[1] for d in done], sizes, len(writers), writers,
+                               dev if park else None)
             if park:
                 map_tensors([tail], lambda ts: ts[0].to(dev))
         done = [(out, gs, k) for out, _, gs, k in done]  # (the batches' own tails go)
@@ -180,15 +183,29 @@ def step_groups(spans: list[tuple[int, int]], step_docs: int) -> list[tuple[int,
     return out
 
 
-def merge_tails(tails: list[dict], sizes: list[int], n: int, groups) -> dict:
+def merge_tails(tails: list[dict], sizes: list[int], n: int, groups, device=None) -> dict:
     """One tail (:func:`read_prompts`') of the batches' documents in order, from each batch's
     (``sizes``: its documents; ``n`` groups, whose rows are group-major: group ``i`` holds rows
     ``[i*K, (i+1)*K)``): the model's cache and last hidden states row by row (every tensor whose
     first axis is a batch's rows; the others, such as a cache's token count, are the same in
     every batch), an unfinished ReplaySSM segment's inputs (rows on the second axis) likewise,
     each layer's scheme states by document (``dead_at`` the earliest); the first batch's handler
-    and chunks carry them, with ``groups`` as the groups."""
+    and chunks carry them, with ``groups`` as the groups. ``device``: the joined tensors are
+    built there (each filled part by part: no joined copy where the parts are, such as host
+    memory, and no parts and whole together on the device)."""
     from ..schemes import Scheme
+
+    def join(parts: list, axis: int):
+        if device is None:
+            return torch.cat(parts, dim=axis)
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        out = torch.empty(shape, dtype=parts[0].dtype, device=device)
+        at = 0
+        for p in parts:
+            out.narrow(axis, at, p.shape[axis]).copy_(p)
+            at += p.shape[axis]
+        return out
 
     def rows(ts: list, axis: int = 0):
         if any(t.dim() <= axis or t.shape[axis] != n * k for t, k in zip(ts, sizes,
@@ -198,8 +215,8 @@ def merge_tails(tails: list[dict], sizes: list[int], n: int, groups) -> dict:
                                    f"{tuple(ts[0].shape)} has no axis of the batch's "
                                    f"{n} x {sizes[0]} rows and differs between batches")
             return ts[0]
-        return torch.cat([t.narrow(axis, i * k, k) for i in range(n)
-                          for t, k in zip(ts, sizes, strict=True)], dim=axis)
+        return join([t.narrow(axis, i * k, k) for i in range(n)
+                     for t, k in zip(ts, sizes, strict=True)], axis)
 
     first = tails[0]
     chunks = first["chunks"]
@@ -214,7 +231,7 @@ def merge_tails(tails: list[dict], sizes: list[int], n: int, groups) -> dict:
             same_read = s.read is s.state
             for attr in ("state", "resid") if same_read else ("state", "read", "resid"):
                 if getattr(s, attr) is not None:
-                    setattr(s, attr, torch.cat([getattr(x, attr) for x in mine]))
+                    setattr(s, attr, join([getattr(x, attr) for x in mine], 0))
             if same_read:
                 s.read = s.state
             dead = [x.dead_at for x in mine if x.dead_at is not None]
