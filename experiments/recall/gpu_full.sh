@@ -3,7 +3,8 @@
 # and pack at --budget seconds, 510 by default):
 #   call 1: bash experiments/recall/gpu_full.sh "$OUT" train   # 3 seeds x {Mamba-2, GDN}
 #   here:   python experiments/recall/gpu_full.py unpack OUT1/recall_train_*.tar.gz
-#           (a model paused at the budget: train again with --resume OUT1/recall_train_*.tar.gz)
+#           (a model paused at the budget: train again with --resume OUT1/recall_train_*.tar.gz,
+#           or, the machine still warm, KEEP_WORK=1 and the same arguments)
 #           (writes experiments/recall/checkpoints/full_{mamba2,gdn}_seed{0,1,2}/: commit them)
 #   call 2: bash experiments/recall/gpu_full.sh "$OUT" study   # the headline study on them
 #   here:   python experiments/recall/gpu_full.py unpack OUT2/recall_study.tar.gz --name full
@@ -14,7 +15,10 @@ OUT=${1:?usage: gpu_full.sh OUT train|study [gpu_full.py options]}
 PHASE=${2:?usage: gpu_full.sh OUT train|study [gpu_full.py options]}
 shift 2
 mkdir -p "$OUT"
-rm -rf "/tmp/recall_work_$PHASE"  # a warm machine keeps /tmp
+# a warm machine keeps /tmp: a fresh work folder, unless KEEP_WORK=1 continues the paused models
+# of the previous call on the same machine from their resume.pt (their tarballs, 11 MB each, need
+# not travel back: 2026-12-07, three GDN seeds paused at step ~1,850 and finished so)
+[ "${KEEP_WORK:-0}" = 1 ] || rm -rf "/tmp/recall_work_$PHASE"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" \
