@@ -298,7 +298,9 @@ def writable_dir(key: str, path, what: str = "a directory (new, or one holding t
                  "config's result) that this user can write", shown=None) -> None:
     """One-line PrecsimError unless ``path`` is (or can be made as) a writable directory: not
     a file, not under a file, its nearest existing ancestor writable (``os.access``: the
-    permission bits, which root passes, and a read-only file system, which it does not)."""
+    permission bits, which root passes, and a read-only file system, which it does not), and a
+    directory can really be made there (a probe, removed at once: ``/proc`` passes os.access
+    for root, yet refuses every new directory)."""
     p = Path(os.path.abspath(os.fspath(path)))
     probe = p
     while not probe.exists():
@@ -311,6 +313,15 @@ def writable_dir(key: str, path, what: str = "a directory (new, or one holding t
     if not os.access(probe, os.W_OK | os.X_OK):
         where = "is read-only" if probe == p else f"is under a read-only directory ({probe})"
         raise PrecsimError(f"{key}={str(shown or path)!r} {where}; allowed: {what}")
+    if probe.is_dir():
+        import tempfile
+
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".precsim-probe-", dir=probe))
+        except OSError as e:
+            where = "takes no new entry" if probe == p else f"cannot be made under {probe}"
+            raise PrecsimError(f"{key}={str(shown or path)!r} {where} ({e.strerror}); "
+                               f"allowed: {what}") from None
 
 
 def readable_dir(key: str, path) -> None:

@@ -180,6 +180,17 @@ def test_a_read_only_run_directory_is_one_line(tmp_path, capsys):
         ro.chmod(0o755)
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_run_directory_where_no_directory_can_be_made_is_one_line(capsys):
+    """Under /proc the permission bits let root through, yet no directory can be made there:
+    Hydra's FileNotFoundError traceback before; now the probe's one line (a user who is not
+    root hears that /proc is read-only)."""
+    rc, out, err = run_main([*TINY, "hydra.run.dir=/proc/precsim_run"], capsys)
+    line = _one_line(rc, err, "hydra.run.dir='/proc/precsim_run'", "allowed: a directory")
+    assert ("cannot be made under /proc (" in line) or ("read-only directory (/proc)" in line)
+    assert "engine=" not in out
+
+
 def test_the_default_run_directory_in_a_read_only_working_directory(tmp_path, capsys, deny,
                                                                     monkeypatch):
     """No hydra.run.dir: Hydra's outputs/ under the working directory is checked too."""
