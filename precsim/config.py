@@ -347,6 +347,9 @@ def validate(cfg: Config) -> None:
     check_choice("workload.kind", w.kind, WORKLOADS)
     if w.kind == "trace":
         check(bool(w.path), "workload.path", w.path, "a .npz trace file (workload=trace)")
+    else:  # (the synthetic inputs ran in its place, the trace unread, saying nothing)
+        check(w.path is None, "workload.path", w.path, f"null with workload.kind={w.kind} (its "
+              "inputs are generated); a trace needs workload=trace as well")
     if w.layer is not None:
         check(isinstance(w.layer, int) and w.layer >= 0, "workload.layer", w.layer,
               "a layer index >= 0 (a layer_XX.npz of a record directory)")

@@ -112,6 +112,17 @@ class TraceWorkload(Workload):
                                ) from None
         self.data = validate_trace(data, where=f"trace {path.name}")
         self.family = family_of(self.data)
+        fam = FAMILIES[self.family]
+        unused = sorted(set(self.data) - set(fam.TRACE_AXES) - {fam.SKIP})
+        if unused:  # (a raw dt beside a dt_bias, say: the run would not apply it)
+            import logging
+
+            one = len(unused) == 1
+            logging.getLogger("precsim").warning(
+                f"trace {path.name}: {', '.join(map(repr, unused))} {'is' if one else 'are'} "
+                f"not {'a ' if one else ''}{fam.LABEL} trace input{'' if one else 's'} and "
+                f"{'is' if one else 'are'} not read; the inputs: {', '.join(fam.TRACE_AXES)}"
+                + (f" (+{fam.SKIP})" if fam.SKIP else ""))
         self.keys = FAMILIES[self.family].KEYS
         self.max_steps = self.data[self.keys[0]].shape[0]
         # the trace fixes the layer: its family and shape replace model.* (then re-validated)

@@ -232,6 +232,29 @@ def test_bad_trace_is_one_line(case, tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and needle in err[0], err
 
 
+def test_a_trace_key_that_is_not_read_is_named_and_a_path_without_workload_trace_refused(
+        tmp_path, capsys):
+    """A trace key the family does not read (a dt_bias beside dt: the run would not add it) is
+    named in the run's log; workload.path without workload=trace ran the synthetic inputs in
+    the trace's place, saying nothing: now one line, exit 2, nothing written."""
+    tr = make_trace("mamba2", T=64, H=2, P=8, N=16)
+    path = tmp_path / "m.npz"
+    np.savez(path, **tr, dt_bias=np.zeros(2))
+    out = tmp_path / "o"
+    rc, stdout, err = _main(["experiment=split_nvfp4", *FAST, "workload=trace",
+                             f"workload.path={path}", "run.seqs=1", f"hydra.run.dir={out}"],
+                            capsys)
+    assert rc == 0, err
+    line = "trace m.npz: 'dt_bias' is not a Mamba-2 trace input and is not read; the inputs: "
+    assert line in (out / "precsim.log").read_text() and line in stdout
+    rc, _, err = _main(["experiment=split_nvfp4", *FAST, f"workload.path={path}",
+                        f"hydra.run.dir={tmp_path / 'o2'}"], capsys)
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"precsim: error: workload.path='{path}' is invalid; allowed: null "
+                             "with workload.kind=synthetic"), err
+    assert not (tmp_path / "o2").exists()
+
+
 def test_trace_run_uses_trace_shape(tmp_path, capsys):
     tr = make_trace("gdn", T=64, H=3, P=8, N=16)
     path = tmp_path / "g.npz"

@@ -210,7 +210,7 @@ def test_a_changed_input_file_is_not_taken_for_the_same_input(tmp_path, capsys):
     rec = tmp_path / "rec"
     (rec / "layer_00").mkdir(parents=True)
     (rec / "record.json").write_text("{}")
-    cfg = to_config({"workload": {"kind": "synthetic", "path": str(rec)},
+    cfg = to_config({"workload": {"kind": "trace", "path": str(rec)},
                      "schemes": {"c": {"kind": "conventional", "fmt": "fp16"}}})
     saved = Checkpoint(cfg, tmp_path)._inputs()
     assert inputs_changed(saved, cfg) is None
