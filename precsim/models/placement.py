@@ -145,12 +145,10 @@ def state_bytes(groups, compute) -> float:
     scans: the reference's float64 state; a scheme's state in the ``compute`` dtype (a torch
     dtype), and as much again for a split scheme's read copy and for an error-feedback residual
     (none is held without them)."""
-    import torch
-
     from ..config import ef_fmt
 
-    size = torch.empty((), dtype=compute).element_size()
-    per = [8 if g.reference else size * (1 + (g.cfg.kind == "split") + bool(ef_fmt(g.cfg)))
+    per = [8 if g.reference else
+           compute.itemsize * (1 + (g.cfg.kind == "split") + bool(ef_fmt(g.cfg)))
            for g in groups]
     return sum(per) / max(1, len(per))
 

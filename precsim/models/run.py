@@ -299,7 +299,7 @@ def step_docs(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
 
 
 def _docs_that_fit(ld: Loaded, groups: int, tokens: int, chunk: int,
-                   state_bytes: float = 12) -> int:
+                   state_bytes: float) -> int:
     """The most of ``ld``'s documents (at least 1) whose :func:`.placement.estimate` (one
     document's, times the count) fits ``DOC_BATCH_FREE`` of the CUDA device's free memory."""
     from .placement import estimate, shape_of
