@@ -117,11 +117,9 @@ class TraceWorkload(Workload):
         if unused:  # (a raw dt beside a dt_bias, say: the run would not apply it)
             import logging
 
-            one = len(unused) == 1
             logging.getLogger("precsim").warning(
-                f"trace {path.name}: {', '.join(map(repr, unused))} {'is' if one else 'are'} "
-                f"not {'a ' if one else ''}{fam.LABEL} trace input{'' if one else 's'} and "
-                f"{'is' if one else 'are'} not read; the inputs: {', '.join(fam.TRACE_AXES)}"
+                f"trace {path.name}: keys {', '.join(map(repr, unused))} are not read (not "
+                f"{fam.LABEL} inputs); the inputs: {', '.join(fam.TRACE_AXES)}"
                 + (f" (+{fam.SKIP})" if fam.SKIP else ""))
         self.keys = FAMILIES[self.family].KEYS
         self.max_steps = self.data[self.keys[0]].shape[0]

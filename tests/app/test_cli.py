@@ -245,7 +245,7 @@ def test_a_trace_key_that_is_not_read_is_named_and_a_path_without_workload_trace
                              f"workload.path={path}", "run.seqs=1", f"hydra.run.dir={out}"],
                             capsys)
     assert rc == 0, err
-    line = "trace m.npz: 'dt_bias' is not a Mamba-2 trace input and is not read; the inputs: "
+    line = "trace m.npz: keys 'dt_bias' are not read (not Mamba-2 inputs); the inputs: "
     assert line in (out / "precsim.log").read_text() and line in stdout
     rc, _, err = _main(["experiment=split_nvfp4", *FAST, f"workload.path={path}",
                         f"hydra.run.dir={tmp_path / 'o2'}"], capsys)
