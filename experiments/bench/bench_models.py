@@ -63,6 +63,23 @@ def build(kind: str, path: Path, device: str):
                               num_heads=64, head_dim=64, expand=2, state_size=128, n_groups=1,
                               chunk_size=256, tie_word_embeddings=True)
         arch = tf.Mamba2ForCausalLM
+    elif kind == "mamba2_2b7":  # Mamba-2 2.7B's shape (state-spaces/mamba2-2.7b): 64 layers,
+        # 80 heads x 64 x 128
+        cfg = tf.Mamba2Config(vocab_size=50288, hidden_size=2560, num_hidden_layers=64,
+                              num_heads=80, head_dim=64, expand=2, state_size=128, n_groups=1,
+                              chunk_size=256, tie_word_embeddings=True)
+        arch = tf.Mamba2ForCausalLM
+    elif kind == "nemotron_h_8b_w12":  # Nemotron-H-8B's width (hidden 4096, Mamba-2 128 heads x
+        # 64 x 128 in 8 groups, MLP 21,504, attention 32 heads / 8 KV), 12 layers: 6 Mamba-2,
+        # 5 MLP, 1 attention (a 5 GB bf16 checkpoint with its 131,072-token vocabulary)
+        cfg = tf.NemotronHConfig(
+            vocab_size=131072, hidden_size=4096, num_hidden_layers=12,
+            layers_block_type=["mamba", "mlp", "mamba", "mlp", "mamba", "mlp", "mamba",
+                               "attention", "mamba", "mlp", "mamba", "mlp"],
+            mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8,
+            intermediate_size=21504, num_attention_heads=32, num_key_value_heads=8,
+            head_dim=128, chunk_size=128, tie_word_embeddings=False)
+        arch = tf.NemotronHForCausalLM
     else:  # Qwen3-Next-80B-A3B's width (hidden 2048, GDN 32 v-heads x 128, 16 k-heads x 128),
         # 8 layers (6 GDN + 2 attention, its 3:1 pattern), 64 experts instead of 512
         cfg = tf.Qwen3NextConfig(
@@ -79,6 +96,26 @@ def build(kind: str, path: Path, device: str):
         m = arch(cfg).to(dt)
     m.save_pretrained(path)
     del m
+
+
+def big(work: Path, tokens: int, hyd: list, rows: list, info: dict) -> None:
+    """The large models' rows (``--big``): ``experiment=model_kl`` with the ``split_nvfp4``
+    schemes over ``tokens`` of random ids, the Mamba-2 2.7B shape with 4 and 1 documents and the
+    Nemotron-H-8B width with 2; every process after a fresh build of its checkpoint."""
+    rng = np.random.default_rng(0)
+    for kind, vocab, docs in (("mamba2_2b7", 50288, (4, 1)), ("nemotron_h_8b_w12", 131072, (2,))):
+        ck = work / kind
+        t0 = time.perf_counter()
+        build(kind, ck, "cuda")
+        info[f"build_{kind}_s"] = round(time.perf_counter() - t0, 1)
+        ids = work / f"ids_{kind}.npy"
+        np.save(ids, rng.integers(0, vocab, (max(docs), tokens)))
+        for S in docs:
+            run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
+                 f"model.ids={ids}", f"run.steps={tokens}", f"run.seqs={S}", "run.device=cuda",
+                 "metrics.window=1024", *hyd,
+                 f"hydra.run.dir={work}/kl_{kind}_s{S}_{time.time_ns()}"],
+                f"model_kl split_nvfp4, {kind}, {tokens:,} tok x {S} docs", rows)
 
 
 def main() -> int:
@@ -99,6 +136,9 @@ def main() -> int:
     ap.add_argument("--seqs", default="4",
                     help="GPU: documents of the whole-model runs, comma-separated (1 is the "
                          "experiment's default)")
+    ap.add_argument("--big", action="store_true",
+                    help="GPU: only the large models' rows instead (Mamba-2 2.7B shape, 4 and 1 "
+                         "documents x --tokens; Nemotron-H-8B width, 12 layers, 2 documents)")
     ap.add_argument("--one-pass", action="store_true",
                     help="GPU: the Mamba-2 whole-model run also with model.chunk=0")
     a = ap.parse_args()
@@ -129,6 +169,9 @@ def main() -> int:
                   "CPU model_kl decode, the same", rows)
         info["cpu_speedup"] = round(dec / par, 1)
         print(f"parallel is {dec / par:.1f}x decode mode (whole processes)")
+    elif a.big:
+        info["gpu"] = torch.cuda.get_device_name(0)
+        big(work, a.tokens, hyd, rows, info)
     else:
         info["gpu"] = torch.cuda.get_device_name(0)
         ck = work / "mamba2_1b3"
@@ -191,15 +234,15 @@ def main() -> int:
                      f"run.seqs={S}", "run.device=cuda", "metrics.window=1024", *hyd,
                      f"hydra.run.dir={work}/kl_gdn_s{S}_{time.time_ns()}"],
                     f"model_kl split_nvfp4, Qwen3-Next-shape 8 layers, {a.tokens:,} x {S}", rows)
-        for d in sorted(work.glob("kl_*")):
-            s = d / "summary.json"
-            if s.is_file():
-                j = json.loads(s.read_text())
-                info[f"{d.name.rsplit('_', 1)[0]}_model_s"] = j["info"].get("model_s")
-                info[f"{d.name.rsplit('_', 1)[0]}_phases_s"] = j["info"].get("phases_s")
-                info[f"{d.name.rsplit('_', 1)[0]}_final"] = {
-                    n: {k: f["final"].get(k) for k in ("kl", "top1", "first_flip")}
-                    for n, f in j["figures"].items()}
+    for d in sorted(work.glob("kl_*")):
+        s = d / "summary.json"
+        if s.is_file():
+            j = json.loads(s.read_text())
+            info[f"{d.name.rsplit('_', 1)[0]}_model_s"] = j["info"].get("model_s")
+            info[f"{d.name.rsplit('_', 1)[0]}_phases_s"] = j["info"].get("phases_s")
+            info[f"{d.name.rsplit('_', 1)[0]}_final"] = {
+                n: {k: f["final"].get(k) for k in ("kl", "top1", "first_flip")}
+                for n, f in j["figures"].items()}
     res = {"info": info, "rows": rows}
     print("record:", record.write(out, "bench_models", res))
     print(json.dumps(info, indent=1))

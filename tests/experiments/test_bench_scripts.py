@@ -98,3 +98,24 @@ def test_every_bench_script_writes_through_record(tmp_path):
         print("a line")
     (rec,) = record.read(tmp_path / "printed.jsonl")
     assert rec["figures"] == {"args": {"n": 1}, "printed": ["a line"], "completed": True}
+
+
+@pytest.mark.slow
+def test_whole_model_profile_smoke_cpu(tmp_path):
+    """``experiments/diagnose/gpu_whole_model_profile.py`` as its docstring's CPU smoke shows it:
+    three in-process model_kl runs (the third under torch.profiler) of a built checkpoint; the
+    JSON has the timed run's phases and the profiled wall, the ops table the forward's ops."""
+    stem = "tiny_mamba2_2x256"
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "diagnose" /
+                                            "gpu_whole_model_profile.py"),
+                        "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                        "--kind", "tiny_mamba2", "--device", "cpu", "--tokens", "256", "--seqs",
+                        "2"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    info = json.loads((tmp_path / "out" / f"{stem}.json").read_text())
+    assert len(info["walls_s"]) == 2 and info["profiled_wall_s"] > 0
+    assert info["phases_s"]["forward_s"] > 0 and info["gpu"] == "cpu"
+    assert "run.seqs=2" in info["argv"]
+    assert "aten::" in (tmp_path / "out" / f"{stem}_ops.txt").read_text()
+    load = (tmp_path / "out" / "tiny_mamba2_load.txt").read_text()
+    assert load.startswith("load in a fresh process") and "load_model" in load
