@@ -10,7 +10,8 @@
 Rows (each the wall time of a whole process, start-up, load and files included):
 1. ``experiment=task_eval`` over ``--items`` multiple-choice items (a ``--ctx``-token context and
    4 choices of ``--choice-len`` tokens each, token ids drawn from ``--seed``, written as JSONL):
-   ``items x 4`` rows (token-sequences) of ``ctx + choice-len`` tokens;
+   ``items x 4`` rows (token-sequences) of ``ctx + choice-len`` tokens (task_eval reads each
+   context once for its 4 rows since 2026-12-07);
 2. ``experiment=model_kl`` over the same rows as documents (the same token ids, ``run.steps =
    ctx + choice-len``), ``--kl-seqs`` rows a process (a model_kl run holds all its documents x
    groups in each forward pass; the Triton scans make a pass at least 2,048 positions), the

@@ -44,17 +44,20 @@ def run_generate(model, ids: np.ndarray, groups, cfg, compute, new_tokens: int, 
 
 
 def read_prompts(model, ids: np.ndarray, groups, cfg, compute, bar=None,
-                 phases: dict | None = None, backend: str = "torch") -> tuple[dict, dict]:
+                 phases: dict | None = None, backend: str = "torch",
+                 at: np.ndarray | None = None) -> tuple[dict, dict]:
     """The prompts' pass: ``(per-token metrics, as run_parallel's; the tail)``, the tail being
     what :func:`write_tokens` continues from (run_parallel's ``tail``: the model's cache, every
-    row's last hidden state, every layer's group states, on the torch backend)."""
+    row's last hidden state, every layer's group states, on the torch backend). ``at``: the
+    metrics only there (run_parallel's; all False: no output head at all)."""
     from .parallel import run_parallel
 
     phases = {} if phases is None else phases
     K, P = ids.shape
     tail: dict = {}
     backend = "triton" if backend == "triton" and P % cfg.replay.buffer_len == 0 else "torch"
-    out = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases, tail=tail)
+    out = run_parallel(model, ids, groups, cfg, compute, backend, bar, phases=phases, tail=tail,
+                       at=at)
     if backend == "triton":
         t0 = time.perf_counter()
         to_torch(tail["chunks"], groups, K, cfg, compute, P)

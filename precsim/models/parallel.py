@@ -57,7 +57,8 @@ def chunk_len(cfg, N: int, backend: str) -> int:
 
 def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
                  bar=None, head_chunk: int = 1024, phases: dict | None = None,
-                 ckpt=None, tail: dict | None = None, at: np.ndarray | None = None) -> dict:
+                 ckpt=None, tail: dict | None = None, at: np.ndarray | None = None,
+                 start: dict | None = None) -> dict:
     """Per-token metrics ``{scheme: {"kl"|"top1"|"rel": (K, N)}}`` of every scheme group against
     the reference group (``groups[0]``) over the documents ``ids (K, N)``, in forward passes of
     :func:`chunk_len` positions (the model's cache and every layer's group states carried from
@@ -67,7 +68,9 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     a continuation needs: ``cache``, ``h`` (every row's last hidden state), ``chunks`` and
     ``handler`` (every layer's group states). ``at`` (bool, ``(K, N)``; task scoring): the
     output head and the metrics only at those positions (NaN elsewhere): the same values there,
-    without the head's cost at every position."""
+    without the head's cost at every position. ``start`` (a ``tail`` of an earlier call, e.g.
+    :func:`.generate.merge_tails`' rows of a shared context; the torch backend): ``ids`` continue
+    it, their first column at position ``start["prompt_len"]``, from its cache and states."""
     import inspect
 
     from ..checkpoint import Checkpoint
@@ -85,16 +88,20 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
     head_chunk = max(16, min(head_chunk, HEAD_ELEMS // max(1, K * vocab_size(model))))
     kw, attr = cache_io(base)
     pos_kw = "position_ids" in inspect.signature(base.forward).parameters
-    chunks = Chunks(horizon=N)
-    handler = ScanHandler(groups, K, cfg, compute, backend, chunks, bar)
+    p0 = 0 if start is None else start["prompt_len"]  # (ids' first position)
+    if start is None:
+        chunks = Chunks(horizon=N)
+        handler = ScanHandler(groups, K, cfg, compute, backend, chunks, bar)
+    else:
+        chunks, handler = start["chunks"], start["handler"]
     out = {g.name: {k: np.full((K, N), np.nan) for k in TOKEN_KEYS} for g in groups}
     nxt_all = np.full((K, N), -1, dtype=np.int64)  # each position's next document token
     nxt_all[:, :-1] = ids[:, 1:]
     bases = {0} | {g.vs for g in groups}  # the groups others are measured against
-    cache, pos = None, 0
+    cache, pos = None if start is None else start["cache"], 0
     for k in ("forward_s", "head_s"):  # (added to: a task's forward passes share one dict)
         phases.setdefault(k, 0.0)
-    saved = ck.resume(device=dev if len(devs) == 1 else "saved")  # (each layer's own device)
+    saved = None if start is not None else ck.resume(device=dev if len(devs) == 1 else "saved")
     if saved is not None:
         pos, cache, out = saved["pos"], saved["cache"], saved["out"]
         chunks.layers = saved["layers"]
@@ -118,17 +125,17 @@ def run_parallel(model, ids: np.ndarray, groups, cfg, compute, backend: str,
         while pos < N:
             c1 = min(N, pos + C)
             t0 = time.perf_counter()
-            chunks.offset = pos
+            chunks.offset = p0 + pos
             batch = torch.as_tensor(ids[:, pos:c1], device=dev).repeat(len(groups), 1)
-            keep = C < N or tail is not None
+            keep = C < N or tail is not None or start is not None
             extra = {"use_cache": keep}
             if keep and cache is None:
                 cache = first_cache(base)  # (None: the model makes its own)
             if keep and cache is not None:
                 extra[kw] = cache
             if keep and pos_kw:
-                extra["position_ids"] = torch.arange(pos, c1, device=dev)[None].expand(
-                    batch.shape[0], -1)
+                extra["position_ids"] = torch.arange(p0 + pos, p0 + c1, device=dev)[
+                    None].expand(batch.shape[0], -1)
             o = base(input_ids=batch, **extra)
             cache = getattr(o, attr, None) if keep else None
             h = o.last_hidden_state

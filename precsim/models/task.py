@@ -1,10 +1,12 @@
 """``experiment=task_eval``: task accuracy under each state format (docs/tasks.md).
 
 The items (:mod:`precsim.tasks`) become token-id rows: one per choice of a multiple-choice item,
-one per generative item. The rows go through :func:`precsim.models.parallel.run_parallel` a few
-at a time, sorted longest first and grouped so that each forward pass holds about
-``task.batch_tokens`` rows x positions x groups (right padding: the model is causal, so a row's
-positions before its padding are unchanged). Every group of the run (the float64-state
+one per generative item. A context that several rows share (a multiple-choice item's) is read
+once, and its rows continue from its states (:func:`score_rows`); the other rows go through
+:func:`precsim.models.parallel.run_parallel` a few at a time, sorted longest first and grouped so
+that each forward pass holds about ``task.batch_tokens`` rows x positions x groups (right
+padding: the model is causal, so a row's positions before its padding are unchanged). Every
+group of the run (the float64-state
 reference, the FP32-state baseline, the noise floor, each scheme and its SR seeds:
 :func:`precsim.models.run.build_groups`) sees the same rows; per row it gives the summed
 log-likelihood of the scored tokens and whether the argmax at each of them is the next token.
@@ -63,13 +65,59 @@ def batches(lengths: np.ndarray, groups: int, budget: int) -> list[np.ndarray]:
     return out
 
 
+def shared_contexts(rows: Rows, L: int) -> tuple[list[list[list[int]]], np.ndarray]:
+    """The rows whose context is read once (:func:`score_rows`): batches of contexts of one
+    length ``P > L`` that two or more rows share (each context: its rows, in order), and the
+    other rows' indices. A context is read to ``((P - 1) // L) * L`` positions, a whole number
+    of ReplaySSM segments (the Triton kernels read it where the run uses them)."""
+    by: dict = {}
+    for r in range(len(rows.ids)):
+        P = int(rows.start[r])
+        if P > L:
+            by.setdefault((P, rows.ids[r][:P].tobytes()), []).append(r)
+    shared = [v for v in by.values() if len(v) > 1]
+    taken = {r for v in shared for r in v}
+    rest = np.asarray([r for r in range(len(rows.ids)) if r not in taken], dtype=np.int64)
+    lengths: dict = {}
+    for v in shared:
+        lengths.setdefault(int(rows.start[v[0]]), []).append(v)
+    return list(lengths.values()), rest
+
+
+def _gather(out: dict, groups, tok: dict, ids: np.ndarray, owner: np.ndarray, st: np.ndarray,
+            nn: np.ndarray, R: int) -> None:
+    """Into ``out``: each group's summed log-likelihood and greedy flag of the pass's rows
+    (``owner``: the row of ``rows`` each pass row scores, -1 none; its scored tokens at pass
+    positions ``[st, st + nn)``, predicted from ``st - 1``)."""
+    live = np.flatnonzero(owner >= 0)
+    rr = np.repeat(live, nn[live])
+    pos = np.repeat(st[live] - 1, nn[live]) + (np.arange(nn[live].sum())
+                                              - np.repeat(np.cumsum(nn[live]) - nn[live],
+                                                          nn[live]))
+    nxt = ids[rr, pos + 1]
+    K = ids.shape[0]
+    for g in groups:
+        t = tok[g.name]
+        o = out.setdefault(g.name, {"lp": np.full(R, np.nan), "greedy": np.zeros(R)})
+        lp = np.bincount(rr, weights=t["lp"][rr, pos], minlength=K)
+        miss = np.bincount(rr, weights=(t["arg"][rr, pos] != nxt).astype(float), minlength=K)
+        o["lp"][owner[live]] = lp[live]
+        o["greedy"][owner[live]] = (miss[live] == 0).astype(float)
+
+
 def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=None) -> dict:
     """Every group's scores of ``rows``: ``{name: {"lp": summed log-likelihood of each row's
     scored tokens (R,), "greedy": 1.0 where the argmax at each of them is the next token (R,)}}``
     (NaN log-likelihood where a group's output is not finite). ``groups_fn()``: a fresh list of
     the run's groups (a Group keeps per-run state). Batch ``b`` draws its SR bits and dither
     from :func:`.run.batch_seed` ``(run.seed, b)`` (the first: ``run.seed``), so rows of
-    different batches do not share random bits."""
+    different batches do not share random bits.
+
+    A context that several rows share (a multiple-choice item's choices, lm-eval's requests of
+    one context) is read once (:func:`shared_contexts`): its pass keeps every group's states
+    and the model's cache, which are then repeated for each of its rows, and the rest of each
+    row (the context's last partial ReplaySSM segment and the row's own tokens) continues from
+    them in one more pass (:func:`.generate.merge_tails`, ``run_parallel(start=...)``)."""
     from .parallel import run_parallel
     from .run import batch_cfg
 
@@ -78,7 +126,21 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
     R = lengths.size
     out: dict = {}
     V = int(ld.model.get_output_embeddings().weight.shape[0])
-    for b, idx in enumerate(batches(lengths, G, budget)):
+    L = cfg.replay.buffer_len
+    shared, rest = shared_contexts(rows, L)
+    b = 0
+    for same in shared:  # contexts of one length P, read to P0
+        P = int(rows.start[same[0][0]])
+        P0 = (P - 1) // L * L
+        k = max(1, budget // (G * P0))
+        for c0 in range(0, len(same), k):
+            _score_shared(ld, batch_cfg(cfg, b), rows, same[c0:c0 + k], P0, groups_fn(), V,
+                          out, phases)
+            b += 1
+            if bar is not None:
+                bar.update(sum(len(c) for c in same[c0:c0 + k]))
+    for idx in batches(lengths[rest], G, budget):
+        idx = rest[idx]
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
         for j, r in enumerate(idx):
@@ -87,22 +149,84 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
         head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
         groups = groups_fn()
         st, nn = rows.start[idx], rows.n[idx]
-        rr = np.repeat(np.arange(K), nn)
-        pos = np.repeat(st - 1, nn) + (np.arange(nn.sum()) - np.repeat(np.cumsum(nn) - nn, nn))
         at = np.zeros((K, N), dtype=bool)  # the head only where a token is scored
-        at[rr, pos] = True
+        for j in range(K):
+            at[j, st[j] - 1:st[j] - 1 + nn[j]] = True
         tok = run_parallel(ld.model, ids, groups, batch_cfg(cfg, b), ld.compute, ld.backend,
                            head_chunk=head, phases=phases, at=at)
-        nxt = ids[rr, pos + 1]
-        for g in groups:
-            t = tok[g.name]
-            o = out.setdefault(g.name, {"lp": np.full(R, np.nan), "greedy": np.zeros(R)})
-            o["lp"][idx] = np.bincount(rr, weights=t["lp"][rr, pos], minlength=K)
-            miss = np.bincount(rr, weights=(t["arg"][rr, pos] != nxt).astype(float), minlength=K)
-            o["greedy"][idx] = (miss == 0).astype(float)
+        _gather(out, groups, tok, ids, idx, st, nn, R)
+        b += 1
         if bar is not None:
             bar.update(K)
     return out
+
+
+def _score_shared(ld, cfg, rows: Rows, ctxs: list[list[int]], P0: int, groups, V: int,
+                  out: dict, phases) -> None:
+    """:func:`score_rows` of the rows of contexts ``ctxs`` (each: its rows; the contexts of one
+    length, read to ``P0`` positions once): the contexts' pass (no output head), then the rows
+    from position ``P0`` in passes of :func:`rows_together` rows a context, each from a copy
+    of the contexts' tail repeated that many times (pass row ``j * K + i``: context ``i``'s
+    ``j``-th row of the pass). A pass after the first draws its SR bits and dither from
+    another seed (its rows have the first pass's indices)."""
+    import copy
+
+    from .generate import merge_tails, read_prompts
+    from .parallel import run_parallel
+    from .run import batch_cfg
+
+    K, most = len(ctxs), max(len(c) for c in ctxs)
+    ctx = np.stack([rows.ids[c[0]][:P0] for c in ctxs])
+    _, tail = read_prompts(ld.model, ctx, groups, cfg, ld.compute, None, phases, ld.backend,
+                           at=np.zeros(ctx.shape, dtype=bool))
+    per = rows_together(ld, groups, K, most)
+    keep = {id(groups): groups, **{id(g): g for g in groups}, id(cfg): cfg}
+    for j0 in range(0, most, per):
+        j1 = min(most, j0 + per)
+        t = tail if j1 == most else copy.deepcopy(tail, dict(keep))
+        if j0:  # (the same row indices as the first pass: other bits)
+            t["handler"].cfg = batch_cfg(cfg, j0)
+            for objs in t["chunks"].layers.values():
+                for sch in objs:
+                    sch.seed = batch_cfg(cfg, j0).run.seed
+        if j1 - j0 > 1:
+            t = merge_tails([t] * (j1 - j0), [K] * (j1 - j0), len(groups), groups)
+        m = (j1 - j0) * K
+        N = max(rows.ids[r].size for c in ctxs for r in c[j0:j1]) - P0
+        ids = np.zeros((m, N), dtype=np.int64)
+        owner = np.full(m, -1)
+        for i, c in enumerate(ctxs):
+            for j in range(j0, j1):
+                seq = rows.ids[c[min(j, len(c) - 1)]][P0:]  # (a context with fewer rows: a copy)
+                ids[(j - j0) * K + i, :min(N, seq.size)] = seq[:N]
+                if j < len(c):
+                    owner[(j - j0) * K + i] = c[j]
+        live = owner >= 0
+        st, nn = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+        st[live], nn[live] = rows.start[owner[live]] - P0, rows.n[owner[live]]
+        at = np.zeros(ids.shape, dtype=bool)
+        for r in np.flatnonzero(live):
+            at[r, st[r] - 1:st[r] - 1 + nn[r]] = True
+        head = int(max(1, min(1024, (1 << 28) // max(1, m * V * 8))))
+        tok = run_parallel(ld.model, ids, groups, t["handler"].cfg, ld.compute, "torch",
+                           head_chunk=head, phases=phases, at=at, start=t)
+        _gather(out, groups, tok, ids, owner, st, nn, len(rows.ids))
+        del t, tok
+
+
+def rows_together(ld, groups, K: int, most: int) -> int:
+    """How many rows of each of ``K`` contexts continue in one pass: all ``most`` where their
+    repeated states fit in half the device's free memory (always on the CPU), else fewer
+    (at least one: then the states of the contexts' pass and of one copy)."""
+    if not str(ld.device).startswith("cuda"):
+        return most
+    from .load import layer_shape, ssm_layers
+    from .placement import state_bytes
+
+    _, H, dv, dk = layer_shape(ld.model)
+    row = len(ssm_layers(ld.model)) * H * dv * dk * state_bytes(groups, ld.compute) * len(groups)
+    free = torch.cuda.mem_get_info(torch.device(ld.device))[0]
+    return int(max(1, min(most, (free // 2) // max(1.0, K * row))))
 
 
 def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget: int) -> np.ndarray:

@@ -232,7 +232,8 @@ def test_the_plan_is_sized_for_one_batch(m2, monkeypatch):
 def test_task_scoring_batches_draw_their_own_seeds(m2, monkeypatch):
     """task_eval's batches of rows (precsim.models.task.score_rows): the first draws from
     run.seed (its rows' scores are the one-batch run's), each later one from its own batch seed:
-    the same row in another batch gets other SR bits."""
+    the same row in another batch gets other SR bits. (Contexts of replay.buffer_len tokens:
+    rows read whole, not from a shared context: tests/models/test_shared_context.py.)"""
     from precsim.models import parallel
     from precsim.models.run import build_groups, prepare
     from precsim.models.task import Rows, score_rows
@@ -248,7 +249,7 @@ def test_task_scoring_batches_draw_their_own_seeds(m2, monkeypatch):
     cfg = _cfg(m2, SR, run__seed=5)
     ld = prepare(cfg, "cpu")
     row = np.random.default_rng(4).integers(0, 96, 24)
-    rows = Rows([row] * 3, np.array([8] * 3), np.array([16] * 3))
+    rows = Rows([row] * 3, np.array([4] * 3), np.array([20] * 3))
     groups = lambda: build_groups(cfg, torch.float32)  # noqa: E731
     each = score_rows(ld, cfg, rows, groups, budget=1)  # a batch a row
     assert seeds == [5, batch_seed(5, 1), batch_seed(5, 2)]
