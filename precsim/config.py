@@ -196,7 +196,9 @@ class TaskConfig:
     depth: float = 0.5  # built-in: where the key sits in the filler (0 start .. 1 end)
     seed: int = 0  # built-in: the items' seed
     key_len: int = 4  # passkey: key tokens; mqar: pairs planted
-    batch_tokens: int = 65536  # rows x positions x groups per forward pass (memory)
+    # rows x positions x groups per forward pass (memory); auto: on a CUDA device as many
+    # rows as fit half its free memory (as model.doc_batch=auto), elsewhere 65,536
+    batch_tokens: Any = "auto"
     alpha: float = 0.05  # the paired tests' level
     power: float = 0.8  # the minimum detectable difference's power
 

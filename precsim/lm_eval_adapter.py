@@ -16,7 +16,8 @@ default; ``fp64``: the float64-state reference; a format name, e.g. ``fp8_e4m3``
 conventional state in it rounded to nearest; or ``KIND:FMT[:ROUNDING[:READ_FMT]]``, e.g.
 ``split:fp32:rne:nvfp4``), any field of a scheme (``rounding``, ``read_fmt``, ``error_feedback``,
 ``sr_bits``, ...), ``device``, ``dtype``, ``buffer_len`` (``replay.buffer_len``), ``seed``
-(``run.seed``: the SR bits), ``batch_tokens`` (rows x positions a forward pass).
+(``run.seed``: the SR bits), ``batch_tokens`` (rows x positions x groups a forward pass;
+``auto``, the default: as many rows as fit half a GPU's free memory, 65,536 off a GPU).
 
 Requests run through precsim's scans (:func:`precsim.models.parallel.run_parallel`):
 ``loglikelihood`` and ``loglikelihood_rolling`` as teacher-forced passes (the scheme's
@@ -81,7 +82,7 @@ if LM is not None:
 
         def __init__(self, path: str, scheme: str = "fp32", device: str = "cpu",
                      dtype: str | None = None, buffer_len: int | None = None, seed: int = 0,
-                     batch_tokens: int = 65536, batch_size=None, max_batch_size=None,
+                     batch_tokens="auto", batch_size=None, max_batch_size=None,
                      **kw) -> None:
             super().__init__()
             import dataclasses
@@ -90,7 +91,7 @@ if LM is not None:
             from .config import to_config
             from .models.run import prepare
             from .models.scan import REFERENCE, Group
-            from .models.task import load_tokenizer, task_cfg
+            from .models.task import check_batch_tokens, load_tokenizer, task_cfg
 
             unknown = sorted(set(kw) - SCHEME_FIELDS)
             if unknown:
@@ -116,7 +117,14 @@ if LM is not None:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             self.tok = load_tokenizer(path)
-            self.batch_tokens = int(batch_tokens)
+            bt = batch_tokens
+            if bt != "auto":
+                try:
+                    bt = int(bt)
+                except (TypeError, ValueError):
+                    pass
+            check_batch_tokens(bt, "model_args batch_tokens")
+            self.batch_tokens = bt
             # one group: the scheme's own run (or the float64 reference) as the pass's only rows
             g = Group(self.label, REFERENCE, reference=True) if sch is None else \
                 Group(self.label, self.cfg.schemes[self.label])

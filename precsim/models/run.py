@@ -282,7 +282,7 @@ def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None,
             ckpt is not None and ckpt.saved()):
         return K
     tokens = N + (m.new_tokens if m.mode == "generate" else 0)
-    return _docs_that_fit(ld, groups, tokens, min(chunk, tokens), state_bytes)
+    return docs_that_fit(ld, groups, tokens, min(chunk, tokens), state_bytes)
 
 
 def step_docs(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
@@ -295,20 +295,22 @@ def step_docs(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
     K, N = ld.ids.shape
     if not ld.device.startswith("cuda"):
         return K
-    return _docs_that_fit(ld, groups, N + cfg.model.new_tokens, 1, state_bytes)
+    return docs_that_fit(ld, groups, N + cfg.model.new_tokens, 1, state_bytes)
 
 
-def _docs_that_fit(ld: Loaded, groups: int, tokens: int, chunk: int,
-                   state_bytes: float) -> int:
-    """The most of ``ld``'s documents (at least 1) whose :func:`.placement.estimate` (one
-    document's, times the count) fits ``DOC_BATCH_FREE`` of the CUDA device's free memory."""
+def docs_that_fit(ld: Loaded, groups: int, tokens: int, chunk: int,
+                  state_bytes: float, most: int | None = None) -> int:
+    """The most of ``ld``'s documents (``most`` of them: a task's rows; at least 1) whose
+    :func:`.placement.estimate` (one document's, times the count) fits ``DOC_BATCH_FREE`` of
+    the CUDA device's free memory."""
     from .placement import estimate, shape_of
 
     mdtype = next(ld.model.parameters()).dtype
     per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, tokens, chunk,
                        state_bytes=state_bytes).run()
     free, _ = torch.cuda.mem_get_info(torch.device(ld.device))
-    return int(min(ld.ids.shape[0], max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
+    most = ld.ids.shape[0] if most is None else most
+    return int(min(most, max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
 
 
 def run_model_kl(cfg, device: str = "cpu", progress: bool = True, ckpt=None):

@@ -53,13 +53,38 @@ class Rows:
         return cls(ids, np.asarray(start), np.asarray(n)), np.asarray(first)
 
 
-def batches(lengths: np.ndarray, groups: int, budget: int) -> list[np.ndarray]:
-    """Row indices of each forward pass: longest first, as many rows of similar length as fit
-    ``rows x longest x groups <= budget`` (at least one)."""
+CPU_BATCH_TOKENS = 65536  # task.batch_tokens=auto off a CUDA device
+
+
+def check_batch_tokens(v, key: str) -> None:
+    """One-line error unless ``v`` is ``auto`` or an integer >= 1."""
+    if not (v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)):
+        raise PrecsimError(f"{key}={v!r}; allowed: auto or an integer >= 1")
+
+
+def pass_rows(ld, budget, groups: list, length: int, chunk: int) -> int:
+    """Rows of ``length`` positions one forward pass holds (at least one): ``budget // (groups x
+    length)`` for an integer ``budget`` (``task.batch_tokens``); for ``auto`` on a CUDA device
+    the most whose whole-model estimate (every group's states and caches, a pass of ``chunk``
+    positions: :func:`.run.docs_that_fit`) fits half its free memory, elsewhere as 65,536."""
+    if budget == "auto":
+        if str(ld.device).startswith("cuda") and ld.plan is None:
+            from .placement import state_bytes
+            from .run import docs_that_fit
+
+            return docs_that_fit(ld, len(groups), length, min(chunk or length, length),
+                                 state_bytes(groups, ld.compute), most=1 << 30)
+        budget = CPU_BATCH_TOKENS
+    return max(1, budget // (len(groups) * length))
+
+
+def batches(lengths: np.ndarray, rows_of) -> list[np.ndarray]:
+    """Row indices of each forward pass: longest first, ``rows_of(longest)`` rows of similar
+    length a pass (:func:`pass_rows`)."""
     order = np.argsort(-lengths, kind="stable")
     out, i = [], 0
     while i < order.size:
-        k = max(1, budget // (groups * int(lengths[order[i]])))
+        k = max(1, rows_of(int(lengths[order[i]])))
         out.append(order[i:i + k])
         i += k
     return out
@@ -105,7 +130,7 @@ def _gather(out: dict, groups, tok: dict, ids: np.ndarray, owner: np.ndarray, st
         o["greedy"][owner[live]] = (miss[live] == 0).astype(float)
 
 
-def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=None) -> dict:
+def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None) -> dict:
     """Every group's scores of ``rows``: ``{name: {"lp": summed log-likelihood of each row's
     scored tokens (R,), "greedy": 1.0 where the argmax at each of them is the next token (R,)}}``
     (NaN log-likelihood where a group's output is not finite). ``groups_fn()``: a fresh list of
@@ -122,7 +147,7 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
     from .run import batch_cfg
 
     lengths = np.asarray([r.size for r in rows.ids])
-    G = len(groups_fn())
+    gs = groups_fn()
     R = lengths.size
     out: dict = {}
     V = int(ld.model.get_output_embeddings().weight.shape[0])
@@ -132,14 +157,14 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget: int, bar=None, phases=Non
     for same in shared:  # contexts of one length P, read to P0
         P = int(rows.start[same[0][0]])
         P0 = (P - 1) // L * L
-        k = max(1, budget // (G * P0))
+        k = pass_rows(ld, budget, gs, P0, cfg.model.chunk)
         for c0 in range(0, len(same), k):
             _score_shared(ld, batch_cfg(cfg, b), rows, same[c0:c0 + k], P0, groups_fn(), V,
                           out, phases)
             b += 1
             if bar is not None:
                 bar.update(sum(len(c) for c in same[c0:c0 + k]))
-    for idx in batches(lengths[rest], G, budget):
+    for idx in batches(lengths[rest], lambda n: pass_rows(ld, budget, gs, n, cfg.model.chunk)):
         idx = rest[idx]
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
@@ -229,17 +254,18 @@ def rows_together(ld, groups, K: int, most: int) -> int:
     return int(max(1, min(most, (free // 2) // max(1.0, K * row))))
 
 
-def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget: int) -> np.ndarray:
+def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget) -> np.ndarray:
     """The greedy next token (argmax at the last position) of each sequence in ``seqs`` under
     group ``name``, in batches (and batch seeds) as :func:`score_rows`."""
     from .parallel import run_parallel
     from .run import batch_cfg
 
     lengths = np.asarray([len(s) for s in seqs])
-    G = len(groups_fn())
+    gs = groups_fn()
     V = int(ld.model.get_output_embeddings().weight.shape[0])
     out = np.zeros(lengths.size, dtype=np.int64)
-    for b, idx in enumerate(batches(lengths, G, budget)):
+    rows_of = lambda n: pass_rows(ld, budget, gs, n, cfg.model.chunk)  # noqa: E731
+    for b, idx in enumerate(batches(lengths, rows_of)):
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
         for j, r in enumerate(idx):
@@ -251,7 +277,7 @@ def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget: int) -> np.nd
     return out
 
 
-def greedy(ld, cfg, prompts: list, max_new: list[int], groups_fn, name: str, budget: int,
+def greedy(ld, cfg, prompts: list, max_new: list[int], groups_fn, name: str, budget,
            stop=None) -> list[list[int]]:
     """Greedy decoding under group ``name`` by repeated teacher-forced passes (each new token
     reruns the whole sequence: quadratic in the generated length, slow but exact): the tokens
@@ -317,8 +343,7 @@ def load_task(cfg, tok, vocab: int) -> tuple[list[Item], str]:
                            "(a local file) or task.name=passkey|mqar (built in)")
     if t.metric not in METRICS:
         raise PrecsimError(f"task.metric={t.metric!r} is unknown; allowed: {', '.join(METRICS)}")
-    if not (isinstance(t.batch_tokens, int) and t.batch_tokens >= 1):
-        raise PrecsimError(f"task.batch_tokens={t.batch_tokens!r}; allowed: an integer >= 1")
+    check_batch_tokens(t.batch_tokens, "task.batch_tokens")
     if not (0 < t.alpha < 1 and 0 < t.power < 1):
         raise PrecsimError(f"task.alpha={t.alpha}, task.power={t.power}; allowed: both in (0, 1)")
     if t.limit is not None and not (isinstance(t.limit, int) and t.limit >= 1):

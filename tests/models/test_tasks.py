@@ -225,11 +225,15 @@ def test_cli_runs_and_bad_input_is_one_line_exit_2(ckpt, tmp_path, capsys):
     assert {p.name for p in (tmp_path / "ok").iterdir()} >= {"summary.json", "items.csv"}
     bad = tmp_path / "bad.jsonl"
     bad.write_text(f.read_text() + '{"context": [1], "choices": [[2]], "gold": 0}\n')
-    for over, says in ((f"task.path={bad}", f"{bad}:3: field 'choices'"),
-                       ("task.name=needle", "task.name='needle' is unknown")):
-        run = tmp_path / over.split("=")[0]
+    for over, says in (([f"task.path={bad}"], f"{bad}:3: field 'choices'"),
+                       (["task.name=needle"], "task.name='needle' is unknown"),
+                       ([f"task.path={f}", "task.batch_tokens=0"],
+                        "task.batch_tokens=0; allowed: auto or an integer >= 1"),
+                       ([f"task.path={f}", "task.batch_tokens=many"],
+                        "task.batch_tokens='many'; allowed: auto")):
+        run = tmp_path / over[-1].split("=")[0]
         with pytest.raises(SystemExit) as e:
-            main([*base, over, f"hydra.run.dir={run}"])
+            main([*base, *over, f"hydra.run.dir={run}"])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and says in err and len(err.splitlines()) == 1
         assert not run.exists()  # nothing half-written
@@ -279,15 +283,18 @@ def test_documented_lm_eval_command_runs(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "precsim_tiny_mc" in r.stdout and "acc" in r.stdout
     assert "Traceback" not in r.stderr
-    # a bad scheme: precsim's one line at the end, exit 2, no traceback
-    bad = subprocess.run([sys.executable, "-m", "precsim.lm_eval_adapter", "--model", "precsim",
-                          "--model_args", f"path={ckpt / 'text'},scheme=bogus", "--tasks",
-                          "precsim_tiny_mc", "--include_path", str(tmp_path / "tasks")],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                         env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    last = bad.stderr.strip().splitlines()[-1]
-    assert last.startswith("precsim: error: ") and "'bogus'" in last and "allowed:" in last
+    # a bad scheme or batch size: precsim's one line at the end, exit 2, no traceback
+    for arg, says in (("scheme=bogus", "'bogus'"), ("batch_tokens=many", "batch_tokens='many'")):
+        bad = subprocess.run([sys.executable, "-m", "precsim.lm_eval_adapter", "--model",
+                              "precsim", "--model_args", f"path={ckpt / 'text'},{arg}",
+                              "--tasks", "precsim_tiny_mc", "--include_path",
+                              str(tmp_path / "tasks")],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                             env={**os.environ, "HF_DATASETS_OFFLINE": "1",
+                                  "HF_HUB_OFFLINE": "1"})
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr
+        last = bad.stderr.strip().splitlines()[-1]
+        assert last.startswith("precsim: error: ") and says in last and "allowed:" in last
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -365,3 +372,32 @@ def test_head_only_at_scored_positions_equals_the_full_head(ckpt):
             a, b = full[g][k], part[g][k]
             np.testing.assert_array_equal(b[at], a[at], err_msg=f"{g} {k}")
             assert np.isnan(b[~at]).all(), (g, k)
+
+
+def test_auto_batch_rows_follow_the_memory_estimate(ckpt, monkeypatch):
+    """``task.batch_tokens=auto`` (the default): off a GPU 65,536 rows x positions x groups a
+    pass; on a CUDA device the most rows whose whole-model estimate (placement.estimate of one
+    row, at the groups' mean state bytes) fits half the free memory; an integer as given."""
+    import torch
+
+    from precsim.models import placement
+    from precsim.models.run import build_groups
+    from precsim.models.task import CPU_BATCH_TOKENS, load, pass_rows
+
+    cfg = _cfg(ckpt / "bare", {"name": "mqar"})
+    assert cfg.task.batch_tokens == "auto"
+    ld, _ = load(cfg, "cpu")
+    gs = build_groups(cfg, torch.float32)
+    assert pass_rows(ld, "auto", gs, 100, 0) == CPU_BATCH_TOKENS // (len(gs) * 100)
+    assert pass_rows(ld, 10**6, gs, 100, 0) == 10**6 // (len(gs) * 100)
+    assert pass_rows(ld, 1, gs, 100, 0) == 1
+    one = placement.estimate(placement.shape_of(ld.model, torch.float32), 1, len(gs), 5000,
+                             64, state_bytes=placement.state_bytes(gs, ld.compute)).run()
+    free = {"b": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (free["b"], 2 * free["b"]))
+    monkeypatch.setattr(ld, "device", "cuda")
+    for rows in (1, 7, 300):
+        free["b"] = 2 * rows * one + one // 2  # half of it: rows and a part of one more
+        assert pass_rows(ld, "auto", gs, 5000, 64) == rows
+    free["b"] = 0
+    assert pass_rows(ld, "auto", gs, 5000, 64) == 1  # at least one row
