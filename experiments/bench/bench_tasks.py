@@ -13,7 +13,8 @@ Rows (each the wall time of a whole process, start-up, load and files included):
    ``items x 4`` rows (token-sequences) of ``ctx + choice-len`` tokens (task_eval reads each
    context once for its 4 rows since 2026-12-07);
 2. ``experiment=model_kl`` over the same rows as documents (the same token ids, ``run.steps =
-   ctx + choice-len``), ``--kl-seqs`` rows a process (a model_kl run holds all its documents x
+   ctx + choice-len``; ``--kl-rows``: the first N of them, for its pace), ``--kl-seqs`` rows a
+   process (a model_kl run holds all its documents x
    groups in each forward pass; the Triton scans make a pass at least 2,048 positions), the
    processes' seconds summed;
 3. ``experiment=task_eval task.name=passkey`` at ``--passkey-len`` tokens, ``--passkey-items``
@@ -81,6 +82,9 @@ def main() -> int:
                     "process (128: 128 x 1,028 tokens x 5 groups in one pass; 64 x 2,048 x 6 "
                     "ran in bench_floor_gen, one pass of 64 x 4,352 did not fit the H200); more "
                     "rows: several processes, their seconds summed")
+    ap.add_argument("--kl-rows", type=int, default=None,
+                    help="model_kl over the first N rows only (default: all): its pace, rows "
+                         "per second, from a part of the task's rows")
     ap.add_argument("--batch-tokens", type=int, default=None,
                     help="task.batch_tokens of the task runs (default: the config's)")
     ap.add_argument("--seed", type=int, default=0)
@@ -145,14 +149,16 @@ def main() -> int:
         return (wall, model_s) if p.returncode == 0 and model_s else None
 
     R = a.items * CHOICES
+    Rk = min(R, a.kl_rows or R)  # model_kl's rows
+    info["kl_rows"] = Rk
     w = {}
     if "task" not in skip:
         w["task"] = run("task_eval", ["experiment=task_eval",
                                       f"task.path={work / f'mc_{tag}.jsonl'}", *bt])
     if "kl" not in skip:  # --kl-seqs rows a process (one pass over them: see --kl-seqs)
         parts = []
-        for i in range(0, R, a.kl_seqs):
-            part = ids[i:i + a.kl_seqs]
+        for i in range(0, Rk, a.kl_seqs):
+            part = ids[i:min(Rk, i + a.kl_seqs)]
             f = work / f"rows_{tag}_{i}.npy"
             np.save(f, part)
             parts.append(run(f"model_kl rows {i}..{i + len(part) - 1}",
@@ -162,13 +168,14 @@ def main() -> int:
         info["kl_processes"] = len(parts)
         if all(parts):
             w["kl"] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
-    for k in ("task", "kl"):
+    for k, n in (("task", R), ("kl", Rk)):
         if w.get(k):
-            info[f"{k}_rows_per_s"] = round(R / w[k][0], 3)
-            info[f"{k}_rows_per_model_s"] = round(R / w[k][1], 3)
-    if w.get("task") and w.get("kl"):
-        info["task_over_kl"] = round(w["kl"][0] / w["task"][0], 3)  # rows/s ratio, whole runs
-        info["task_over_kl_model_s"] = round(w["kl"][1] / w["task"][1], 3)
+            info[f"{k}_rows_per_s"] = round(n / w[k][0], 3)
+            info[f"{k}_rows_per_model_s"] = round(n / w[k][1], 3)
+    if w.get("task") and w.get("kl"):  # rows/s ratios, whole runs and model seconds
+        info["task_over_kl"] = round(info["task_rows_per_s"] / info["kl_rows_per_s"], 3)
+        info["task_over_kl_model_s"] = round(info["task_rows_per_model_s"]
+                                             / info["kl_rows_per_model_s"], 3)
         info["target_0.8_met"] = info["task_over_kl"] >= 0.8
     if "passkey" not in skip:
         r = run("passkey", ["experiment=task_eval", "task.name=passkey",
