@@ -105,7 +105,7 @@ def test_shared_context_on_the_gpu(tmp_path, monkeypatch):
     cfg = to_config({"model": {"path": str(tmp_path / "m")}, "schemes": SCHEMES,
                      "task": {"name": "mqar"}, "run": {"steps": 8, "progress": False,
                                                         "device": "cuda"},
-                     "metrics": {"window": 32}, "replay": {"buffer_len": 16}})
+                     "metrics": {"window": 8}, "replay": {"buffer_len": 16}})
     ld, _ = T.load(cfg, "cuda")
     assert ld.backend == "triton"
     rng = np.random.default_rng(5)
