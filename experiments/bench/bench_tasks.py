@@ -86,6 +86,14 @@ def main() -> int:
     ap.add_argument("--kl-rows", type=int, default=None,
                     help="model_kl over the first N rows only (default: all): its pace, rows "
                          "per second, from a part of the task's rows")
+    ap.add_argument("--task-procs", type=int, default=1, help="task_eval in N processes of "
+                    "items/N items each (their seconds summed; each pays its start-up)")
+    ap.add_argument("--passkey-procs", type=int, default=1, help="passkey in N processes of "
+                    "passkey-items/N items each (task.seed = seed + i), seconds summed")
+    ap.add_argument("--prior", type=Path, nargs="*", default=[],
+                    help="records (bench_tasks.jsonl / .partial.jsonl) of earlier calls with "
+                         "the same sizes: their finished processes count as done, not rerun "
+                         "(one measurement over several device calls)")
     ap.add_argument("--batch-tokens", type=int, default=None,
                     help="task.batch_tokens of the task runs (default: the config's)")
     ap.add_argument("--seed", type=int, default=0)
@@ -111,7 +119,7 @@ def main() -> int:
             "choices": CHOICES, "choice_len": a.choice_len, "rows": a.items * CHOICES,
             "row_tokens": a.ctx + a.choice_len, "passkey_len": a.passkey_len,
             "passkey_items": a.passkey_items, "chunk": a.chunk, "kl_seqs": a.kl_seqs,
-            "batch_tokens": a.batch_tokens,
+            "batch_tokens": a.batch_tokens, "seed": a.seed,
             "schemes": "split_nvfp4"}
     ck = work / f"{kind}_{dev}"
     t0 = time.perf_counter()
@@ -129,7 +137,25 @@ def main() -> int:
     def save():  # after every process: a run cut short keeps what it measured
         record.write_partial(out, "bench_tasks", {"info": info, "rows": rows})
 
+    done = {}  # label -> an earlier call's finished row (--prior)
+    same = ("model", "device", "items", "ctx", "choice_len", "passkey_len", "passkey_items",
+            "chunk", "kl_seqs", "batch_tokens", "seed")
+    for f in a.prior:
+        for rec in record.read(f):
+            old = rec["figures"]["info"]
+            if any(old.get(k) != info[k] for k in same):
+                continue  # (other sizes: not this measurement)
+            for r in rec["figures"]["rows"]:
+                if r["rc"] == 0 and r["model_s"]:
+                    done[r["what"]] = {**r, "prior": str(f)}
+
     def run(label, args):
+        if label in done:
+            rows.append(done[label])
+            print(f"{label:<34} {done[label]['wall_s']:8.1f} s (from {done[label]['prior']})",
+                  flush=True)
+            save()
+            return done[label]["wall_s"], done[label]["model_s"]
         d = work / f"{label}_{time.time_ns()}"
         cmd = [PY, "-m", "precsim", *args, f"model.path={ck}", *hyd, f"hydra.run.dir={d}"]
         t = time.perf_counter()
@@ -147,7 +173,8 @@ def main() -> int:
         if p.returncode:
             print("\n".join(rows[-1]["tail"]), flush=True)
         save()
-        return (wall, model_s) if p.returncode == 0 and model_s else None
+        # (the recorded, rounded seconds: a later call's --prior sums the same numbers)
+        return (rows[-1]["wall_s"], model_s) if p.returncode == 0 and model_s else None
 
     R = a.items * CHOICES
     Rk = min(R, a.kl_rows or R)  # model_kl's rows
@@ -166,9 +193,18 @@ def main() -> int:
         info["kl_processes"] = len(parts)
         if all(parts):
             w["kl"] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
-    if "task" not in skip:
-        w["task"] = run("task_eval", ["experiment=task_eval",
-                                      f"task.path={work / f'mc_{tag}.jsonl'}", *bt])
+    if "task" not in skip:  # --task-procs processes of consecutive items
+        lines = (work / f"mc_{tag}.jsonl").read_text().splitlines(keepends=True)
+        n = max(1, a.task_procs)
+        parts = []
+        for i in range(n):
+            f = work / f"mc_{tag}_part{i}of{n}.jsonl"
+            f.write_text("".join(lines[i * len(lines) // n:(i + 1) * len(lines) // n]))
+            parts.append(run("task_eval" if n == 1 else f"task_eval part {i + 1}/{n}",
+                             ["experiment=task_eval", f"task.path={f}", *bt]))
+        info["task_processes"] = n
+        if all(parts):
+            w["task"] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
     for k, n in (("task", R), ("kl", Rk)):
         if w.get(k):
             info[f"{k}_rows_per_s"] = round(n / w[k][0], 3)
@@ -178,13 +214,18 @@ def main() -> int:
         info["task_over_kl_model_s"] = round(info["task_rows_per_model_s"]
                                              / info["kl_rows_per_model_s"], 3)
         info["target_0.8_met"] = info["task_over_kl"] >= 0.8
-    if "passkey" not in skip:
-        r = run("passkey", ["experiment=task_eval", "task.name=passkey",
-                            f"task.lengths=[{a.passkey_len}]", f"task.items={a.passkey_items}",
-                            f"task.seed={a.seed}", *bt])
-        if r:
-            info["passkey_wall_s"], info["passkey_model_s"] = round(r[0], 2), r[1]
-            info["passkey_tokens_per_model_s"] = round(a.passkey_len * a.passkey_items / r[1])
+    if "passkey" not in skip:  # --passkey-procs processes, each its own items' seed
+        n = max(1, a.passkey_procs)
+        each = [a.passkey_items * (i + 1) // n - a.passkey_items * i // n for i in range(n)]
+        parts = [run("passkey" if n == 1 else f"passkey part {i + 1}/{n}",
+                     ["experiment=task_eval", "task.name=passkey",
+                      f"task.lengths=[{a.passkey_len}]", f"task.items={k}",
+                      f"task.seed={a.seed + i}", *bt]) for i, k in enumerate(each)]
+        info["passkey_processes"] = n
+        if all(parts):
+            wall, ms = sum(x[0] for x in parts), sum(x[1] for x in parts)
+            info["passkey_wall_s"], info["passkey_model_s"] = round(wall, 2), round(ms, 3)
+            info["passkey_tokens_per_model_s"] = round(a.passkey_len * a.passkey_items / ms)
     print("record:", record.write(out, "bench_tasks", {"info": info, "rows": rows}))
     print(json.dumps(info, indent=1))
     return 0 if all(r["rc"] == 0 for r in rows) else 1

@@ -61,20 +61,34 @@ def test_gpu_sweep_single_rows_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_bench_tasks_tiny_cpu(tmp_path):
-    """``experiments/bench/bench_tasks.py --cpu --tiny``: task_eval, model_kl over the same rows
-    (two processes: --kl-seqs 8 of 16 rows) and passkey run through, the JSON has the ratio."""
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "bench_tasks.py"),
-                        "--cpu", "--tiny", "--out", str(tmp_path / "out"), "--work",
-                        str(tmp_path / "work")], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    (rec,) = record.read(tmp_path / "out" / "bench_tasks.jsonl")
+    """``experiments/bench/bench_tasks.py --cpu --tiny``: model_kl over the rows (two
+    processes: --kl-seqs 8 of 16 rows), task_eval over the same rows in two processes and
+    passkey run through, the JSON has the ratio; run again with ``--prior`` (the first run's
+    record), every process counts as done and the figures are the first run's."""
+    def bench(out, *extra):
+        r = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" /
+                                                "bench_tasks.py"),
+                            "--cpu", "--tiny", "--task-procs", "2", "--out", str(tmp_path / out),
+                            "--work", str(tmp_path / "work"), *extra], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        (rec,) = record.read(tmp_path / out / "bench_tasks.jsonl")
+        return rec, r.stdout
+
+    rec, _ = bench("out")
     assert "bench_tasks.py" in rec["command"] and rec["machine"]["cpus"] > 0
     data = rec["figures"]
-    assert [row["rc"] for row in data["rows"]] == [0, 0, 0, 0]
+    assert [row["what"] for row in data["rows"]] == [
+        "model_kl rows 0..7", "model_kl rows 8..15", "task_eval part 1/2", "task_eval part 2/2",
+        "passkey"]
+    assert [row["rc"] for row in data["rows"]] == [0] * 5
     info = data["info"]
     assert info["rows"] == 16 and info["kl_processes"] == 2 and info["task_over_kl"] > 0
-    assert info["passkey_model_s"] > 0
+    assert info["task_processes"] == 2 and info["passkey_model_s"] > 0
+    again, printed = bench("again", "--prior", str(tmp_path / "out" / "bench_tasks.jsonl"))
+    assert printed.count("(from ") == 5
+    for k in ("task_over_kl", "kl_rows_per_s", "task_rows_per_s", "passkey_model_s"):
+        assert again["figures"]["info"][k] == info[k], k
 
 
 def test_every_bench_script_writes_through_record(tmp_path):
