@@ -62,17 +62,19 @@ def check_batch_tokens(v, key: str) -> None:
         raise PrecsimError(f"{key}={v!r}; allowed: auto or an integer >= 1")
 
 
-def pass_rows(ld, budget, groups: list, length: int, chunk: int) -> int:
+def pass_rows(ld, budget, groups: list, length: int, cfg) -> int:
     """Rows of ``length`` positions one forward pass holds (at least one): ``budget // (groups x
     length)`` for an integer ``budget`` (``task.batch_tokens``); for ``auto`` on a CUDA device
-    the most whose whole-model estimate (every group's states and caches, a pass of ``chunk``
-    positions: :func:`.run.docs_that_fit`) fits half its free memory, elsewhere as 65,536."""
+    the most whose whole-model estimate (every group's states and caches, a pass of the
+    positions ``model.chunk`` gives: :func:`.parallel.chunk_len`; :func:`.run.docs_that_fit`)
+    fits half its free memory, elsewhere as 65,536."""
     if budget == "auto":
         if str(ld.device).startswith("cuda") and ld.plan is None:
+            from .parallel import chunk_len
             from .placement import state_bytes
             from .run import docs_that_fit
 
-            return docs_that_fit(ld, len(groups), length, min(chunk or length, length),
+            return docs_that_fit(ld, len(groups), length, chunk_len(cfg, length, ld.backend),
                                  state_bytes(groups, ld.compute), most=1 << 30)
         budget = CPU_BATCH_TOKENS
     return max(1, budget // (len(groups) * length))
@@ -157,14 +159,14 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None) ->
     for same in shared:  # contexts of one length P, read to P0
         P = int(rows.start[same[0][0]])
         P0 = (P - 1) // L * L
-        k = pass_rows(ld, budget, gs, P0, cfg.model.chunk)
+        k = pass_rows(ld, budget, gs, P0, cfg)
         for c0 in range(0, len(same), k):
             _score_shared(ld, batch_cfg(cfg, b), rows, same[c0:c0 + k], P0, groups_fn(), V,
                           out, phases)
             b += 1
             if bar is not None:
                 bar.update(sum(len(c) for c in same[c0:c0 + k]))
-    for idx in batches(lengths[rest], lambda n: pass_rows(ld, budget, gs, n, cfg.model.chunk)):
+    for idx in batches(lengths[rest], lambda n: pass_rows(ld, budget, gs, n, cfg)):
         idx = rest[idx]
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
@@ -264,7 +266,7 @@ def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget) -> np.ndarray
     gs = groups_fn()
     V = int(ld.model.get_output_embeddings().weight.shape[0])
     out = np.zeros(lengths.size, dtype=np.int64)
-    rows_of = lambda n: pass_rows(ld, budget, gs, n, cfg.model.chunk)  # noqa: E731
+    rows_of = lambda n: pass_rows(ld, budget, gs, n, cfg)  # noqa: E731
     for b, idx in enumerate(batches(lengths, rows_of)):
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)

@@ -378,6 +378,8 @@ def test_auto_batch_rows_follow_the_memory_estimate(ckpt, monkeypatch):
     """``task.batch_tokens=auto`` (the default): off a GPU 65,536 rows x positions x groups a
     pass; on a CUDA device the most rows whose whole-model estimate (placement.estimate of one
     row, at the groups' mean state bytes) fits half the free memory; an integer as given."""
+    import dataclasses
+
     import torch
 
     from precsim.models import placement
@@ -388,9 +390,11 @@ def test_auto_batch_rows_follow_the_memory_estimate(ckpt, monkeypatch):
     assert cfg.task.batch_tokens == "auto"
     ld, _ = load(cfg, "cpu")
     gs = build_groups(cfg, torch.float32)
-    assert pass_rows(ld, "auto", gs, 100, 0) == CPU_BATCH_TOKENS // (len(gs) * 100)
-    assert pass_rows(ld, 10**6, gs, 100, 0) == 10**6 // (len(gs) * 100)
-    assert pass_rows(ld, 1, gs, 100, 0) == 1
+    assert pass_rows(ld, "auto", gs, 100, cfg) == CPU_BATCH_TOKENS // (len(gs) * 100)
+    assert pass_rows(ld, 10**6, gs, 100, cfg) == 10**6 // (len(gs) * 100)
+    assert pass_rows(ld, 1, gs, 100, cfg) == 1
+    # passes of model.chunk=64 positions (a whole number of 4-token segments)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, chunk=64))
     one = placement.estimate(placement.shape_of(ld.model, torch.float32), 1, len(gs), 5000,
                              64, state_bytes=placement.state_bytes(gs, ld.compute)).run()
     free = {"b": 0}
@@ -398,6 +402,6 @@ def test_auto_batch_rows_follow_the_memory_estimate(ckpt, monkeypatch):
     monkeypatch.setattr(ld, "device", "cuda")
     for rows in (1, 7, 300):
         free["b"] = 2 * rows * one + one // 2  # half of it: rows and a part of one more
-        assert pass_rows(ld, "auto", gs, 5000, 64) == rows
+        assert pass_rows(ld, "auto", gs, 5000, cfg) == rows
     free["b"] = 0
-    assert pass_rows(ld, "auto", gs, 5000, 64) == 1  # at least one row
+    assert pass_rows(ld, "auto", gs, 5000, cfg) == 1  # at least one row
