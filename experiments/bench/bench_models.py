@@ -101,21 +101,27 @@ def build(kind: str, path: Path, device: str):
 def big(work: Path, tokens: int, hyd: list, rows: list, info: dict) -> None:
     """The large models' rows (``--big``): ``experiment=model_kl`` with the ``split_nvfp4``
     schemes over ``tokens`` of random ids, the Mamba-2 2.7B shape with 4 and 1 documents and the
-    Nemotron-H-8B width with 2; every process after a fresh build of its checkpoint."""
+    Nemotron-H-8B width with 2; every process after a fresh build of its checkpoint. Then the
+    4 documents again with ``model.chunk=2048``: at the default 32,768 positions a pass,
+    ``placement.estimate`` holds 2 of them a pass on an H200 (27 GiB each), at 2,048 all 4
+    (4.9 GiB each)."""
     rng = np.random.default_rng(0)
-    for kind, vocab, docs in (("mamba2_2b7", 50288, (4, 1)), ("nemotron_h_8b_w12", 131072, (2,))):
+    for kind, vocab, docs in (("mamba2_2b7", 50288, (4, 1, -4)),
+                              ("nemotron_h_8b_w12", 131072, (2,))):
         ck = work / kind
         t0 = time.perf_counter()
         build(kind, ck, "cuda")
         info[f"build_{kind}_s"] = round(time.perf_counter() - t0, 1)
         ids = work / f"ids_{kind}.npy"
         np.save(ids, rng.integers(0, vocab, (max(docs), tokens)))
-        for S in docs:
+        for S in docs:  # (-S: S documents with model.chunk=2048)
+            chunk = ["model.chunk=2048"] if S < 0 else []
             run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
-                 f"model.ids={ids}", f"run.steps={tokens}", f"run.seqs={S}", "run.device=cuda",
-                 "metrics.window=1024", *hyd,
+                 f"model.ids={ids}", f"run.steps={tokens}", f"run.seqs={abs(S)}",
+                 "run.device=cuda", "metrics.window=1024", *chunk, *hyd,
                  f"hydra.run.dir={work}/kl_{kind}_s{S}_{time.time_ns()}"],
-                f"model_kl split_nvfp4, {kind}, {tokens:,} tok x {S} docs", rows)
+                f"model_kl split_nvfp4, {kind}, {tokens:,} tok x {abs(S)} docs"
+                + (", model.chunk=2048" if S < 0 else ""), rows)
 
 
 def main() -> int:
