@@ -111,16 +111,29 @@ def shared_contexts(rows: Rows, L: int) -> tuple[list[list[list[int]]], np.ndarr
     return list(lengths.values()), rest
 
 
+def _scored(owner: np.ndarray, st: np.ndarray, nn: np.ndarray):
+    """``(pass row, position)`` of every scored prediction of a pass's rows (``owner``: the row
+    of ``rows`` each pass row scores, -1 none; its scored tokens at pass positions ``[st, st +
+    nn)``, each predicted from the position before)."""
+    live = np.flatnonzero(owner >= 0)
+    n = nn[live]
+    rr = np.repeat(live, n)
+    return rr, np.repeat(st[live] - 1, n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+
+
+def _at(shape, owner: np.ndarray, st: np.ndarray, nn: np.ndarray) -> np.ndarray:
+    """Where the pass runs the output head: only where a token is scored."""
+    at = np.zeros(shape, dtype=bool)
+    at[_scored(owner, st, nn)] = True
+    return at
+
+
 def _gather(out: dict, groups, tok: dict, ids: np.ndarray, owner: np.ndarray, st: np.ndarray,
             nn: np.ndarray, R: int) -> None:
     """Into ``out``: each group's summed log-likelihood and greedy flag of the pass's rows
-    (``owner``: the row of ``rows`` each pass row scores, -1 none; its scored tokens at pass
-    positions ``[st, st + nn)``, predicted from ``st - 1``)."""
+    (:func:`_scored`'s ``owner``, ``st``, ``nn``)."""
     live = np.flatnonzero(owner >= 0)
-    rr = np.repeat(live, nn[live])
-    pos = np.repeat(st[live] - 1, nn[live]) + (np.arange(nn[live].sum())
-                                              - np.repeat(np.cumsum(nn[live]) - nn[live],
-                                                          nn[live]))
+    rr, pos = _scored(owner, st, nn)
     nxt = ids[rr, pos + 1]
     K = ids.shape[0]
     for g in groups:
@@ -176,11 +189,8 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None) ->
         head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
         groups = groups_fn()
         st, nn = rows.start[idx], rows.n[idx]
-        at = np.zeros((K, N), dtype=bool)  # the head only where a token is scored
-        for j in range(K):
-            at[j, st[j] - 1:st[j] - 1 + nn[j]] = True
         tok = run_parallel(ld.model, ids, groups, batch_cfg(cfg, b), ld.compute, ld.backend,
-                           head_chunk=head, phases=phases, at=at)
+                           head_chunk=head, phases=phases, at=_at((K, N), idx, st, nn))
         _gather(out, groups, tok, ids, idx, st, nn, R)
         b += 1
         if bar is not None:
@@ -215,7 +225,7 @@ def _score_shared(ld, cfg, rows: Rows, ctxs: list[list[int]], P0: int, groups, V
             t["handler"].cfg = batch_cfg(cfg, j0)
             for objs in t["chunks"].layers.values():
                 for sch in objs:
-                    sch.seed = batch_cfg(cfg, j0).run.seed
+                    sch.seed = t["handler"].cfg.run.seed
         if j1 - j0 > 1:
             t = merge_tails([t] * (j1 - j0), [K] * (j1 - j0), len(groups), groups)
         m = (j1 - j0) * K
@@ -231,27 +241,27 @@ def _score_shared(ld, cfg, rows: Rows, ctxs: list[list[int]], P0: int, groups, V
         live = owner >= 0
         st, nn = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
         st[live], nn[live] = rows.start[owner[live]] - P0, rows.n[owner[live]]
-        at = np.zeros(ids.shape, dtype=bool)
-        for r in np.flatnonzero(live):
-            at[r, st[r] - 1:st[r] - 1 + nn[r]] = True
         head = int(max(1, min(1024, (1 << 28) // max(1, m * V * 8))))
         tok = run_parallel(ld.model, ids, groups, t["handler"].cfg, ld.compute, "torch",
-                           head_chunk=head, phases=phases, at=at, start=t)
+                           head_chunk=head, phases=phases, at=_at(ids.shape, owner, st, nn),
+                           start=t)
         _gather(out, groups, tok, ids, owner, st, nn, len(rows.ids))
         del t, tok
 
 
 def rows_together(ld, groups, K: int, most: int) -> int:
     """How many rows of each of ``K`` contexts continue in one pass: all ``most`` where their
-    repeated states fit in half the device's free memory (always on the CPU), else fewer
-    (at least one: then the states of the contexts' pass and of one copy)."""
+    repeated states and caches (:func:`.placement.estimate`'s part with the layers) fit in half
+    the device's free memory (always on the CPU), else fewer (at least one: then the states of
+    the contexts' pass and of one copy)."""
     if not str(ld.device).startswith("cuda"):
         return most
-    from .load import layer_shape, ssm_layers
-    from .placement import state_bytes
+    from .placement import estimate, shape_of, state_bytes
 
-    _, H, dv, dk = layer_shape(ld.model)
-    row = len(ssm_layers(ld.model)) * H * dv * dk * state_bytes(groups, ld.compute) * len(groups)
+    # (a row's part that lives with the layers, every group: states, caches)
+    shape = shape_of(ld.model, next(ld.model.parameters()).dtype)
+    row = estimate(shape, 1, len(groups), 1, 1,
+                   state_bytes=state_bytes(groups, ld.compute)).group_layers * len(groups)
     free = torch.cuda.mem_get_info(torch.device(ld.device))[0]
     return int(max(1, min(most, (free // 2) // max(1.0, K * row))))
 

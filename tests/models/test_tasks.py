@@ -384,7 +384,7 @@ def test_auto_batch_rows_follow_the_memory_estimate(ckpt, monkeypatch):
 
     from precsim.models import placement
     from precsim.models.run import build_groups
-    from precsim.models.task import CPU_BATCH_TOKENS, load, pass_rows
+    from precsim.models.task import CPU_BATCH_TOKENS, load, pass_rows, rows_together
 
     cfg = _cfg(ckpt / "bare", {"name": "mqar"})
     assert cfg.task.batch_tokens == "auto"
@@ -405,3 +405,11 @@ def test_auto_batch_rows_follow_the_memory_estimate(ckpt, monkeypatch):
         assert pass_rows(ld, "auto", gs, 5000, cfg) == rows
     free["b"] = 0
     assert pass_rows(ld, "auto", gs, 5000, cfg) == 1  # at least one row
+    # a shared context's rows continued together: as many as their repeated states and caches
+    # (the estimate's part with the layers, every group) fit in half the free memory
+    row = placement.estimate(placement.shape_of(ld.model, torch.float32), 1, len(gs), 1, 1,
+                             state_bytes=placement.state_bytes(gs, ld.compute)).group_layers \
+        * len(gs)
+    for most, fit in ((4, 3), (4, 9), (2, 1), (3, 0)):
+        free["b"] = 2 * 5 * fit * row + row  # 5 contexts, each with fit rows, and a bit
+        assert rows_together(ld, gs, 5, most) == max(1, min(most, fit)), (most, fit)
