@@ -176,6 +176,9 @@ def main() -> int:
         # (the recorded, rounded seconds: a later call's --prior sums the same numbers)
         return (rows[-1]["wall_s"], model_s) if p.returncode == 0 and model_s else None
 
+    def total(parts):  # (wall, model seconds) of processes, summed; None if one failed
+        return tuple(map(sum, zip(*parts, strict=True))) if all(parts) else None
+
     R = a.items * CHOICES
     Rk = min(R, a.kl_rows or R)  # model_kl's rows
     info["kl_rows"] = Rk
@@ -191,8 +194,7 @@ def main() -> int:
                               f"run.steps={N}", f"metrics.window={min(N, 256)}",
                               f"model.chunk={a.chunk}"]))
         info["kl_processes"] = len(parts)
-        if all(parts):
-            w["kl"] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
+        w["kl"] = total(parts)
     if "task" not in skip:  # --task-procs processes of consecutive items
         lines = (work / f"mc_{tag}.jsonl").read_text().splitlines(keepends=True)
         n = max(1, a.task_procs)
@@ -203,8 +205,7 @@ def main() -> int:
             parts.append(run("task_eval" if n == 1 else f"task_eval part {i + 1}/{n}",
                              ["experiment=task_eval", f"task.path={f}", *bt]))
         info["task_processes"] = n
-        if all(parts):
-            w["task"] = (sum(x[0] for x in parts), sum(x[1] for x in parts))
+        w["task"] = total(parts)
     for k, n in (("task", R), ("kl", Rk)):
         if w.get(k):
             info[f"{k}_rows_per_s"] = round(n / w[k][0], 3)
@@ -222,8 +223,8 @@ def main() -> int:
                       f"task.lengths=[{a.passkey_len}]", f"task.items={k}",
                       f"task.seed={a.seed + i}", *bt]) for i, k in enumerate(each)]
         info["passkey_processes"] = n
-        if all(parts):
-            wall, ms = sum(x[0] for x in parts), sum(x[1] for x in parts)
+        if total(parts):
+            wall, ms = total(parts)
             info["passkey_wall_s"], info["passkey_model_s"] = round(wall, 2), round(ms, 3)
             info["passkey_tokens_per_model_s"] = round(a.passkey_len * a.passkey_items / ms)
     print("record:", record.write(out, "bench_tasks", {"info": info, "rows": rows}))
