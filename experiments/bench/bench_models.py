@@ -98,30 +98,48 @@ def build(kind: str, path: Path, device: str):
     del m
 
 
-def big(work: Path, tokens: int, hyd: list, rows: list, info: dict) -> None:
+BIG_ROWS = "mamba2_2b7:4,mamba2_2b7:1,mamba2_2b7:-4,nemotron_h_8b_w12:2"
+BIG_VOCAB = {"mamba2_2b7": 50288, "nemotron_h_8b_w12": 131072}
+
+
+def big_rows(spec: str) -> list[tuple[str, int]]:
+    """``--big-rows``: ``KIND:S,...`` in order (``-S``: S documents with ``model.chunk=2048``)."""
+    out = []
+    for item in spec.split(","):
+        kind, _, s = item.partition(":")
+        if kind not in BIG_VOCAB or not s.lstrip("-").isdigit() or int(s) == 0:
+            raise SystemExit(f"--big-rows item {item!r}; allowed: KIND:S with KIND one of "
+                             f"{', '.join(BIG_VOCAB)} and S a nonzero integer")
+        out.append((kind, int(s)))
+    return out
+
+
+def big(work: Path, tokens: int, hyd: list, rows: list, info: dict,
+        spec: str = BIG_ROWS) -> None:
     """The large models' rows (``--big``): ``experiment=model_kl`` with the ``split_nvfp4``
     schemes over ``tokens`` of random ids, the Mamba-2 2.7B shape with 4 and 1 documents and the
     Nemotron-H-8B width with 2; every process after a fresh build of its checkpoint. Then the
     4 documents again with ``model.chunk=2048``: at the default 32,768 positions a pass,
     ``placement.estimate`` holds 2 of them a pass on an H200 (27 GiB each), at 2,048 all 4
     (4.9 GiB each)."""
-    rng = np.random.default_rng(0)
-    for kind, vocab, docs in (("mamba2_2b7", 50288, (4, 1, -4)),
-                              ("nemotron_h_8b_w12", 131072, (2,))):
+    todo = big_rows(spec)
+    for kind, S in todo:  # (-S: S documents with model.chunk=2048)
         ck = work / kind
-        t0 = time.perf_counter()
-        build(kind, ck, "cuda")
-        info[f"build_{kind}_s"] = round(time.perf_counter() - t0, 1)
-        ids = work / f"ids_{kind}.npy"
-        np.save(ids, rng.integers(0, vocab, (max(docs), tokens)))
-        for S in docs:  # (-S: S documents with model.chunk=2048)
-            chunk = ["model.chunk=2048"] if S < 0 else []
-            run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
-                 f"model.ids={ids}", f"run.steps={tokens}", f"run.seqs={abs(S)}",
-                 "run.device=cuda", "metrics.window=1024", *chunk, *hyd,
-                 f"hydra.run.dir={work}/kl_{kind}_s{S}_{time.time_ns()}"],
-                f"model_kl split_nvfp4, {kind}, {tokens:,} tok x {abs(S)} docs"
-                + (", model.chunk=2048" if S < 0 else ""), rows)
+        if f"build_{kind}_s" not in info:
+            t0 = time.perf_counter()
+            build(kind, ck, "cuda")
+            info[f"build_{kind}_s"] = round(time.perf_counter() - t0, 1)
+            # the same ids as before --big-rows: seeded per kind, as many documents as any row
+            most = max(abs(s) for k, s in todo if k == kind)
+            np.save(work / f"ids_{kind}.npy", np.random.default_rng(
+                list(BIG_VOCAB).index(kind)).integers(0, BIG_VOCAB[kind], (most, tokens)))
+        chunk = ["model.chunk=2048"] if S < 0 else []
+        run([PY, "-m", "precsim", "experiment=model_kl", f"model.path={ck}",
+             f"model.ids={work / f'ids_{kind}.npy'}", f"run.steps={tokens}",
+             f"run.seqs={abs(S)}", "run.device=cuda", "metrics.window=1024", *chunk, *hyd,
+             f"hydra.run.dir={work}/kl_{kind}_s{S}_{time.time_ns()}"],
+            f"model_kl split_nvfp4, {kind}, {tokens:,} tok x {abs(S)} docs"
+            + (", model.chunk=2048" if S < 0 else ""), rows)
 
 
 def main() -> int:
@@ -145,6 +163,9 @@ def main() -> int:
     ap.add_argument("--big", action="store_true",
                     help="GPU: only the large models' rows instead (Mamba-2 2.7B shape, 4 and 1 "
                          "documents x --tokens; Nemotron-H-8B width, 12 layers, 2 documents)")
+    ap.add_argument("--big-rows", default=BIG_ROWS,
+                    help="GPU --big: the rows, KIND:S in order (-S: S documents with "
+                         "model.chunk=2048)")
     ap.add_argument("--one-pass", action="store_true",
                     help="GPU: the Mamba-2 whole-model run also with model.chunk=0")
     a = ap.parse_args()
@@ -177,7 +198,7 @@ def main() -> int:
         print(f"parallel is {dec / par:.1f}x decode mode (whole processes)")
     elif a.big:
         info["gpu"] = torch.cuda.get_device_name(0)
-        big(work, a.tokens, hyd, rows, info)
+        big(work, a.tokens, hyd, rows, info, a.big_rows)
     else:
         info["gpu"] = torch.cuda.get_device_name(0)
         ck = work / "mamba2_1b3"
