@@ -143,9 +143,10 @@ def load_model(path, device: str = "cpu", dtype: str | None = None, device_map=N
     if device_map is not None:
         require_accelerate("model.device_map")
         kw.update(device_map=device_map, **({"max_memory": max_memory} if max_memory else {}))
+    if device_map is None:  # the weights straight to the device: no CPU copy first
+        kw["device_map"] = {"": device}
     try:
-        model = getattr(tf, arch).from_pretrained(p, **kw)
-        model = (model if device_map is not None else model.to(device)).eval()
+        model = getattr(tf, arch).from_pretrained(p, **kw).eval()
     except torch.OutOfMemoryError:
         need = sum(f.stat().st_size for f in p.glob("*.safetensors"))
         where = device if device_map is None else f"the devices of device_map={device_map!r}"
