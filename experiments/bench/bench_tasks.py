@@ -96,6 +96,9 @@ def main() -> int:
                          "(one measurement over several device calls)")
     ap.add_argument("--batch-tokens", type=int, default=None,
                     help="task.batch_tokens of the task runs (default: the config's)")
+    ap.add_argument("--passkey-chunk", type=int, default=None,
+                    help="the passkey runs' model.chunk (default: the config's, 32,768): more "
+                         "rows a pass at a smaller chunk")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", default="", help="comma-separated rows to skip: task,kl,passkey")
     a = ap.parse_args()
@@ -119,7 +122,7 @@ def main() -> int:
             "choices": CHOICES, "choice_len": a.choice_len, "rows": a.items * CHOICES,
             "row_tokens": a.ctx + a.choice_len, "passkey_len": a.passkey_len,
             "passkey_items": a.passkey_items, "chunk": a.chunk, "kl_seqs": a.kl_seqs,
-            "batch_tokens": a.batch_tokens, "seed": a.seed,
+            "batch_tokens": a.batch_tokens, "seed": a.seed, "passkey_chunk": a.passkey_chunk,
             "schemes": "split_nvfp4"}
     ck = work / f"{kind}_{dev}"
     t0 = time.perf_counter()
@@ -139,7 +142,7 @@ def main() -> int:
 
     done = {}  # label -> an earlier call's finished row (--prior)
     same = ("model", "device", "items", "ctx", "choice_len", "passkey_len", "passkey_items",
-            "chunk", "kl_seqs", "batch_tokens", "seed")
+            "chunk", "kl_seqs", "batch_tokens", "seed", "passkey_chunk")
     for f in a.prior:
         for rec in record.read(f):
             old = rec["figures"]["info"]
@@ -218,10 +221,11 @@ def main() -> int:
     if "passkey" not in skip:  # --passkey-procs processes, each its own items' seed
         n = max(1, a.passkey_procs)
         each = [a.passkey_items * (i + 1) // n - a.passkey_items * i // n for i in range(n)]
+        pk_chunk = [] if a.passkey_chunk is None else [f"model.chunk={a.passkey_chunk}"]
         parts = [run("passkey" if n == 1 else f"passkey part {i + 1}/{n}",
                      ["experiment=task_eval", "task.name=passkey",
                       f"task.lengths=[{a.passkey_len}]", f"task.items={k}",
-                      f"task.seed={a.seed + i}", *bt]) for i, k in enumerate(each)]
+                      f"task.seed={a.seed + i}", *bt, *pk_chunk]) for i, k in enumerate(each)]
         info["passkey_processes"] = n
         if total(parts):
             wall, ms = total(parts)
