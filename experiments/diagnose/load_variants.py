@@ -2,12 +2,13 @@
 in a fresh process after the page cache is warm (issue 44: a 5 GB Nemotron-H-width checkpoint
 took 15.7 s of "load" on an H200, against 2-3 s to read 5 GB).
 
-    python experiments/diagnose/load_variants.py CHECKPOINT [--device cuda] [--out FILE.json]
+    python experiments/diagnose/load_variants.py CHECKPOINT [--device cuda] [--out DIR]
 
 Variants: ``cpu_then_device`` (what ``precsim.models.load.load_model`` does: ``from_pretrained``
 on the CPU, then ``.to(device)``) and ``device_map`` (``from_pretrained(device_map={"":
 device})``: the weights straight to the device). Each row: the import of transformers and the
-model class, ``from_pretrained``, the move, seconds each (the device synchronised).
+model class, ``from_pretrained``, the move, seconds each (the device synchronised). With
+``--out``, one record (``experiments/bench/record.py``'s format) in ``DIR/load_variants.jsonl``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # record.py
+import record  # noqa: E402
 
 ONE = r"""import json, sys, time
 t0 = time.perf_counter()
@@ -64,9 +69,8 @@ def main() -> int:
             rows.append({"variant": variant, "rc": r.returncode, "err": r.stderr[-600:]})
         print(rows[-1], flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"checkpoint": a.checkpoint, "rows": rows[1:], "warm_up": rows[0]}, f,
-                      indent=1)
+        print("record:", record.write(a.out, "load_variants", {
+            "checkpoint": a.checkpoint, "rows": rows[1:], "warm_up": rows[0]}))
     return 0
 
 
