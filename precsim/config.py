@@ -53,8 +53,10 @@ class ModelConfig:
     new_tokens: int = 64  # model.mode=generate: tokens generated after each prompt
     dtype: str | None = None  # whole-model mode: load the weights in this torch dtype
     # whole-model parallel mode: positions per forward pass (rounded up to whole metric windows
-    # of whole ReplaySSM segments; 0 = the whole document at once); checkpoints fall between
-    chunk: int = 32768
+    # of whole ReplaySSM segments; 0 = the whole document at once; auto: 32,768, or in model_kl
+    # and generate runs on a GPU the largest of 32,768 .. 2,048 at which every document fits
+    # one pass, docs/real-models.md); checkpoints fall between
+    chunk: Any = "auto"
     # whole-model mode: documents per batch of groups x documents rows (0: every document in one
     # batch; auto: on a GPU as many as an estimate fits in half its free memory, on the CPU all,
     # in decode mode 1; docs/real-models.md, "Documents in batches")
@@ -322,8 +324,9 @@ def validate(cfg: Config) -> None:
     check(isinstance(m.new_tokens, int) and not isinstance(m.new_tokens, bool)
           and m.new_tokens > 0, "model.new_tokens", m.new_tokens,
           "an integer >= 1 (tokens generated after each prompt, model.mode=generate)")
-    check(isinstance(m.chunk, int) and m.chunk >= 0, "model.chunk", m.chunk,
-          "an integer >= 0 (positions per forward pass; 0 = the whole document)")
+    check(m.chunk == "auto" or (isinstance(m.chunk, int) and not isinstance(m.chunk, bool)
+                                and m.chunk >= 0), "model.chunk", m.chunk,
+          "auto, or an integer >= 0 (positions per forward pass; 0 = the whole document)")
     check(m.doc_batch == "auto" or (isinstance(m.doc_batch, int) and not isinstance(
         m.doc_batch, bool) and m.doc_batch >= 0), "model.doc_batch", m.doc_batch,
         "auto, or an integer >= 0 (documents per batch; 0 = every document in one batch)")

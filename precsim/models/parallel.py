@@ -43,6 +43,24 @@ class ScanHandler:
         return y, None
 
 
+# model.chunk=auto: the chunks a whole-model run chooses from, largest first
+# (:func:`.run.auto_chunk`); the first is the chunk wherever nothing chooses (the CPU, tasks)
+AUTO_CHUNKS = (32768, 16384, 8192, 4096, 2048)
+
+
+def chunk_setting(v) -> int:
+    """``model.chunk``'s positions a pass as set: an integer as given, ``auto`` the largest of
+    :data:`AUTO_CHUNKS` (a whole-model run on a GPU replaces it first: :func:`.run.auto_chunk`)."""
+    return AUTO_CHUNKS[0] if v == "auto" else v
+
+
+def with_chunk(cfg, chunk: int):
+    """``cfg`` with ``model.chunk=chunk``."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, chunk=chunk))
+
+
 def chunk_len(cfg, N: int, backend: str) -> int:
     """Positions per forward pass: ``model.chunk`` rounded up to whole ReplaySSM segments (on the
     Triton backend to whole launch windows, so chunking moves no drift sample and no flush), or
@@ -51,7 +69,7 @@ def chunk_len(cfg, N: int, backend: str) -> int:
 
     L = cfg.replay.buffer_len
     unit = math.ceil(max(cfg.metrics.window, DRIFT_EVERY) / L) * L if backend == "triton" else L
-    c = math.ceil(cfg.model.chunk / unit) * unit
+    c = math.ceil(chunk_setting(cfg.model.chunk) / unit) * unit
     return N if c == 0 or c >= N else c
 
 

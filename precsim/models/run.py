@@ -130,13 +130,15 @@ def place(cfg, device: str, split_ok: bool):
     integer (each batch runs on the same placement), else for every document."""
     import logging
 
+    from .parallel import chunk_setting
     from .placement import plan_run
 
     m = cfg.model
     if m.device_map is None:
         return None
     L = cfg.replay.buffer_len
-    chunk = min(cfg.run.steps, -(-m.chunk // L) * L) if m.chunk else cfg.run.steps
+    c = chunk_setting(m.chunk)
+    chunk = min(cfg.run.steps, -(-c // L) * L) if c else cfg.run.steps
     schemes, pl = list(cfg.schemes), cfg.per_layer
     if pl.formats is not None:  # experiment=per_layer: its widest pass (no split)
         wide = max(pl.groups_per_pass, len(pl.formats) + 1)
@@ -285,6 +287,31 @@ def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None,
     return docs_that_fit(ld, groups, tokens, min(chunk, tokens), state_bytes)
 
 
+def auto_chunk(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
+    """``model.chunk=auto`` in a whole-model run (``model_kl``, generation; each batch's passes):
+    on one CUDA device with ``model.doc_batch=auto``, the largest of
+    :data:`.parallel.AUTO_CHUNKS` (32,768 .. 2,048) at which every document fits one pass by
+    :func:`docs_that_fit` (the estimate ``doc_batch=auto`` sizes batches with), else the smallest:
+    more documents a pass at fewer positions each (measured on an H100, 2026-12-07: 4 documents
+    of 32,768 tokens of the Mamba-2 2.7B shape, one a pass at 32,768, all four at 2,048, 13%
+    less forward time; experiments/bench/bench_models.md). Elsewhere (the CPU, decode mode, a
+    device_map plan, an integer doc_batch) 32,768, the fixed default before. A run resumed from a
+    checkpoint chooses again (from the free memory then)."""
+    from .parallel import AUTO_CHUNKS, chunk_len, with_chunk
+
+    m = cfg.model
+    K, N = ld.ids.shape
+    if (m.mode == "decode" or m.doc_batch != "auto" or not ld.device.startswith("cuda")
+            or ld.plan is not None):
+        return AUTO_CHUNKS[0]
+    tokens = N + (m.new_tokens if m.mode == "generate" else 0)
+    for c in AUTO_CHUNKS:
+        pos = min(chunk_len(with_chunk(cfg, c), N, ld.backend), tokens)
+        if docs_that_fit(ld, groups, tokens, pos, state_bytes) >= K:
+            return c
+    return AUTO_CHUNKS[-1]
+
+
 def step_docs(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
     """Generation (``model.mode=generate``) in several document batches: how many documents
     write their tokens together (:func:`.generate.generate_batches`). A step holds every
@@ -340,18 +367,22 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     from ..checkpoint import Checkpoint, Interrupted
     from ..engines.base import progress_bar
     from ..result import make_result
-    from .parallel import chunk_len
+    from .parallel import chunk_len, with_chunk
 
     cfg = dataclasses.replace(cfg, schemes=dict(schemes))
     m, model, phases = cfg.model, ld.model, dict(ld.phases)
     K, N = ld.ids.shape
     mdtype = next(model.parameters()).dtype
     groups = build_groups(cfg, mdtype)
-    chunk = chunk_len(cfg, N, ld.backend) if m.mode != "decode" else 1
     from .placement import state_bytes
 
     held = state_bytes(groups, ld.compute)  # (bytes a state element takes, the groups' mean)
-    B = doc_batch(cfg, ld, len(groups), chunk, ckpt, held)
+    # the batches run at the chosen chunk (model.chunk=auto); the result keeps the config as
+    # given, its info.chunk the positions a pass
+    run_cfg = (cfg if m.chunk != "auto" or m.mode == "decode"
+               else with_chunk(cfg, auto_chunk(cfg, ld, len(groups), held)))
+    chunk = chunk_len(run_cfg, N, ld.backend) if m.mode != "decode" else 1
+    B = doc_batch(run_cfg, ld, len(groups), chunk, ckpt, held)
     spans = [(s, min(K, s + B)) for s in range(0, K, B)]
     one = len(spans) == 1
     # generation in several batches: the batches' prompts one by one, their tokens written
@@ -381,7 +412,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     parts = []
 
     def batch(b: int):  # batch b's config and groups (the first batch's: the run's)
-        cb = batch_cfg(cfg, b)
+        cb = batch_cfg(run_cfg, b)
         return cb, groups if b == 0 else build_groups(cb, mdtype)
 
     try:

@@ -348,3 +348,61 @@ def test_merged_generation_of_hybrid_models_equals_one_batch(arch, tmp_path):
     assert two.info["write_docs"] == 3
     _same_figures(one, two)
     assert two.info["generation"] == one.info["generation"]
+
+
+def test_auto_chunk_holds_every_document_a_pass_where_memory_allows(m2, monkeypatch, tmp_path,
+                                                                   capsys):
+    """model.chunk=auto (the default): on a (faked) CUDA device the largest of 32,768 .. 2,048
+    positions at which every document fits one pass by the doc_batch estimate
+    (placement.estimate of one document x the documents, half the free memory), else 2,048;
+    on the CPU, in decode mode, under a plan or with an integer doc_batch, 32,768. A run uses
+    the chosen chunk (info.chunk) and keeps model.chunk=auto in its config."""
+    from precsim.models import placement as pl
+    from precsim.models.parallel import AUTO_CHUNKS
+
+    cfg = _cfg(m2)
+    assert cfg.model.chunk == "auto"
+    ld = run_mod.prepare(cfg, "cpu")
+    assert run_mod.auto_chunk(cfg, ld, 5) == 32768  # the CPU
+    ld.device = "cuda"
+    N = 32768
+    ld.ids = np.zeros((4, N), dtype=np.int64)  # (the estimate reads the shape only)
+    shape = pl.shape_of(ld.model, torch.float32)
+    per = {c: pl.estimate(shape, 1, 5, N, c, state_bytes=12).run() for c in AUTO_CHUNKS}
+    assert per[32768] > per[2048]  # (fewer positions a pass: less memory a document)
+    for c in AUTO_CHUNKS:  # just room for all 4 documents at c (and at every smaller chunk)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d, f=2 * 4 * per[c]: (f, f))
+        assert run_mod.auto_chunk(cfg, ld, 5) == c
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (2 * 4 * per[2048] - 1, 0))
+    assert run_mod.auto_chunk(cfg, ld, 5) == 2048  # none holds them all: the smallest
+    for other in (_cfg(m2, model__mode="decode"), _cfg(m2, model__doc_batch=2)):
+        assert run_mod.auto_chunk(other, ld, 5) == 32768
+    ld.plan = object()
+    assert run_mod.auto_chunk(cfg, ld, 5) == 32768
+
+    seen = []
+
+    def chosen(c, ld_, groups, held):
+        seen.append(groups)
+        return 8
+    monkeypatch.setattr(run_mod, "auto_chunk", chosen)
+    res = run_model_kl(_cfg(m2), "cpu", progress=False)
+    assert seen == [5] and res.info["chunk"] == 8
+    fixed = run_model_kl(_cfg(m2, model__chunk=8), "cpu", progress=False)
+    _same_figures(res, fixed)  # (the same passes: the same figures)
+    rc, _, err = run_main(["experiment=model_kl", f"model.path={m2 / 'm2'}",
+                           f"model.ids={m2 / 'ids.npy'}", "run.steps=24", "run.seqs=4",
+                           "metrics.window=8", "replay.buffer_len=4", "metrics.plot=false",
+                           "run.progress=false", f"hydra.run.dir={tmp_path / 'auto'}"], capsys)
+    assert rc == 0, err
+    s = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert s["config"]["model"]["chunk"] == "auto" and s["info"]["chunk"] == 8
+
+
+def test_model_chunk_refuses_other_values(m2, capsys):
+    path = f"model.path={m2 / 'm2'}"
+    want = "allowed: auto, or an integer >= 0 (positions per forward pass"
+    one_line_errors([(["experiment=model_kl", path, "model.chunk=-1"],
+                      f"model.chunk=-1 is invalid; {want}"),
+                     (["experiment=model_kl", path, "model.chunk=big"],
+                      f"model.chunk='big' is invalid; {want}")], capsys)
