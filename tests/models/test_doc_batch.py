@@ -97,7 +97,7 @@ def test_a_later_batch_draws_its_own_sr_bits(m2):
 def test_the_command_line_writes_the_same_files_and_refuses_bad_values(m2, tmp_path, capsys,
                                                                       monkeypatch):
     """Through the command line: model.doc_batch=2 writes the metrics.csv of one batch, and
-    summary.json's doc_batch; -1 and x are one line each, exit 2."""
+    summary.json's doc_batch; -1 and x are one line each, exit 2, and so are model.chunk's."""
     monkeypatch.chdir(tmp_path)
     args = ["experiment=model_kl", f"model.path={m2 / 'm2'}", f"model.ids={m2 / 'ids.npy'}",
             "run.steps=24", "run.seqs=4", "metrics.window=8", "replay.buffer_len=4",
@@ -118,7 +118,12 @@ def test_the_command_line_writes_the_same_files_and_refuses_bad_values(m2, tmp_p
     one_line_errors([(["experiment=model_kl", path, "model.doc_batch=-1"],
                       f"model.doc_batch=-1 is invalid; {want}"),
                      (["experiment=model_kl", path, "model.doc_batch=x"],
-                      f"model.doc_batch='x' is invalid; {want}")], capsys)
+                      f"model.doc_batch='x' is invalid; {want}"),
+                     (["experiment=model_kl", path, "model.chunk=-1"],
+                      f"model.chunk=-1 is invalid; {want} (positions per forward pass"),
+                     (["experiment=model_kl", path, "model.chunk=big"],
+                      f"model.chunk='big' is invalid; {want} (positions per forward pass")],
+                    capsys)
 
 
 def test_decode_mode_runs_several_documents_one_a_batch(m2):
@@ -397,12 +402,3 @@ def test_auto_chunk_holds_every_document_a_pass_where_memory_allows(m2, monkeypa
     assert rc == 0, err
     s = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert s["config"]["model"]["chunk"] == "auto" and s["info"]["chunk"] == 8
-
-
-def test_model_chunk_refuses_other_values(m2, capsys):
-    path = f"model.path={m2 / 'm2'}"
-    want = "allowed: auto, or an integer >= 0 (positions per forward pass"
-    one_line_errors([(["experiment=model_kl", path, "model.chunk=-1"],
-                      f"model.chunk=-1 is invalid; {want}"),
-                     (["experiment=model_kl", path, "model.chunk=big"],
-                      f"model.chunk='big' is invalid; {want}")], capsys)
