@@ -379,7 +379,7 @@ def measure(cfg, ld: Loaded, schemes: dict, progress: bool = True, bar_desc: str
     held = state_bytes(groups, ld.compute)  # (bytes a state element takes, the groups' mean)
     # the batches run at the chosen chunk (model.chunk=auto); the result keeps the config as
     # given, its info.chunk the positions a pass
-    run_cfg = (cfg if m.chunk != "auto" or m.mode == "decode"
+    run_cfg = (cfg if m.chunk != "auto"
                else with_chunk(cfg, auto_chunk(cfg, ld, len(groups), held)))
     chunk = chunk_len(run_cfg, N, ld.backend) if m.mode != "decode" else 1
     B = doc_batch(run_cfg, ld, len(groups), chunk, ckpt, held)
