@@ -118,10 +118,10 @@ def big(work: Path, tokens: int, hyd: list, rows: list, info: dict,
         spec: str = BIG_ROWS) -> None:
     """The large models' rows (``--big``): ``experiment=model_kl`` with the ``split_nvfp4``
     schemes over ``tokens`` of random ids, the Mamba-2 2.7B shape with 4 and 1 documents and the
-    Nemotron-H-8B width with 2; every process after a fresh build of its checkpoint. Then the
-    4 documents again with ``model.chunk=2048``: at the default 32,768 positions a pass,
-    ``placement.estimate`` holds 2 of them a pass on an H200 (27 GiB each), at 2,048 all 4
-    (4.9 GiB each)."""
+    Nemotron-H-8B width with 2, at the default ``model.chunk`` (``auto`` since e8685f9; the
+    2026-12-07 H100 figures were taken at 32,768, the default then); each checkpoint built once.
+    Then the 4 documents again with ``model.chunk=2048`` (``placement.estimate``: 27 GiB a
+    document at 32,768 positions a pass, 4.9 GiB at 2,048)."""
     todo = big_rows(spec)
     for kind, S in todo:  # (-S: S documents with model.chunk=2048)
         ck = work / kind

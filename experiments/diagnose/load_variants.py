@@ -4,11 +4,12 @@ took 15.7 s of "load" on an H200, against 2-3 s to read 5 GB).
 
     python experiments/diagnose/load_variants.py CHECKPOINT [--device cuda] [--out DIR]
 
-Variants: ``cpu_then_device`` (what ``precsim.models.load.load_model`` does: ``from_pretrained``
-on the CPU, then ``.to(device)``) and ``device_map`` (``from_pretrained(device_map={"":
-device})``: the weights straight to the device). Each row: the import of transformers and the
-model class, ``from_pretrained``, the move, seconds each (the device synchronised). With
-``--out``, one record (``experiments/bench/record.py``'s format) in ``DIR/load_variants.jsonl``.
+Variants: ``cpu_then_device`` (``from_pretrained`` on the CPU, then ``.to(device)``: what
+``precsim.models.load.load_model`` did before 977f65b) and ``device_map``
+(``from_pretrained(device_map={"": device})``: the weights straight to the device, its way
+since). Each row: the import of transformers and the model class, ``from_pretrained``, the
+move, seconds each (the device synchronised). With ``--out``, one record
+(``experiments/bench/record.py``'s format) in ``DIR/load_variants.jsonl``.
 """
 
 from __future__ import annotations
