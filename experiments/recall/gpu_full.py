@@ -129,7 +129,11 @@ def parse_steps(text: str | None, size: str) -> dict:
 class Pool:
     """Run commands a few at once; each job ``{"name", "cmd", "est"}``; a job starts only when
     ``now + est <= deadline`` (``est`` may be a callable of the pool); at the deadline the
-    running ones are stopped (their whole process group)."""
+    running ones are stopped (their whole process group). A failed job whose log says
+    ``retry_when`` (by default precsim's out-of-memory error: jobs side by side can outgrow an
+    80 GB card that one alone fits) runs once more, alone, after the others, if it fits."""
+
+    retry_when = "ran out of cuda memory"
 
     def __init__(self, workers: int, deadline: float, logdir: Path, env=None,
                  append: bool = False):
@@ -139,10 +143,13 @@ class Pool:
         logdir.mkdir(parents=True, exist_ok=True)
 
     def run(self, jobs: list[dict], est=None) -> list[dict]:
-        pending, running = list(jobs), []
-        while pending or running:
+        pending, running, self._solo = list(jobs), [], []
+        while pending or running or self._solo:
             now = time.time()
-            while len(running) < self.workers and pending:
+            if not pending and not running and self._solo:  # the retries, one at a time
+                pending = [self._solo.pop(0)]
+            while len(running) < (1 if pending and pending[0].get("_solo") else self.workers) \
+                    and pending:
                 pick = None
                 for j in pending:
                     e = est(j) if est else j.get("est", 0.0)
@@ -158,7 +165,8 @@ class Pool:
                     pending = []
                     break
                 pending.remove(pick)
-                f = (self.logdir / f"{pick['name']}.log").open(self.mode)
+                f = (self.logdir / f"{pick['name']}.log").open("a" if pick.get("_solo")
+                                                               else self.mode)
                 p = subprocess.Popen(pick["cmd"], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True, env=self.env)
                 pick.update(_p=p, _f=f, _t0=time.time())
@@ -170,6 +178,8 @@ class Pool:
                 rc = j["_p"].poll()
                 if rc is not None:
                     running.remove(j)
+                    if rc != 0 and not j.get("_solo") and self._retry(j):
+                        continue
                     self._finish(j, "ok" if rc == 0 else f"failed (exit {rc})")
             if time.time() > self.deadline:
                 for j in running:
@@ -177,10 +187,10 @@ class Pool:
                     j["_p"].wait()
                     self._finish(j, "stopped at the deadline")
                 running = []
-                for j in pending:
+                for j in pending + self._solo:
                     self.done.append({**_pub(j), "status": "skipped (deadline)",
                                       "seconds": 0.0})
-                pending = []
+                pending, self._solo = [], []
             if running and time.time() - getattr(self, "_shown", 0.0) > 30:  # progress
                 self._shown = time.time()
                 for j in running:
@@ -191,6 +201,18 @@ class Pool:
                         f"{last[0][-150:] if last else '(starting)'}")
             time.sleep(0.5)
         return self.done
+
+    def _retry(self, j: dict) -> bool:
+        """Queue a failed job for one solo rerun when its log says ``retry_when``."""
+        txt = (self.logdir / f"{j['name']}.log").read_text(errors="replace")
+        if self.retry_when not in txt[-2000:]:
+            return False
+        j["_f"].close()
+        log(f"retry alone later: {j['name']} ({self.retry_when} after "
+            f"{time.time() - j['_t0']:.0f} s beside others)")
+        j["_solo"] = True
+        self._solo.append(j)
+        return True
 
     def _finish(self, j: dict, status: str) -> None:
         j["_f"].close()
@@ -784,7 +806,7 @@ def notes(dst: Path, rows: list[dict], mans: list[dict], n_items: int) -> str:
         "`runs/*/summary.json` and `manifests.json`).",
         f"- Raw results: `results.csv` ({len(rows)} rows), `items.csv.gz` ({n_items:,} "
         "item x group rows).",
-        "- Not run (budget): " + (", ".join(not_run) if not_run else "nothing") + ".", "",
+        "- Not run: " + (", ".join(not_run) if not_run else "nothing") + ".", "",
         f"Headline (a scheme breaks recall at the first length where its mean accuracy over the "
         f"training seeds is >= {HEADLINE_DROP:.2f} below the FP32 state's and McNemar p < 0.05 "
         f"in >= {HEADLINE_SEEDS} seeds, or every seed when fewer ran; re-derived from "

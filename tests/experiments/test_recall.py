@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -237,12 +238,12 @@ def test_one_training_seed_decides_alone(tmp_path):
 
 
 def test_committed_full_studies_notes_rederive():
-    """Every committed study_full*/: NOTES.md's headline table re-derives from its results.csv."""
+    """Every committed GPU study (study_*/ with a headline block: study_full, study_long,
+    study_lr1e3fs2k, ...): NOTES.md's headline table re-derives from its results.csv."""
     G = gpu_full()
-    dirs = sorted([*(REPO / "experiments" / "recall").glob("study_full*/NOTES.md"),
-                   *(REPO / "experiments" / "recall").glob("study_long*/NOTES.md")])
-    if not dirs:
-        pytest.skip("no GPU study_full* committed yet")
+    dirs = sorted(nf for nf in (REPO / "experiments" / "recall").glob("study_*/NOTES.md")
+                  if G.HEAD_BEGIN in nf.read_text())
+    assert {"study_full", "study_long", "study_lr1e3fs2k"} <= {nf.parent.name for nf in dirs}
     for nf in dirs:
         block = nf.read_text().split(G.HEAD_BEGIN)[1].split(G.HEAD_END)[0].strip()
         assert block.splitlines() == G.headline(G.read_results(nf.parent / "results.csv")), nf
@@ -422,3 +423,33 @@ def test_gpu_full_subset_tag_and_steps(tmp_path):
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "no long_mamba2_seed{0,1,2} or lr1e3_gdn_seed{0,1,2} checkpoint" in r.stderr
+
+
+def test_pool_reruns_an_out_of_memory_job_alone_after_the_others(tmp_path):
+    """A job that fails with precsim's out-of-memory error beside others runs once more, alone,
+    after them (an 80 GB card fits one 32K job, not four: 2026-12-07); any other failure is
+    final, and a second out-of-memory failure too."""
+    G = gpu_full()
+    t = tmp_path
+
+    def job(name, body):
+        return {"name": name, "cmd": [sys.executable, "-c", body], "est": 0.0}
+
+    oom = ("import pathlib, sys, time; m = pathlib.Path({m!r}); "
+           "time.sleep(0.2)\n"
+           "if m.exists():\n    pathlib.Path({s!r}).write_text(repr(time.time()))\n"
+           "else:\n    m.write_text('x'); print('precsim: error: the task ran out of cuda "
+           "memory; allowed: a smaller task.batch_tokens'); sys.exit(2)")
+    slow = ("import pathlib, time; time.sleep(1.5); "
+            f"pathlib.Path({str(t / 'slow_end')!r}).write_text(repr(time.time()))")
+    jobs = [job("a", oom.format(m=str(t / "marker"), s=str(t / "a_start"))),
+            job("b", slow),
+            job("c", "import sys; print('precsim: error: model.path: no such file'); sys.exit(2)"),
+            job("d", "import sys; print('precsim: error: the task ran out of cuda memory'); "
+                     "sys.exit(2)")]
+    done = {j["name"]: j["status"] for j in
+            G.Pool(4, time.time() + 60, t / "logs").run(jobs)}
+    assert done == {"a": "ok", "b": "ok", "c": "failed (exit 2)", "d": "failed (exit 2)"}
+    # the rerun started after the job beside which it ran out of memory had finished
+    assert float((t / "a_start").read_text()) > float((t / "slow_end").read_text())
+    assert "ran out of cuda memory" in (t / "logs" / "a.log").read_text()  # both runs' output
