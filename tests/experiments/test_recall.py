@@ -5,6 +5,7 @@ decidable only from the planted pairs / key; its evaluation items are precsim's 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -310,8 +311,52 @@ FINDING_LONG = [
 ]
 
 
+
+def _g(seed):
+    return f"lr1e3fs2k_gdn_seed{seed}"
+
+
+# study_lr1e3fs2k/NOTES.md's finding (the six learned models), as FINDING
+FINDING_LR = [
+    ("MQAR 0.16 / 0.57 (GDN seeds\n  0 / 2) and 0.80 / 0.81 (Mamba-2 seeds 0 / 2) against 1.00", [
+        ("mqar", "float32", m, 4096, "conv_nvfp4_sr", "acc")
+        for m in (_g(0), _g(2), *_m("mamba2_seed0", "mamba2_seed2"))]
+     + [("mqar", "float32", _g(0), 4096, "fp32", "acc")]),
+    ("and 0.18 / 0.26 / 0.45 (Mamba-2)", [
+        ("passkey", "float32", m, 4096, "conv_nvfp4_sr", "acc")
+        for m in _m("mamba2_seed0", "mamba2_seed1", "mamba2_seed2")]),
+    ("(0.76 / 0.72 / 0.80", [("passkey", "float32", _g(s), 1024, "conv_nvfp4_sr", "acc")
+                              for s in (0, 1, 2)]),
+    ("(0.81 / 0.76 against 1.00 in seeds", [
+        ("passkey", "float32", _g(s), 1024, sch, "acc")
+        for s, sch in ((0, "conv_fp8_sr"), (1, "conv_fp8_sr"), (0, "fp32"))]),
+    ("(0.75 / 0.82 against 1.00; 0.37 / 0.35 at", [
+        ("mqar", "float32", _g(s), L, sch, "acc")
+        for s, L, sch in ((0, 16384, "conv_fp8_sr"), (2, 16384, "conv_fp8_sr"),
+                          (0, 16384, "fp32"), (0, 32768, "conv_fp8_sr"),
+                          (2, 32768, "conv_fp8_sr"))]),
+    ("(0.74 / 0.56 / 0.88 against 0.96 / 0.72 / 0.96", [
+        ("passkey", "float32", m, 8192, sch, "acc") for sch in ("conv_fp8_sr", "fp32")
+        for m in _m("mamba2_seed0", "mamba2_seed1", "mamba2_seed2")]),
+    ("(0.82 / 0.99 against 0.98 /\n  1.00", [
+        ("mqar", "float32", _g(s), 32768, sch, "acc") for sch in ("shared_nvfp4_sr", "fp32")
+        for s in (0, 2)]),
+    ("(0.65 / 0.01 / 0.91 against 0.96 / 0.00\n  / 1.00; 0.24 vs 0.84", [
+        ("passkey", "float32", _g(s), 16384, sch, "acc") for sch in ("shared_nvfp4_sr", "fp32")
+        for s in (0, 1, 2)]
+     + [("passkey", "float32", _g(2), 32768, sch, "acc") for sch in ("shared_nvfp4_sr", "fp32")]),
+    ("Mamba-2 seed 0 passkey at\n  16,384, 0.28 vs 0.33", [
+        ("passkey", "float32", "long_mamba2_seed0", 16384, sch, "acc")
+        for sch in ("split_fp16sr_nvfp4", "fp32")]),
+    ("at 32,768 0.54 / 0.85\n  vs 0.55 / 0.84 in seeds 0 / 2", [
+        ("passkey", "float32", _g(s), 32768, sch, "acc") for sch in ("split_fp32_nvfp4", "fp32")
+        for s in (0, 2)]),
+]
+
+
 @pytest.mark.parametrize("name, finding", [("study_full", FINDING),
-                                           ("study_long", FINDING_LONG)])
+                                           ("study_long", FINDING_LONG),
+                                           ("study_lr1e3fs2k", FINDING_LR)])
 def test_committed_full_study_finding_rederives(name, finding):
     """The figures a study's hand-written finding (NOTES.md) quotes are results.csv's, rounded
     as written; and split's MQAR changes are within 2 items (|change| <= 0.02, p >= 0.5)."""
@@ -328,8 +373,7 @@ def test_committed_full_study_finding_rederives(name, finding):
         text = text.replace("\\n", "\n")
         got = [f"{float(rows[k[:5]][k[5]]):.2f}" for k in keys]
         assert text in notes, text
-        nums = [t for t in text.replace("(", " ").replace(",", " ").split()
-                if t[:1].isdigit() and "." in t]
+        nums = re.findall(r"(?<![\d,.])\d+\.\d+", text)  # 0.75, not 1,024 or 2,000-step
         assert nums == got, (text, got)
     split = [r for k, r in rows.items() if k[0] == "mqar" and k[4].startswith("split_")]
     assert split and max(abs(float(r["delta"])) for r in split) <= 0.02
