@@ -80,16 +80,43 @@ def pass_rows(ld, budget, groups: list, length: int, cfg) -> int:
     return max(1, budget // (len(groups) * length))
 
 
-def batches(lengths: np.ndarray, rows_of) -> list[np.ndarray]:
-    """Row indices of each forward pass: longest first, ``rows_of(longest)`` rows of similar
-    length a pass (:func:`pass_rows`)."""
+def task_chunk(ld, cfg, budget, groups: list, n: int, count: int):
+    """``cfg`` with ``model.chunk=auto`` resolved for a pass over ``count`` rows of ``n``
+    positions: with ``task.batch_tokens=auto`` on one CUDA device (no device_map plan) the
+    largest of :data:`.parallel.AUTO_CHUNKS` (32,768 .. 2,048) at which all ``count`` rows fit
+    one pass by :func:`pass_rows`' estimate, else the smallest, which holds the most rows a
+    pass (passkey at 32,768 tokens, 4 items, one H100: 44.4 s of model time at 32,768
+    positions a pass, 31.9 s at 2,048; experiments/bench/bench_tasks.md); elsewhere 32,768, as
+    :func:`.run.auto_chunk`. Rows no longer than 2,048 positions pass whole at every choice. An
+    integer ``model.chunk``: ``cfg`` as it is."""
+    from .parallel import AUTO_CHUNKS, with_chunk
+
+    if cfg.model.chunk != "auto":
+        return cfg
+    if budget != "auto" or not str(ld.device).startswith("cuda") or ld.plan is not None:
+        return with_chunk(cfg, AUTO_CHUNKS[0])
+    for c in AUTO_CHUNKS:
+        if pass_rows(ld, budget, groups, n, with_chunk(cfg, c)) >= count:
+            return with_chunk(cfg, c)
+    return with_chunk(cfg, AUTO_CHUNKS[-1])
+
+
+def batches(ld, cfg, budget, groups: list, lengths: np.ndarray, used: set | None = None):
+    """Each forward pass's row indices and config: longest first, as many rows of similar length
+    as :func:`pass_rows` holds at the chunk :func:`task_chunk` picks for the rows left (whose
+    positions a pass go to ``used``)."""
+    from .parallel import chunk_len
+
     order = np.argsort(-lengths, kind="stable")
-    out, i = [], 0
+    i = 0
     while i < order.size:
-        k = max(1, rows_of(int(lengths[order[i]])))
-        out.append(order[i:i + k])
+        n = int(lengths[order[i]])
+        c = task_chunk(ld, cfg, budget, groups, n, order.size - i)
+        if used is not None:
+            used.add(chunk_len(c, n, ld.backend))
+        k = max(1, pass_rows(ld, budget, groups, n, c))
+        yield order[i:i + k], c
         i += k
-    return out
 
 
 def shared_contexts(rows: Rows, L: int) -> tuple[list[list[list[int]]], np.ndarray]:
@@ -145,7 +172,8 @@ def _gather(out: dict, groups, tok: dict, ids: np.ndarray, owner: np.ndarray, st
         o["greedy"][owner[live]] = (miss[live] == 0).astype(float)
 
 
-def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None) -> dict:
+def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None,
+               used: set | None = None) -> dict:
     """Every group's scores of ``rows``: ``{name: {"lp": summed log-likelihood of each row's
     scored tokens (R,), "greedy": 1.0 where the argmax at each of them is the next token (R,)}}``
     (NaN log-likelihood where a group's output is not finite). ``groups_fn()``: a fresh list of
@@ -157,8 +185,10 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None) ->
     one context) is read once (:func:`shared_contexts`): its pass keeps every group's states
     and the model's cache, which are then repeated for each of its rows, and the rest of each
     row (the context's last partial ReplaySSM segment and the row's own tokens) continues from
-    them in one more pass (:func:`.generate.merge_tails`, ``run_parallel(start=...)``)."""
-    from .parallel import run_parallel
+    them in one more pass (:func:`.generate.merge_tails`, ``run_parallel(start=...)``).
+    ``model.chunk=auto``: each pass's positions by :func:`task_chunk` (those used go to
+    ``used``)."""
+    from .parallel import chunk_len, run_parallel
     from .run import batch_cfg
 
     lengths = np.asarray([r.size for r in rows.ids])
@@ -172,14 +202,17 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None) ->
     for same in shared:  # contexts of one length P, read to P0
         P = int(rows.start[same[0][0]])
         P0 = (P - 1) // L * L
-        k = pass_rows(ld, budget, gs, P0, cfg)
+        c = task_chunk(ld, cfg, budget, gs, P0, len(same))
+        if used is not None:
+            used.add(chunk_len(c, P0, ld.backend))
+        k = pass_rows(ld, budget, gs, P0, c)
         for c0 in range(0, len(same), k):
-            _score_shared(ld, batch_cfg(cfg, b), rows, same[c0:c0 + k], P0, groups_fn(), V,
+            _score_shared(ld, batch_cfg(c, b), rows, same[c0:c0 + k], P0, groups_fn(), V,
                           out, phases)
             b += 1
             if bar is not None:
                 bar.update(sum(len(c) for c in same[c0:c0 + k]))
-    for idx in batches(lengths[rest], lambda n: pass_rows(ld, budget, gs, n, cfg)):
+    for idx, c in batches(ld, cfg, budget, gs, lengths[rest], used):
         idx = rest[idx]
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
@@ -189,7 +222,7 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None) ->
         head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
         groups = groups_fn()
         st, nn = rows.start[idx], rows.n[idx]
-        tok = run_parallel(ld.model, ids, groups, batch_cfg(cfg, b), ld.compute, ld.backend,
+        tok = run_parallel(ld.model, ids, groups, batch_cfg(c, b), ld.compute, ld.backend,
                            head_chunk=head, phases=phases, at=_at((K, N), idx, st, nn))
         _gather(out, groups, tok, ids, idx, st, nn, R)
         b += 1
@@ -276,14 +309,13 @@ def last_argmax(ld, cfg, seqs: list, groups_fn, name: str, budget) -> np.ndarray
     gs = groups_fn()
     V = int(ld.model.get_output_embeddings().weight.shape[0])
     out = np.zeros(lengths.size, dtype=np.int64)
-    rows_of = lambda n: pass_rows(ld, budget, gs, n, cfg)  # noqa: E731
-    for b, idx in enumerate(batches(lengths, rows_of)):
+    for b, (idx, c) in enumerate(batches(ld, cfg, budget, gs, lengths)):
         K, N = idx.size, int(lengths[idx].max())
         ids = np.zeros((K, N), dtype=np.int64)
         for j, r in enumerate(idx):
             ids[j, :lengths[r]] = seqs[r]
         head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
-        tok = run_parallel(ld.model, ids, groups_fn(), batch_cfg(cfg, b), ld.compute, ld.backend,
+        tok = run_parallel(ld.model, ids, groups_fn(), batch_cfg(c, b), ld.compute, ld.backend,
                            head_chunk=head)
         out[idx] = tok[name]["arg"][np.arange(K), lengths[idx] - 1].astype(np.int64)
     return out
@@ -394,11 +426,11 @@ def load(cfg, device: str = "cpu", also: dict | None = None):
 
 
 def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task rows",
-          phases: dict | None = None):
+          phases: dict | None = None, used: set | None = None):
     """Every group of ``cfg``'s run (:func:`precsim.models.run.build_groups` of its schemes)
     on ``items``: the groups, each group's :func:`correctness` by name, and the model's
-    seconds (the forward passes' and the output head's go to ``phases``). A run out of device
-    memory is a one-line PrecsimError."""
+    seconds (the forward passes' and the output head's go to ``phases``, the positions a pass
+    used to ``used``). A run out of device memory is a one-line PrecsimError."""
     from ..engines.base import progress_bar
     from .run import build_groups
 
@@ -413,7 +445,7 @@ def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task r
     t1 = time.perf_counter()
     try:
         sc = score_rows(ld, cfg, rows, lambda: build_groups(cfg, mdtype), cfg.task.batch_tokens,
-                        bar, phases)
+                        bar, phases, used)
     except torch.OutOfMemoryError:
         raise PrecsimError(f"the task ran out of {ld.device} memory; allowed: a smaller "
                            f"task.batch_tokens (now {cfg.task.batch_tokens:,}), model.chunk or "
@@ -434,10 +466,13 @@ def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None)
     vocab = int(ld.model.get_output_embeddings().weight.shape[0])
     items, source = load_task(cfg, tok, vocab)
     phases: dict = {}
-    groups, per, run_s = score(cfg, ld, items, progress, phases=phases)
-    return summarize(cfg, items, groups, per, source, ld,
-                     {"model_s": round(run_s, 3), **phases,
-                      "wall_s": round(time.perf_counter() - t0, 3)})
+    used: set = set()
+    groups, per, run_s = score(cfg, ld, items, progress, phases=phases, used=used)
+    s = summarize(cfg, items, groups, per, source, ld,
+                  {"model_s": round(run_s, 3), **phases,
+                   "wall_s": round(time.perf_counter() - t0, 3)})
+    s["model"]["chunk"] = sorted(used)  # positions a pass, model.chunk as resolved
+    return s
 
 
 def load_tokenizer(path):

@@ -413,3 +413,62 @@ def test_auto_batch_rows_follow_the_memory_estimate(ckpt, monkeypatch):
     for most, fit in ((4, 3), (4, 9), (2, 1), (3, 0)):
         free["b"] = 2 * 5 * fit * row + row  # 5 contexts, each with fit rows, and a bit
         assert rows_together(ld, gs, 5, most) == max(1, min(most, fit)), (most, fit)
+
+
+def test_auto_chunk_of_a_task_holds_the_rows_left_a_pass_where_memory_allows(ckpt, monkeypatch):
+    """``model.chunk=auto`` (the default) in task scoring: with ``task.batch_tokens=auto`` on a
+    (faked) CUDA device the largest of 32,768 .. 2,048 positions at which every row still to
+    score fits one pass, else 2,048; on the CPU, with an integer batch_tokens or a plan, 32,768;
+    an integer model.chunk as set. The passes use the chosen chunk (summary.json's model.chunk)
+    and every item's scores equal a run at that chunk fixed."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from precsim.models import placement as pl
+    from precsim.models import task as T
+    from precsim.models.parallel import AUTO_CHUNKS
+    from precsim.models.run import build_groups
+
+    def at(c, chunk):
+        return dataclasses.replace(c, model=dataclasses.replace(c.model, chunk=chunk))
+
+    cfg = _cfg(ckpt / "bare", {"name": "passkey"})
+    assert cfg.model.chunk == "auto"
+    ld, _ = T.load(cfg, "cpu")
+    gs = build_groups(cfg, torch.float32)
+    N, rows = 32768, 6
+    assert T.task_chunk(ld, cfg, "auto", gs, N, rows).model.chunk == 32768  # the CPU
+    monkeypatch.setattr(ld, "device", "cuda")
+    one = {c: pl.estimate(pl.shape_of(ld.model, torch.float32), 1, len(gs), N, c,
+                          state_bytes=pl.state_bytes(gs, ld.compute)).run() for c in AUTO_CHUNKS}
+    assert one[32768] > one[2048]  # (fewer positions a pass: less memory a row)
+    free = {"b": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (free["b"], 2 * free["b"]))
+    for c in AUTO_CHUNKS:  # just room for all the rows at c (and at every smaller chunk)
+        free["b"] = 2 * rows * one[c]
+        assert T.task_chunk(ld, cfg, "auto", gs, N, rows).model.chunk == c
+    free["b"] = 2 * rows * one[2048] - 1
+    assert T.task_chunk(ld, cfg, "auto", gs, N, rows).model.chunk == 2048  # none: the smallest
+    assert T.task_chunk(ld, cfg, 10**6, gs, N, rows).model.chunk == 32768  # integer rows
+    assert T.task_chunk(ld, at(cfg, 4096), "auto", gs, N, rows).model.chunk == 4096
+    monkeypatch.setattr(ld, "plan", object())
+    assert T.task_chunk(ld, cfg, "auto", gs, N, rows).model.chunk == 32768
+    monkeypatch.undo()
+
+    # the passes run at the chosen chunk: on the CPU, with 8 positions chosen for them
+    t = {"name": "passkey", "lengths": [12, 24], "items": 3, "key_len": 1}
+    sch = {"fp32": SCHEMES["fp32"], "fp4": SCHEMES["fp4"], "fp8sr": SCHEMES["fp8sr"]}
+    monkeypatch.setattr(T, "task_chunk", lambda ld_, c, *a: at(c, 8))
+    auto = T.evaluate(_cfg(ckpt / "bare", t, sch), progress=False)
+    monkeypatch.undo()
+    at8 = T.evaluate(at(_cfg(ckpt / "bare", t, sch), 8), progress=False)
+    whole = T.evaluate(_cfg(ckpt / "bare", t, sch), progress=False)
+    assert auto["model"]["chunk"] == at8["model"]["chunk"] == [8]
+    assert whole["model"]["chunk"] == [25]  # all rows in one pass, whole (24 + the key)
+    assert auto["config"]["model"]["chunk"] == "auto"
+    assert auto["_per"].keys() == at8["_per"].keys()
+    for g, per in auto["_per"].items():
+        for k, v in per.items():
+            np.testing.assert_array_equal(v, at8["_per"][g][k], err_msg=f"{g} {k}")
