@@ -133,3 +133,32 @@ def test_whole_model_profile_smoke_cpu(tmp_path):
     assert "aten::" in (tmp_path / "out" / f"{stem}_ops.txt").read_text()
     load = (tmp_path / "out" / "tiny_mamba2_load.txt").read_text()
     assert load.startswith("load in a fresh process") and "load_model" in load
+
+
+def test_import_cost_names_the_packages_that_register_torch_operators(tmp_path):
+    """``experiments/diagnose/import_cost.py``: a fresh ``-X importtime`` process importing what
+    a model run imports; its record sums per-package import times and counts torch custom
+    operators by registering package. torch.library.custom_op called from a module of this
+    test's own is counted under that module's file (the attribution is real, not a constant)."""
+    from conftest import build
+
+    build("Mamba2ForCausalLM", 0.2).save_pretrained(tmp_path / "m")
+    script = ROOT / "experiments" / "diagnose" / "import_cost.py"
+    # an extra registration, from a module outside site-packages (--also)
+    (tmp_path / "extra_op.py").write_text(
+        "import torch\n@torch.library.custom_op('precsim_test::twice', mutates_args=())\n"
+        "def twice(x: torch.Tensor) -> torch.Tensor:\n    return 2 * x\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "m"), "--repeat", "1",
+                        "--also", "extra_op", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "process 1:" in r.stdout and "torch custom operators registered" in r.stdout
+    rec = record.read(tmp_path / "o" / "import_cost.jsonl")[-1]
+    row = rec["figures"]["rows"][0]
+    assert row["custom_ops"].get(f"{tmp_path.name}/extra_op.py") == 1, row["custom_ops"]
+    assert row["packages_s"]["torch"] > 0 and row["total_s"] >= row["torch_s"]
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "holds no config.json; allowed" in bad.stderr
