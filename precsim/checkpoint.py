@@ -40,9 +40,11 @@ class Interrupted(BaseException):
     Exception`` on the way swallows it). ``pos``: the step whose checkpoint was saved (None:
     stopped outside the engine), ``partial``: the Result of the windows reduced so far."""
 
-    def __init__(self, signum: int, pos: int | None = None, partial=None, path=None):
+    def __init__(self, signum: int, pos: int | None = None, partial=None, path=None,
+                 unit: str = "step"):
         super().__init__(signal.Signals(signum).name)
         self.signum, self.pos, self.partial, self.path = signum, pos, partial, path
+        self.unit = unit  # what ``pos`` counts (a task run: "task row")
 
     @property
     def exit_code(self) -> int:
@@ -52,7 +54,7 @@ class Interrupted(BaseException):
 # the signal waiting for the next window boundary; ``process``: this is the process's own
 # command (precsim.cli.entry), which may end itself hard if an interrupt gets lost
 _STOP: dict = {"defer": False, "signum": None, "notice": None, "process": False,
-               "said": False}
+               "said": False, "outer": False}
 WATCHDOG_S = 10.0
 
 
@@ -255,10 +257,11 @@ class Checkpoint:
         """Whether a saved state of this config waits to be resumed (read by :meth:`load`)."""
         return (self._state if self._state is not None else self.load()) is not None
 
-    def resume(self, device=None) -> dict | None:
+    def resume(self, device=None, unit: str = "step", total: int | None = None) -> dict | None:
         """The engine's saved state (its ``acc`` without a readout), or None; says so. Tensors
         come back on the CPU, or on ``device`` (an engine whose accumulator holds tensors;
-        ``"saved"``: each on the device it was saved from, a model placed on several)."""
+        ``"saved"``: each on the device it was saved from, a model placed on several).
+        ``unit`` and ``total``: what the saved ``pos`` counts, of how many (run.steps' steps)."""
         st = self._state if self._state is not None else self.load()
         if st is None:
             return None
@@ -268,27 +271,35 @@ class Checkpoint:
             st = torch.load(self.path, map_location=None if device == "saved" else device,
                             weights_only=False)
         self._offset = st["elapsed_s"]
-        print(f"precsim: resuming {self.out} from its checkpoint at step {st['engine']['pos']:,}"
-              f" of {self.cfg.run.steps:,} ({st['elapsed_s']:.1f} s of work saved; "
+        total = self.cfg.run.steps if total is None else total
+        print(f"precsim: resuming {self.out} from its checkpoint at {unit} "
+              f"{st['engine']['pos']:,} of {total:,} ({st['elapsed_s']:.1f} s of work saved; "
               "run.resume=false starts over)", file=sys.stderr, flush=True)
         return st["engine"]
 
     # -- the engine's hook ------------------------------------------------------------------
-    def due(self, pos: int) -> bool:
+    def due(self, pos: int, end: int | None = None) -> bool:
         """Whether :meth:`window` at ``pos`` would save or stop (an engine that overlaps
-        windows makes its state whole only then)."""
+        windows makes its state whole only then); ``end``: where the run ends (run.steps).
+        Under :func:`outer` a checkpoint that saves nothing (a pass's own, inside a runner
+        that checkpoints between passes) is never due: the stop waits for the runner's."""
+        if self.path is None and _STOP["outer"]:
+            return False
         if self._signal_at is not None and pos >= self._signal_at[1]:
             os.kill(os.getpid(), self._signal_at[0])  # the handler runs before the next line
             self._signal_at = None
-        if pos >= self.cfg.run.steps:
+        if pos >= (self.cfg.run.steps if end is None else end):
             return False  # the end: nothing left to save time for
         return _STOP["signum"] is not None or bool(
             self.every_s and self.path is not None
             and time.perf_counter() - self._last >= self.every_s)
 
-    def window(self, pos: int, get_state) -> None:
-        """Call where the engine's state is whole; saves when due, stops when asked to."""
-        if not self.due(pos):
+    def window(self, pos: int, get_state, end: int | None = None, unit: str = "step",
+               partial: bool = True) -> None:
+        """Call where the engine's state is whole; saves when due, stops when asked to.
+        ``end``, ``unit``: as :meth:`due` and :class:`Interrupted` take them; ``partial``
+        False: a runner with no partial result (a task run: its rows so far are no answer)."""
+        if not self.due(pos, end):
             return
         stop, state = _STOP["signum"], get_state()
         if self.path is not None:
@@ -296,7 +307,8 @@ class Checkpoint:
         if stop is not None:
             _STOP["signum"] = None
             _STOP["notice"].cancel()
-            raise Interrupted(stop, pos, self.partial(state), self.path)
+            raise Interrupted(stop, pos, self.partial(state) if partial else None, self.path,
+                              unit)
 
     def save(self, state: dict) -> None:
         import torch
@@ -360,6 +372,18 @@ class Checkpoint:
         _STOP["defer"] = False
         if _STOP["notice"] is not None:
             _STOP["notice"].cancel()
+
+
+class outer:
+    """``with outer():`` a runner that checkpoints between whole passes (a task run) holds the
+    stop: the passes' own checkpoints (no file) neither stop nor signal inside a pass."""
+
+    def __enter__(self):
+        self._was, _STOP["outer"] = _STOP["outer"], True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _STOP["outer"] = self._was
 
 
 def restore_acc(acc, saved) -> None:

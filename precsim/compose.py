@@ -433,9 +433,12 @@ def interrupt_lines(e, args: list[str], left=()) -> list[str]:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     pin = [] if {key, "run.out_dir"} & given else [f"{key}={out.parent if multirun else out}"]
     cmd = "python -m precsim " + shlex.join([*args, *pin])
-    at = (f"at step {e.pos:,}; checkpoint {e.path}, partial results (complete: false) in {out}"
+    unit = getattr(e, "unit", "step")
+    part = (f", partial results (complete: false) in {out}" if e.partial is not None else
+            f" (no partial results: {out} gets its files when the run completes)")
+    at = (f"at {unit} {e.pos:,}; checkpoint {e.path}{part}"
           if e.path is not None else f"with nothing saved in {out}" if e.pos is None else
-          f"at step {e.pos:,} (nothing saved)")
+          f"at {unit} {e.pos:,} (nothing saved)")
     if not multirun:
         return [f"{what} {at}; resume: {cmd}"]
     lines = [f"{what}: job {e.job} {at}"]

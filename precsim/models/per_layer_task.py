@@ -62,7 +62,7 @@ def _lp_loss(per: dict, runs: list[str], base: str, keep: np.ndarray) -> float:
 
 def run(cfg, device: str = "cpu", progress: bool = True) -> dict:
     """Sensitivity, assignment and verification over ``cfg``'s task (module docstring): the
-    last verification's task summary (:func:`precsim.models.task.summarize`) with
+    last verification's task summary (:func:`precsim.models.task_report.summarize`) with
     ``per_layer`` (as :func:`precsim.models.per_layer.run_per_layer`'s ``info["per_layer"]``,
     figures in accuracy drops) and ``experiment: per_layer``."""
     from ..config import scheme_at, slot
@@ -179,7 +179,8 @@ def run(cfg, device: str = "cpu", progress: bool = True) -> dict:
 
 def _verify(cfg, ld, items, schemes: dict, source: str, progress: bool, desc: str) -> dict:
     """One run of ``schemes`` on every item: the task summary (paired against the baseline)."""
-    from .task import score, summarize
+    from .task import score
+    from .task_report import summarize
 
     c = dataclasses.replace(cfg, schemes=dict(schemes))
     groups, per, run_s = score(c, ld, items, progress, desc)
@@ -194,7 +195,7 @@ def run_cli(c, out: Path, say, progress: bool = True) -> dict:
     from ..report import per_layer_lines
     from ..result import write_sensitivity
     from ..rundir import ITEMS_CSV, SENS_CSV, SUMMARY_FILE
-    from .task import format_table, write
+    from .task_report import format_table, write
 
     summary = run(c, engines.resolve_device(c.run.device), progress=progress)
     out = Path(out)

@@ -14,10 +14,8 @@ log-likelihood of the scored tokens and whether the argmax at each of them is th
 
 from __future__ import annotations
 
-import csv
+import contextlib
 import dataclasses
-import io
-import math
 import time
 from pathlib import Path
 
@@ -25,9 +23,9 @@ import numpy as np
 import torch
 
 from ..errors import PrecsimError
-from ..rundir import ITEMS_CSV, SUMMARY_FILE, TASK_DELTA_PLOT, TASK_LENGTH_PLOT
+from ..rundir import ITEMS_CSV, SUMMARY_FILE
 from ..tasks import METRICS, Item, builtin_items, check_builtin, read_items
-from ..taskstats import compare
+from .task_report import format_table, summarize, write
 
 
 # -- rows -------------------------------------------------------------------------------------
@@ -173,7 +171,7 @@ def _gather(out: dict, groups, tok: dict, ids: np.ndarray, owner: np.ndarray, st
 
 
 def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None,
-               used: set | None = None) -> dict:
+               used: set | None = None, ckpt=None) -> dict:
     """Every group's scores of ``rows``: ``{name: {"lp": summed log-likelihood of each row's
     scored tokens (R,), "greedy": 1.0 where the argmax at each of them is the next token (R,)}}``
     (NaN log-likelihood where a group's output is not finite). ``groups_fn()``: a fresh list of
@@ -187,48 +185,110 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None,
     row (the context's last partial ReplaySSM segment and the row's own tokens) continues from
     them in one more pass (:func:`.generate.merge_tails`, ``run_parallel(start=...)``).
     ``model.chunk=auto``: each pass's positions by :func:`task_chunk` (those used go to
-    ``used``)."""
-    from .parallel import chunk_len, run_parallel
-    from .run import batch_cfg
+    ``used``).
+
+    ``ckpt`` (a :class:`precsim.checkpoint.Checkpoint`): after a pass, when due or asked to
+    stop, the scores so far and the passes' plan are saved; a run resumed from them follows the
+    saved plan (the same passes and batch seeds whatever memory is free now), so its scores
+    equal an uninterrupted run's bit for bit."""
+    from ..checkpoint import outer
 
     lengths = np.asarray([r.size for r in rows.ids])
-    gs = groups_fn()
     R = lengths.size
-    out: dict = {}
     V = int(ld.model.get_output_embeddings().weight.shape[0])
-    L = cfg.replay.buffer_len
-    shared, rest = shared_contexts(rows, L)
-    b = 0
+    plan, out, b0 = _plan(ld, cfg, rows, lengths, groups_fn(), budget), {}, 0
+    key = _rows_key(rows)
+    if ckpt is not None:
+        ckpt.start("task", ld.device, time.perf_counter())
+        saved = ckpt.load()
+        if saved is not None and saved["engine"].get("rows_key") != key:
+            raise PrecsimError(f"{ckpt.out} holds a checkpoint of this config made from other "
+                               "task rows (the task's items changed since); allowed: the same "
+                               "items, run.resume=false (start over), or another directory")
+        st = ckpt.resume(unit="task row", total=R)
+        if st is not None:
+            plan, out, b0 = st["plan"], st["out"], st["batch"]
+            if bar is not None:
+                bar.update(st["pos"])
+    done = sum(_plan_rows(e) for e in plan[:b0])
+    with outer() if ckpt is not None else contextlib.nullcontext():
+        _run_plan(ld, cfg, rows, plan, b0, done, out, lengths, groups_fn, V, bar, phases, used,
+                  ckpt, key)
+    return out
+
+
+def _run_plan(ld, cfg, rows, plan, b0, done, out, lengths, groups_fn, V, bar, phases, used,
+              ckpt, key) -> None:
+    """:func:`score_rows`' passes from ``b0`` on (``done`` rows scored before), into ``out``."""
+    from .parallel import chunk_len, run_parallel, with_chunk
+    from .run import batch_cfg
+
+    R = lengths.size
+    for b in range(b0, len(plan)):
+        kind, part, P0, chunk = plan[b]
+        c = with_chunk(cfg, chunk)
+        if kind == "shared":
+            if used is not None:
+                used.add(chunk_len(c, P0, ld.backend))
+            _score_shared(ld, batch_cfg(c, b), rows, part, P0, groups_fn(), V, out, phases)
+        else:
+            idx = part
+            K, N = idx.size, int(lengths[idx].max())
+            if used is not None:
+                used.add(chunk_len(c, N, ld.backend))
+            ids = np.zeros((K, N), dtype=np.int64)
+            for j, r in enumerate(idx):
+                ids[j, :lengths[r]] = rows.ids[r]
+            # the output head's logits: ~4 float64 copies of (K, positions, V) per group at once
+            head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
+            groups = groups_fn()
+            st_, nn = rows.start[idx], rows.n[idx]
+            tok = run_parallel(ld.model, ids, groups, batch_cfg(c, b), ld.compute, ld.backend,
+                               head_chunk=head, phases=phases, at=_at((K, N), idx, st_, nn))
+            _gather(out, groups, tok, ids, idx, st_, nn, R)
+        done += _plan_rows(plan[b])
+        if bar is not None:
+            bar.update(_plan_rows(plan[b]))
+        if ckpt is not None:
+            ckpt.window(done, lambda b=b, d=done: {"pos": d, "batch": b + 1, "plan": plan,
+                                                   "out": out, "rows_key": key, "dead_at": {}},
+                        end=R, unit="task row", partial=False)
+
+
+def _plan(ld, cfg, rows: Rows, lengths: np.ndarray, gs: list, budget) -> list[tuple]:
+    """:func:`score_rows`' passes in order, each ``(kind, rows, P0, chunk)``: ``("shared",
+    contexts (each its rows), P0, chunk)`` for contexts read once to ``P0``, ``("rows", row
+    indices, None, chunk)`` for rows read whole; ``chunk``: the pass's ``model.chunk``."""
+    shared, rest = shared_contexts(rows, cfg.replay.buffer_len)
+    plan: list[tuple] = []
     for same in shared:  # contexts of one length P, read to P0
         P = int(rows.start[same[0][0]])
-        P0 = (P - 1) // L * L
+        P0 = (P - 1) // cfg.replay.buffer_len * cfg.replay.buffer_len
         c = task_chunk(ld, cfg, budget, gs, P0, len(same))
-        if used is not None:
-            used.add(chunk_len(c, P0, ld.backend))
         k = pass_rows(ld, budget, gs, P0, c)
-        for c0 in range(0, len(same), k):
-            _score_shared(ld, batch_cfg(c, b), rows, same[c0:c0 + k], P0, groups_fn(), V,
-                          out, phases)
-            b += 1
-            if bar is not None:
-                bar.update(sum(len(c) for c in same[c0:c0 + k]))
-    for idx, c in batches(ld, cfg, budget, gs, lengths[rest], used):
-        idx = rest[idx]
-        K, N = idx.size, int(lengths[idx].max())
-        ids = np.zeros((K, N), dtype=np.int64)
-        for j, r in enumerate(idx):
-            ids[j, :lengths[r]] = rows.ids[r]
-        # the output head's logits: ~4 float64 copies of (K, positions, V) per group at once
-        head = int(max(1, min(1024, (1 << 28) // max(1, K * V * 8))))
-        groups = groups_fn()
-        st, nn = rows.start[idx], rows.n[idx]
-        tok = run_parallel(ld.model, ids, groups, batch_cfg(c, b), ld.compute, ld.backend,
-                           head_chunk=head, phases=phases, at=_at((K, N), idx, st, nn))
-        _gather(out, groups, tok, ids, idx, st, nn, R)
-        b += 1
-        if bar is not None:
-            bar.update(K)
-    return out
+        plan += [("shared", same[c0:c0 + k], P0, c.model.chunk)
+                 for c0 in range(0, len(same), k)]
+    plan += [("rows", rest[idx], None, c.model.chunk)
+             for idx, c in batches(ld, cfg, budget, gs, lengths[rest])]
+    return plan
+
+
+def _plan_rows(entry: tuple) -> int:
+    """How many task rows a pass of :func:`_plan` scores."""
+    kind, part = entry[0], entry[1]
+    return sum(len(c) for c in part) if kind == "shared" else int(part.size)
+
+
+def _rows_key(rows: Rows) -> str:
+    """A digest of the rows' token ids and scored spans (a checkpoint's rows must be these)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for r in rows.ids:
+        h.update(np.asarray(r, dtype=np.int64).tobytes() + b"|")
+    h.update(np.asarray(rows.start, dtype=np.int64).tobytes())
+    h.update(np.asarray(rows.n, dtype=np.int64).tobytes())
+    return h.hexdigest()
 
 
 def _score_shared(ld, cfg, rows: Rows, ctxs: list[list[int]], P0: int, groups, V: int,
@@ -426,11 +486,12 @@ def load(cfg, device: str = "cpu", also: dict | None = None):
 
 
 def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task rows",
-          phases: dict | None = None, used: set | None = None):
+          phases: dict | None = None, used: set | None = None, ckpt=None):
     """Every group of ``cfg``'s run (:func:`precsim.models.run.build_groups` of its schemes)
     on ``items``: the groups, each group's :func:`correctness` by name, and the model's
     seconds (the forward passes' and the output head's go to ``phases``, the positions a pass
-    used to ``used``). A run out of device memory is a one-line PrecsimError."""
+    used to ``used``; ``ckpt``: :func:`score_rows`'). A run out of device memory is a
+    one-line PrecsimError."""
     from ..engines.base import progress_bar
     from .run import build_groups
 
@@ -445,7 +506,7 @@ def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task r
     t1 = time.perf_counter()
     try:
         sc = score_rows(ld, cfg, rows, lambda: build_groups(cfg, mdtype), cfg.task.batch_tokens,
-                        bar, phases, used)
+                        bar, phases, used, ckpt)
     except torch.OutOfMemoryError:
         raise PrecsimError(f"the task ran out of {ld.device} memory; allowed: a smaller "
                            f"task.batch_tokens (now {cfg.task.batch_tokens:,}), model.chunk or "
@@ -457,9 +518,10 @@ def score(cfg, ld, items: list[Item], progress: bool = True, desc: str = "task r
     return groups, per, time.perf_counter() - t1
 
 
-def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None) -> dict:
+def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None,
+             ckpt=None) -> dict:
     """Run ``cfg``'s task under every group; the summary (``scores`` per item and group under
-    ``_items``)."""
+    ``_items``). ``ckpt``: checkpoints between passes, and resume (:func:`score_rows`)."""
     t0 = time.perf_counter()
     if ld is None:
         ld, tok = load(cfg, device)
@@ -467,7 +529,7 @@ def evaluate(cfg, device: str = "cpu", progress: bool = True, ld=None, tok=None)
     items, source = load_task(cfg, tok, vocab)
     phases: dict = {}
     used: set = set()
-    groups, per, run_s = score(cfg, ld, items, progress, phases=phases, used=used)
+    groups, per, run_s = score(cfg, ld, items, progress, phases=phases, used=used, ckpt=ckpt)
     s = summarize(cfg, items, groups, per, source, ld,
                   {"model_s": round(run_s, 3), **phases,
                    "wall_s": round(time.perf_counter() - t0, 3)})
@@ -489,205 +551,24 @@ def load_tokenizer(path):
         return None
 
 
-def summarize(cfg, items, groups, per: dict, source: str, ld, timing: dict) -> dict:
-    """The summary of a task run: per row of the table (the reference, the baseline, the noise
-    floor, each scheme with its SR seeds pooled) the paired figures against the baseline, for
-    the whole task and (built-in tasks) per length."""
-    from .run import baseline_index, seed_names
-
-    t = cfg.task
-    b = baseline_index(cfg)
-    base = groups[b]
-    names = seed_names(cfg)
-    table = [(g.name, [g.name], "fp32" if g.role == "baseline" else g.role)
-             for g in groups if g.reference or g.role in ("baseline", "noise")]
-    table[0] = (groups[0].name, [groups[0].name], "reference")
-    table += [(n, runs, "scheme") for n, runs in names.items()]
-    table = [(n, r, "baseline" if n == base.name else role) for n, r, role in table]
-    metric = t.metric
-    lengths = sorted({it.length for it in items if it.length is not None})
-    by_len = {L: np.asarray([it.length == L for it in items]) for L in lengths}
-    mc = any(it.kind == "mc" for it in items)
-    bvec = per[base.name][metric]
-    rows = {}
-    for name, runs, role in table:
-        s = np.stack([per[r][metric] for r in runs])
-        keep = np.isfinite(bvec) & np.isfinite(s).all(axis=0)
-        row = {"role": role, **compare(s[:, keep], bvec[keep], t.alpha, t.power, seed=t.seed)}
-        for m in METRICS:
-            v = np.stack([per[r][m] for r in runs])
-            row[m] = float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
-        if lengths:
-            row["by_length"] = {str(L): compare(s[:, m_], bvec[m_], t.alpha, t.power,
-                                                seed=t.seed) for L, m_ in by_len.items()}
-        rows[name] = row
-    kinds = sorted({it.kind for it in items})
-    return {
-        "experiment": "task_eval", "complete": True,
-        "task": {"source": source, "path": t.path, "name": t.name, "items": len(items),
-                 "kinds": kinds, "metric": metric if mc else "exact_match (greedy)",
-                 "lengths": lengths or None, "alpha": t.alpha, "power": t.power},
-        "baseline": {"setting": cfg.metrics.baseline, "name": base.name},
-        "model": {"path": str(cfg.model.path), "class": type(ld.model).__name__,
-                  "dtype": str(next(ld.model.parameters()).dtype).replace("torch.", ""),
-                  "device": ld.device, "scan_backend": ld.backend, "ssm_layers": ld.layers},
-        "schemes": rows, "timing_s": timing,
-        "sr_seeds": cfg.run.sr_seeds,
-        "config": _config_dict(cfg),
-        "_items": items, "_per": per, "_groups": [g.name for g in groups],
-    }
-
-
-def _config_dict(cfg) -> dict:
-    from ..rundir import json_safe
-
-    return json_safe(dataclasses.asdict(cfg))
-
-
-# -- outputs ----------------------------------------------------------------------------------
-def items_csv(summary: dict) -> str:
-    """One line per item: where it came from, its gold, and each group's prediction and
-    correctness (under ``task.metric``)."""
-    items, per, names = summary["_items"], summary["_per"], summary["_groups"]
-    metric = summary["config"]["task"]["metric"]
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["item", "line", "length", "kind", "gold", "choices",
-                *[f"{n}:{c}" for n in names for c in ("pred", "correct", "lp_gold")]])
-    for i, it in enumerate(items):
-        cells = []
-        for n in names:
-            p = per[n]
-            ok = p[metric][i]
-            cells += [int(p[metric + ":pred"][i]), "" if math.isnan(ok) else int(ok),
-                      f"{p['acc:lp_gold'][i]:.6g}"]
-        w.writerow([i, it.line if it.length is None else "", it.length or "", it.kind,
-                    it.gold, len(it.choices), *cells])
-    return buf.getvalue()
-
-
-def format_table(summary: dict) -> str:
-    """The task's table: per row, accuracy [95% Wilson], the change against the baseline
-    [95% paired bootstrap], items lost/gained, exact McNemar p, minimum detectable change."""
-    t, base = summary["task"], summary["baseline"]["name"]
-    lines = [f"task {t['source']}: {t['items']} items ({', '.join(t['kinds'])}), "
-             f"{t['metric']}; baseline {base}; {summary['model']['class']}"
-             + (f" ({summary['model']['dtype']} weights)" if summary["model"].get("dtype")
-                else "")]
-    hdr = (f"{'scheme':<22} {'acc':>6} {'95% CI':>15} {'change':>8} {'95% CI':>17} "
-           f"{'lost':>6} {'gained':>6} {'p':>9} {'MDD':>6}")
-    lines += [hdr, "-" * len(hdr)]
-    for name, r in summary["schemes"].items():
-        ci = f"[{r['acc_lo']:.3f},{r['acc_hi']:.3f}]"
-        label = name + (f" x{r['seeds']}" if r["seeds"] > 1 else "")
-        if r["role"] == "baseline":
-            lines.append(f"{label:<22} {r['acc']:>6.3f} {ci:>15} {'(baseline)':>8}")
-            continue
-        dci = f"[{r['delta_lo']:+.3f},{r['delta_hi']:+.3f}]"
-        lost, gained = (f"{r['lost']:g}", f"{r['gained']:g}")
-        lines.append(f"{label:<22} {r['acc']:>6.3f} {ci:>15} {r['delta']:>+8.3f} {dci:>17} "
-                     f"{lost:>6} {gained:>6} {r['p_mcnemar']:>9.3g} {r['mdd']:>6.3f}")
-    if t.get("lengths"):
-        lines.append("")
-        lines.append("accuracy by length: " + "  ".join(
-            f"{name}: " + " ".join(f"{L}={r['by_length'][str(L)]['acc']:.2f}"
-                                   for L in t["lengths"])
-            for name, r in summary["schemes"].items()))
-    return "\n".join(lines)
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def plot(summary: dict) -> tuple[str, bytes] | None:
-    """Accuracy against length (built-in tasks: one line per row, Wilson intervals), else each
-    scheme's change against the baseline with its interval and minimum detectable change."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = summary["task"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    if t.get("lengths"):
-        Ls = t["lengths"]
-        rows = list(summary["schemes"].items())
-        markers = "osD^vP*Xh<>p"
-        seen: dict[tuple, str] = {}
-        for i, (name, r) in enumerate(rows):
-            bl = [r["by_length"][str(L)] for L in Ls]
-            acc = [b["acc"] for b in bl]
-            # each row a little aside (in log2 length) and its own marker, so that rows with
-            # the same accuracies stay visible; a row equal to an earlier one says so
-            x = [L * 2 ** (0.04 * (i - (len(rows) - 1) / 2)) for L in Ls]
-            same = seen.setdefault(tuple(acc), name)
-            label = name if same == name else f"{name} (= {same})"
-            line, = ax.plot(x, acc, marker=markers[i % len(markers)], label=label,
-                            ls="--" if r["role"] in ("reference", "noise") else "-",
-                            mfc="none" if same != name else None)
-            ax.fill_between(x, [b["acc_lo"] for b in bl], [b["acc_hi"] for b in bl],
-                            color=line.get_color(), alpha=0.08)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(Ls, [f"{L:,}" for L in Ls])
-        ax.set_xlabel("prompt length (tokens)")
-        ax.set_ylabel("accuracy (95% Wilson)")
-        ax.set_ylim(-0.02, 1.02)
-        per = t["items"] // max(1, len(Ls))
-        ax.set_title(f"{t['source']}: {per} items a length")
-        ax.legend(fontsize=8)
-        name = TASK_LENGTH_PLOT
-    else:
-        rs = [(n, r) for n, r in summary["schemes"].items() if r["role"] != "baseline"]
-        if not rs:
-            plt.close(fig)
-            return None
-        y = np.arange(len(rs))
-        d = np.asarray([r["delta"] for _, r in rs])
-        lo = np.asarray([r["delta_lo"] for _, r in rs])
-        hi = np.asarray([r["delta_hi"] for _, r in rs])
-        ax.errorbar(d, y, xerr=[np.nan_to_num(d - lo), np.nan_to_num(hi - d)], fmt="o",
-                    capsize=3)
-        mdd = min((r["mdd"] for _, r in rs if math.isfinite(r["mdd"])), default=None)
-        if mdd is not None:
-            ax.axvspan(-mdd, mdd, color="0.85", label=f"smallest detectable change ({mdd:.3f})")
-            ax.legend(fontsize=8)
-        ax.axvline(0, color="k", lw=0.8)
-        ax.set_yticks(y, [n for n, _ in rs])
-        ax.set_xlabel(f"accuracy change vs {summary['baseline']['name']} (95% paired bootstrap)")
-        ax.set_title(f"{t['source']}: {t['items']} items, {t['metric']}")
-        name = TASK_DELTA_PLOT
-    data = _png(fig)
-    plt.close(fig)
-    return name, data
-
-
-def write(summary: dict, out: Path, plot_it: bool = True) -> dict:
-    """Write the run directory: ``items.csv``, the plot, then ``summary.json`` (last: it marks
-    the run complete); each atomically. Returns the summary as written."""
-    from ..rundir import atomic_write_bytes, atomic_write_text, write_json
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / ITEMS_CSV, items_csv(summary))
-    public = {k: v for k, v in summary.items() if not k.startswith("_")}
-    if plot_it:
-        p = plot(summary)
-        if p is not None:
-            atomic_write_bytes(out / p[0], p[1])
-            public["plot"] = p[0]
-    write_json(out / SUMMARY_FILE, public)
-    return public
-
-
 def run_task_cli(c, out: Path, say, progress: bool = True) -> dict:
-    """``experiment=task_eval`` from the command line: evaluate, write, print the table."""
+    """``experiment=task_eval`` from the command line: evaluate, write, print the table. The
+    scores are checkpointed between passes (``run.checkpoint_s``, and on SIGINT / SIGTERM /
+    SIGUSR2) into ``out``; rerunning the command resumes (docs/resume.md)."""
     from .. import engines
+    from ..checkpoint import Checkpoint, Interrupted, job_signals
 
-    summary = evaluate(c, engines.resolve_device(c.run.device), progress=progress)
+    ck = Checkpoint(c, out)
+    ck.load()  # another config's checkpoint: a one-line error before the model loads
+    try:
+        with ck, job_signals():
+            summary = evaluate(c, engines.resolve_device(c.run.device), progress=progress,
+                               ckpt=ck)
+    except Interrupted as e:
+        e.out = out
+        raise
     public = write(summary, out, c.metrics.plot is not False)
+    ck.done()
     say(format_table(public))
     plot = ", " + public["plot"] if "plot" in public else ""
     say(f"\n-> {out} ({ITEMS_CSV}, {SUMMARY_FILE}{plot})")

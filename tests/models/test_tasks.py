@@ -472,3 +472,57 @@ def test_auto_chunk_of_a_task_holds_the_rows_left_a_pass_where_memory_allows(ckp
     for g, per in auto["_per"].items():
         for k, v in per.items():
             np.testing.assert_array_equal(v, at8["_per"][g][k], err_msg=f"{g} {k}")
+
+
+def test_interrupted_task_resumes_to_the_uninterrupted_scores(ckpt, tmp_path, capsys,
+                                                              monkeypatch):
+    """``experiment=task_eval`` interrupted between passes (PRECSIM_SIGNAL_AT: SIGINT once
+    2 rows are scored) says one line with the row, the checkpoint and the command that resumes;
+    writes no result; the rerun resumes from the checkpoint and writes the same per-item scores,
+    byte for byte, as the run never interrupted (an SR scheme and a shared-context item among
+    them); the checkpoint is gone after. A checkpoint of another config, or of other items
+    (the task file edited since), is a one-line error."""
+    from conftest import run_main
+
+    from precsim.rundir import CHECKPOINT_FILE
+
+    items = [{"context": [1, 2, 3, 4, 5, 6, 7, 8, 9], "choices": [[4], [5], [6]], "gold": 0},
+             *({"context": [9, 8, 7 + i], "choices": [[4], [5]], "gold": 1} for i in range(3)),
+             {"prompt": [6, 7], "answer": [8]}]
+    f = _jsonl(tmp_path / "t.jsonl", items)
+    # (the default schemes: FP32, FP16, FP8, NVFP4 SR shared)
+    base = ["experiment=task_eval", f"model.path={ckpt / 'bare'}", "run.progress=false",
+            f"task.path={f}", "task.batch_tokens=60", "replay.buffer_len=4",
+            "metrics.plot=false"]
+    monkeypatch.delenv("PRECSIM_SIGNAL_AT", raising=False)
+    assert run_main([*base, f"hydra.run.dir={tmp_path / 'whole'}"], capsys)[0] == 0
+    out = tmp_path / "cut"
+    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@2")
+    rc, _, err = run_main([*base, f"hydra.run.dir={out}"], capsys)
+    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
+    assert rc == 130 and len(err) == 1, err
+    assert err[0].startswith("precsim: interrupted (SIGINT) at task row "), err[0]
+    assert str(out / CHECKPOINT_FILE) in err[0] and "no partial results" in err[0]
+    assert (out / CHECKPOINT_FILE).is_file() and not (out / "summary.json").exists()
+    at = int(err[0].split("at task row ")[1].split(";")[0])
+    assert 2 <= at < 10  # (10 rows in all: 3 + 3 x 2 choices, one generative row)
+    # another config's checkpoint: one line, the checkpoint kept
+    rc, _, e2 = run_main([*base, "run.seed=1", f"hydra.run.dir={out}"], capsys)
+    assert rc == 2 and len(e2) == 1 and "checkpoint of another config (run.seed=0" in e2[0]
+    resume = err[0].split("resume: ", 1)[1].split()[3:]  # (after python -m precsim)
+    rc, _, e3 = run_main(resume, capsys)
+    assert rc == 0, e3
+    assert any(f"from its checkpoint at task row {at:,} of " in ln for ln in e3), e3
+    assert not (out / CHECKPOINT_FILE).exists()
+    assert (out / "items.csv").read_bytes() == (tmp_path / "whole" / "items.csv").read_bytes()
+    a = json.loads((out / "summary.json").read_text())["schemes"]
+    b = json.loads((tmp_path / "whole" / "summary.json").read_text())["schemes"]
+    assert a == b
+    # the items changed under a checkpoint: one line
+    out2 = tmp_path / "cut2"
+    monkeypatch.setenv("PRECSIM_SIGNAL_AT", "SIGINT@2")
+    assert run_main([*base, f"hydra.run.dir={out2}"], capsys)[0] == 130
+    monkeypatch.delenv("PRECSIM_SIGNAL_AT")
+    _jsonl(f, [*items[:-1], {"prompt": [6, 7], "answer": [9]}])
+    rc, _, e4 = run_main([*base, f"hydra.run.dir={out2}"], capsys)
+    assert rc == 2 and len(e4) == 1 and "other task rows" in e4[0], e4
