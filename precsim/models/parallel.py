@@ -54,6 +54,12 @@ def chunk_setting(v) -> int:
     return AUTO_CHUNKS[0] if v == "auto" else v
 
 
+def largest_chunk(fits) -> int:
+    """``model.chunk=auto``'s choice: the largest of :data:`AUTO_CHUNKS` for which ``fits(c)``
+    holds, else the smallest (the most rows or documents a pass)."""
+    return next((c for c in AUTO_CHUNKS if fits(c)), AUTO_CHUNKS[-1])
+
+
 def with_chunk(cfg, chunk: int):
     """``cfg`` with ``model.chunk=chunk``."""
     import dataclasses

@@ -297,7 +297,7 @@ def auto_chunk(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
     less forward time; experiments/bench/bench_models.md). Elsewhere (the CPU, decode mode, a
     device_map plan, an integer doc_batch) 32,768, the fixed default before. A run resumed from a
     checkpoint chooses again (from the free memory then)."""
-    from .parallel import AUTO_CHUNKS, chunk_len, with_chunk
+    from .parallel import AUTO_CHUNKS, chunk_len, largest_chunk, with_chunk
 
     m = cfg.model
     K, N = ld.ids.shape
@@ -305,11 +305,9 @@ def auto_chunk(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:
             or ld.plan is not None):
         return AUTO_CHUNKS[0]
     tokens = N + (m.new_tokens if m.mode == "generate" else 0)
-    for c in AUTO_CHUNKS:
-        pos = min(chunk_len(with_chunk(cfg, c), N, ld.backend), tokens)
-        if docs_that_fit(ld, groups, tokens, pos, state_bytes) >= K:
-            return c
-    return AUTO_CHUNKS[-1]
+    return largest_chunk(lambda c: docs_that_fit(
+        ld, groups, tokens, min(chunk_len(with_chunk(cfg, c), N, ld.backend), tokens),
+        state_bytes) >= K)
 
 
 def step_docs(cfg, ld: Loaded, groups: int, state_bytes: float = 12) -> int:

@@ -87,31 +87,24 @@ def task_chunk(ld, cfg, budget, groups: list, n: int, count: int):
     positions a pass, 31.9 s at 2,048; experiments/bench/bench_tasks.md); elsewhere 32,768, as
     :func:`.run.auto_chunk`. Rows no longer than 2,048 positions pass whole at every choice. An
     integer ``model.chunk``: ``cfg`` as it is."""
-    from .parallel import AUTO_CHUNKS, with_chunk
+    from .parallel import AUTO_CHUNKS, largest_chunk, with_chunk
 
     if cfg.model.chunk != "auto":
         return cfg
     if budget != "auto" or not str(ld.device).startswith("cuda") or ld.plan is not None:
         return with_chunk(cfg, AUTO_CHUNKS[0])
-    for c in AUTO_CHUNKS:
-        if pass_rows(ld, budget, groups, n, with_chunk(cfg, c)) >= count:
-            return with_chunk(cfg, c)
-    return with_chunk(cfg, AUTO_CHUNKS[-1])
+    return with_chunk(cfg, largest_chunk(
+        lambda c: pass_rows(ld, budget, groups, n, with_chunk(cfg, c)) >= count))
 
 
-def batches(ld, cfg, budget, groups: list, lengths: np.ndarray, used: set | None = None):
+def batches(ld, cfg, budget, groups: list, lengths: np.ndarray):
     """Each forward pass's row indices and config: longest first, as many rows of similar length
-    as :func:`pass_rows` holds at the chunk :func:`task_chunk` picks for the rows left (whose
-    positions a pass go to ``used``)."""
-    from .parallel import chunk_len
-
+    as :func:`pass_rows` holds at the chunk :func:`task_chunk` picks for the rows left."""
     order = np.argsort(-lengths, kind="stable")
     i = 0
     while i < order.size:
         n = int(lengths[order[i]])
         c = task_chunk(ld, cfg, budget, groups, n, order.size - i)
-        if used is not None:
-            used.add(chunk_len(c, n, ld.backend))
         k = max(1, pass_rows(ld, budget, groups, n, c))
         yield order[i:i + k], c
         i += k
@@ -196,7 +189,7 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None,
     lengths = np.asarray([r.size for r in rows.ids])
     R = lengths.size
     V = int(ld.model.get_output_embeddings().weight.shape[0])
-    plan, out, b0 = _plan(ld, cfg, rows, lengths, groups_fn(), budget), {}, 0
+    plan, out, b0 = None, {}, 0
     key = _rows_key(rows)
     if ckpt is not None:
         ckpt.start("task", ld.device, time.perf_counter())
@@ -210,6 +203,8 @@ def score_rows(ld, cfg, rows: Rows, groups_fn, budget, bar=None, phases=None,
             plan, out, b0 = st["plan"], st["out"], st["batch"]
             if bar is not None:
                 bar.update(st["pos"])
+    if plan is None:  # (a resumed run follows its saved plan)
+        plan = _plan(ld, cfg, rows, lengths, groups_fn(), budget)
     done = sum(_plan_rows(e) for e in plan[:b0])
     with outer() if ckpt is not None else contextlib.nullcontext():
         _run_plan(ld, cfg, rows, plan, b0, done, out, lengths, groups_fn, V, bar, phases, used,
