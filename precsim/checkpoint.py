@@ -227,6 +227,8 @@ class Checkpoint:
         from .errors import PrecsimError
         from .rundir import config_diff, inputs_changed
 
+        if self._state is not None:  # (read already)
+            return self._state
         if self.path is None or not self.path.is_file():
             return None
         if not self.cfg.run.resume:
@@ -255,14 +257,14 @@ class Checkpoint:
 
     def saved(self) -> bool:
         """Whether a saved state of this config waits to be resumed (read by :meth:`load`)."""
-        return (self._state if self._state is not None else self.load()) is not None
+        return self.load() is not None
 
     def resume(self, device=None, unit: str = "step", total: int | None = None) -> dict | None:
         """The engine's saved state (its ``acc`` without a readout), or None; says so. Tensors
         come back on the CPU, or on ``device`` (an engine whose accumulator holds tensors;
         ``"saved"``: each on the device it was saved from, a model placed on several).
         ``unit`` and ``total``: what the saved ``pos`` counts, of how many (run.steps' steps)."""
-        st = self._state if self._state is not None else self.load()
+        st = self.load()
         if st is None:
             return None
         if device is not None and str(device) != "cpu":

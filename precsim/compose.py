@@ -433,7 +433,7 @@ def interrupt_lines(e, args: list[str], left=()) -> list[str]:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     pin = [] if {key, "run.out_dir"} & given else [f"{key}={out.parent if multirun else out}"]
     cmd = "python -m precsim " + shlex.join([*args, *pin])
-    unit = getattr(e, "unit", "step")
+    unit = e.unit
     part = (f", partial results (complete: false) in {out}" if e.partial is not None else
             f" (no partial results: {out} gets its files when the run completes)")
     at = (f"at {unit} {e.pos:,}; checkpoint {e.path}{part}"
