@@ -148,8 +148,7 @@ class Pool:
             now = time.time()
             if not pending and not running and self._solo:  # the retries, one at a time
                 pending = [self._solo.pop(0)]
-            while len(running) < (1 if pending and pending[0].get("_solo") else self.workers) \
-                    and pending:
+            while len(running) < self.workers and pending:
                 pick = None
                 for j in pending:
                     e = est(j) if est else j.get("est", 0.0)
