@@ -333,6 +333,21 @@ def shape_of(model, dtype) -> Shape:
                  eager_heads=qh * len(attn) if eager else 0)
 
 
+def cuda_free(dev) -> int:
+    """Bytes free to PyTorch on CUDA device ``dev`` (an index or a ``torch.device``): what the
+    driver reports free plus what PyTorch's caching allocator holds unused (reserved, not
+    allocated). A second run in one process (``precsim.api``, a Hydra sweep's jobs in one
+    process, a profiler's repeated runs) would otherwise count the first run's freed blocks as
+    taken: on an H100 (2026-12-07), the second of two in-process runs over 4 documents of 8,192
+    tokens of the Mamba-2 2.7B shape went in 4 batches of one, where the estimate with a fresh
+    process's free memory (~74 GB) holds all 4 in one batch at 4,096 positions a pass."""
+    import torch
+
+    free = int(torch.cuda.mem_get_info(dev)[0])
+    return free + max(0, int(torch.cuda.memory_reserved(dev))
+                      - int(torch.cuda.memory_allocated(dev)))
+
+
 def free_memory(device: str) -> dict[str, int]:
     """Free bytes of every visible GPU (``device`` cuda or auto with one; in a sweep job that
     holds one GPU of several, that GPU alone: :data:`HELD_GPU`), else of the CPU
@@ -344,7 +359,7 @@ def free_memory(device: str) -> dict[str, int]:
     if device != "cpu" and torch.cuda.is_available():
         held = os.environ.get(HELD_GPU)
         gpus = [int(held)] if held is not None else range(torch.cuda.device_count())
-        return {f"cuda:{i}": int(torch.cuda.mem_get_info(i)[0]) for i in gpus}
+        return {f"cuda:{i}": cuda_free(i) for i in gpus}
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):

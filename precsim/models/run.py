@@ -259,7 +259,8 @@ def doc_batch(cfg, ld: Loaded, groups: int, chunk: int, ckpt=None,
 
     * on a CUDA device, the largest ``B`` (at least 1) whose estimated bytes fit
       ``DOC_BATCH_FREE`` (half) of the device's free memory, read after the model is loaded
-      (``torch.cuda.mem_get_info``). The estimate is :func:`.placement.estimate`'s, the one
+      (:func:`.placement.cuda_free`: the driver's free memory and the caching allocator's
+      unused blocks). The estimate is :func:`.placement.estimate`'s, the one
       ``model.device_map`` sizes runs with, for one document times ``B``: per group and SSM
       layer the state at ``state_bytes`` an element (the groups' mean,
       :func:`.placement.state_bytes`: a scheme's float32 state, read copy if split and
@@ -328,12 +329,12 @@ def docs_that_fit(ld: Loaded, groups: int, tokens: int, chunk: int,
     """The most of ``ld``'s documents (``most`` of them: a task's rows; at least 1) whose
     :func:`.placement.estimate` (one document's, times the count) fits ``DOC_BATCH_FREE`` of
     the CUDA device's free memory."""
-    from .placement import estimate, shape_of
+    from .placement import cuda_free, estimate, shape_of
 
     mdtype = next(ld.model.parameters()).dtype
     per_doc = estimate(shape_of(ld.model, mdtype), 1, groups, tokens, chunk,
                        state_bytes=state_bytes).run()
-    free, _ = torch.cuda.mem_get_info(torch.device(ld.device))
+    free = cuda_free(torch.device(ld.device))
     most = ld.ids.shape[0] if most is None else most
     return int(min(most, max(1, DOC_BATCH_FREE * free // max(1, per_doc))))
 

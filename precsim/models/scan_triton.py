@@ -24,6 +24,11 @@ from ..workload import expand_groups
 from .metrics import rel_ratio, row_dist
 
 DRIFT_EVERY = 2048  # tokens between drift samples at least (launch windows)
+# diagnosis knobs (experiments/diagnose/gpu_layer_scan.py): warps per launch (0: by the state's
+# size) and whether the groups run on streams of their own
+NUM_WARPS = 0
+STREAMS = True
+MAXNREG = None  # registers per thread at most (None: the compiler's choice)
 
 
 def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
@@ -80,7 +85,7 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                                          "k0": k0, "ph": ph}
     params = {k: v.to(device=dev, dtype=torch.float64) for k, v in step.const.items()}
     D = params.get("D")
-    nw = 4 if P * N <= 8192 else 8
+    nw = NUM_WARPS or (4 if P * N <= 8192 else 8)
     LB = max(16, 1 << (L - 1).bit_length())
     kw = dict(lpt=True, buf=BUF_IDS[cfg.replay.buffer_dtype],
               sfloor=scale_flags(cfg.formats.scale_floor, cfg.formats.nvfp4_scale),
@@ -94,7 +99,8 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
     fast = cfg.model.decay_exp == "fast"
     cuda = dev.type == "cuda"
     main = torch.cuda.current_stream(dev) if cuda else None
-    streams = [torch.cuda.Stream(device=dev) for _ in groups] if cuda else [None] * len(groups)
+    streams = ([torch.cuda.Stream(device=dev) for _ in groups] if cuda and STREAMS else
+               [None] * len(groups))
     y64_none = torch.empty((1, 1, P), dtype=torch.float64, device=dev)
     samples = []  # (token, [(state norm diff, read norm diff or None) per scheme], ref norm)
     for t0 in range(0, T, win):
@@ -116,14 +122,14 @@ def scan_triton(step, groups, K: int, cfg, carry: bool = False, chunks=None):
                     y = torch.empty((n, SH, P), dtype=torch.float64, device=dev)
                     launch_span(fam, inp, S64, st[:1], st[:1], y, st.new_empty((1, n, SH, P)),
                             k1[:1], ph, as_int32(k0), [], [], True, off + t0, n, total, H,
-                            min(16, N), LB, nw, None, **kw)
+                            min(16, N), LB, nw, MAXNREG, **kw)
                 else:
                     i = gi - 1
                     y = torch.empty((1, n, SH, P), dtype=torch.float32, device=dev)
                     own = st[i:i + 1]  # (the kernels read rd / ef only where they exist)
                     launch_span(fam, inp, S64, own, own if rd[i] is None else rd[i], y64_none, y,
                             k1[i:i + 1], ph, as_int32(k0), [0], [codes[i]], False, off + t0, n,
-                            total, H, blocks[i], LB, nw, None, ef=ef[i], efs=ef_code(at[i]),
+                            total, H, blocks[i], LB, nw, MAXNREG, ef=ef[i], efs=ef_code(at[i]),
                             **kw)
                     y = y[0]
                 y = y.view(n, K, H, P)

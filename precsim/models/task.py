@@ -344,13 +344,13 @@ def rows_together(ld, groups, K: int, most: int) -> int:
     the contexts' pass and of one copy)."""
     if not str(ld.device).startswith("cuda"):
         return most
-    from .placement import estimate, shape_of, state_bytes
+    from .placement import cuda_free, estimate, shape_of, state_bytes
 
     # (a row's part that lives with the layers, every group: states, caches)
     shape = shape_of(ld.model, next(ld.model.parameters()).dtype)
     row = estimate(shape, 1, len(groups), 1, 1,
                    state_bytes=state_bytes(groups, ld.compute)).group_layers * len(groups)
-    free = torch.cuda.mem_get_info(torch.device(ld.device))[0]
+    free = cuda_free(torch.device(ld.device))
     return int(max(1, min(most, (free // 2) // max(1.0, K * row))))
 
 

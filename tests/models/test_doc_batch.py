@@ -429,3 +429,22 @@ def test_auto_chunk_holds_every_document_a_pass_where_memory_allows(m2, monkeypa
     assert rc == 0, err
     s = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert s["config"]["model"]["chunk"] == "auto" and s["info"]["chunk"] == 8
+
+
+def test_the_allocators_unused_blocks_count_as_free(m2, monkeypatch):
+    """A second run in one process: PyTorch's caching allocator holds the first run's freed
+    blocks (reserved, not allocated); they are free to the next run and count so."""
+    from precsim.models import placement as pl
+
+    ld = run_mod.prepare(_cfg(m2), "cpu")
+    per = pl.estimate(pl.shape_of(ld.model, torch.float32), 1, 5, 24, 24).run()
+    ld.device = "cuda"
+    cfg = _cfg(m2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (2 * per - 1, 100 * per))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 0)
+    assert run_mod.doc_batch(cfg, ld, 5, 24) == 1
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 7 * per)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 3 * per)  # 4 per unused
+    assert pl.cuda_free(0) == 6 * per - 1
+    assert run_mod.doc_batch(cfg, ld, 5, 24) == 2  # (6 per - 1) / 2 per: 2 documents
