@@ -189,7 +189,7 @@ def main() -> int:
             row(f"reference + shared_nvfp4_sr, maxnreg {r}", [groups[0], groups[3]], maxnreg=r)
             row(f"reference alone, maxnreg {r}", groups[:1], maxnreg=r)
     if "truth" in todo:
-        for rows_, w in ((32, 4), (32, 2), (16, 2), (16, 4), (64, 8)):
+        for rows_, w in ((32, 4), (16, 2), (16, 4)):
             row(f"reference alone, {rows_} rows a program, {w} warps", groups[:1],
                 truth_rows=rows_, truth_warps=w)
     for d in [int(v) for v in a.docs_list.split(",") if v]:
@@ -205,8 +205,7 @@ def main() -> int:
         nreg = [(r["us_per_token"], int(r["variant"].rsplit(" ", 1)[1])) for r in rows
                 if r["variant"].startswith("all 5 groups, maxnreg")]
         best = min(nreg)[1] if nreg else None
-        for label, mx in (("warm-up", None), ("as run", None), (f"maxnreg {best}", best),
-                          ("as run again", None)):
+        for label, mx in (("warm-up", None), ("as run", None), (f"maxnreg {best}", best)):
             if label.startswith("maxnreg") and best is None:
                 continue
             ph = whole_run(a.whole, K, mx)

@@ -79,10 +79,20 @@ if sys.argv[1]:
     arch = json.load(open(sys.argv[1] + "/config.json"))["architectures"][0]
     getattr(transformers, arch)
 t3 = time.perf_counter()
-print("IMPORT_COST " + json.dumps({"torch_s": round(t1 - t0, 3),
-      "transformers_precsim_s": round(t2 - t1, 3), "model_class_s": round(t3 - t2, 3),
-      "total_s": round(t3 - t0, 3), "custom_ops": dict(ops.most_common()),
-      "custom_ops_s": {k: round(v, 3) for k, v in secs.most_common()}}))
+row = {"torch_s": round(t1 - t0, 3),
+       "transformers_precsim_s": round(t2 - t1, 3), "model_class_s": round(t3 - t2, 3),
+       "total_s": round(t3 - t0, 3), "custom_ops": dict(ops.most_common()),
+       "custom_ops_s": {k: round(v, 3) for k, v in secs.most_common()}}
+if sys.argv[3]:  # --load DEVICE: then the model's load, its registrations apart
+    ops.clear(), secs.clear()
+    from precsim.models.load import load_model
+    load_model(sys.argv[1], sys.argv[3])
+    if sys.argv[3].startswith("cuda"):
+        torch.cuda.synchronize()
+    row.update(load_s=round(time.perf_counter() - t3, 3),
+               custom_ops_load=dict(ops.most_common()),
+               custom_ops_load_s={k: round(v, 3) for k, v in secs.most_common()})
+print("IMPORT_COST " + json.dumps(row))
 """
 
 LINE = re.compile(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|\s?( *)(\S+)")
@@ -98,8 +108,8 @@ def by_package(stderr: str) -> Counter:
     return out
 
 
-def measure(checkpoint: str | None, also: str = "") -> dict:
-    cmd = [sys.executable, "-X", "importtime", "-c", CHILD, checkpoint or "", also]
+def measure(checkpoint: str | None, also: str = "", load: str = "") -> dict:
+    cmd = [sys.executable, "-X", "importtime", "-c", CHILD, checkpoint or "", also, load]
     r = subprocess.run(cmd, capture_output=True, text=True)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("IMPORT_COST ")]
     if r.returncode or not line:
@@ -117,8 +127,14 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--also", default="",
                     help="more modules to import after precsim's (comma list), e.g. a plug-in")
+    ap.add_argument("--load", default="", metavar="DEVICE",
+                    help="then load the checkpoint (precsim's load_model) on DEVICE (cpu, cuda) "
+                         "and count the operators registered during the load apart")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.load and not a.checkpoint:
+        raise SystemExit("import_cost.py: --load needs a CHECKPOINT; allowed: --load DEVICE "
+                         "after a transformers checkpoint directory")
     if a.repeat < 1:
         raise SystemExit(f"import_cost.py: --repeat={a.repeat}; allowed: an integer >= 1")
     if a.checkpoint and not (Path(a.checkpoint) / "config.json").is_file():
@@ -126,7 +142,7 @@ def main() -> int:
                          "transformers checkpoint directory")
     rows = []
     for i in range(a.repeat):
-        row = measure(a.checkpoint, a.also)
+        row = measure(a.checkpoint, a.also, a.load)
         rows.append(row)
         print(f"process {i + 1}: {row['total_s']:.2f} s (torch {row['torch_s']:.2f}, "
               f"transformers + precsim {row['transformers_precsim_s']:.2f}, model class "
@@ -139,6 +155,12 @@ def main() -> int:
               f"{sum(secs.values()):.2f} s" + (" (" + ", ".join(
                   f"{k} {v} in {secs.get(k, 0):.2f} s" for k, v in ops.items()) + ")"
                   if ops else ""))
+        if "load_s" in row:
+            lo, ls = row["custom_ops_load"], row["custom_ops_load_s"]
+            print(f"  then the load on {a.load}: {row['load_s']:.2f} s; custom operators "
+                  f"registered during it: {sum(lo.values())} in {sum(ls.values()):.2f} s" + (
+                      " (" + ", ".join(f"{k} {v} in {ls.get(k, 0):.2f} s"
+                                       for k, v in lo.items()) + ")" if lo else ""))
     if a.out:
         record.write(a.out, "import_cost", {"rows": rows})
     return 0

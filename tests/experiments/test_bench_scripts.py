@@ -151,7 +151,7 @@ def test_import_cost_names_the_packages_that_register_torch_operators(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "m"), "--repeat", "1",
-                        "--also", "extra_op", "--out", str(tmp_path / "o")],
+                        "--also", "extra_op", "--load", "cpu", "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "process 1:" in r.stdout and "torch custom operators registered" in r.stdout
@@ -159,6 +159,10 @@ def test_import_cost_names_the_packages_that_register_torch_operators(tmp_path):
     row = rec["figures"]["rows"][0]
     assert row["custom_ops"].get(f"{tmp_path.name}/extra_op.py") == 1, row["custom_ops"]
     assert row["packages_s"]["torch"] > 0 and row["total_s"] >= row["torch_s"]
+    # --load: the model's load after the imports, its registrations apart (none here: the
+    # extra operator registered at import)
+    assert row["load_s"] > 0 and row["custom_ops_load"] == {}, row
+    assert "then the load on cpu:" in r.stdout
     bad = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "holds no config.json; allowed" in bad.stderr
@@ -176,5 +180,5 @@ def test_gpu_layer_scan_runs_its_variants_on_the_cpu(tmp_path):
     rows = json.loads((tmp_path / "gpu_layer_scan.json").read_text())["rows"]
     names = [row["variant"] for row in rows]
     assert names[0] == "all 5 groups (the scan as run)" and "reference alone" in names
-    assert "2 docs: all 5 groups" in names and len(names) == 7 + 5 + 4
+    assert "2 docs: all 5 groups" in names and len(names) == 7 + 3 + 4
     assert all(row["us_per_token"] > 0 for row in rows)
