@@ -144,3 +144,24 @@ def test_one_token_steps_of_the_torch_scan_never_wait_for_the_gpu(family):
     assert all(g.dead_at is None for g in groups)
     flushes = [s.events for s in chunks.layers[0]]
     assert flushes[1] == T and flushes[2:4] == [2, 2], flushes  # conventional: every token
+
+
+def test_dither_is_the_documented_perturbation_in_place_or_not():
+    """``scan.dither``: each dithering group's rows times ``1 + d (2u - 1)`` in float64, rounded
+    to y's dtype, u from a generator seeded by (seed, layer, offset, group index); the other
+    rows untouched; the in-place form (the scans' fresh outputs) the same bits as the copy."""
+    from precsim.models.scan import REFERENCE, Group, dither
+
+    gs = [Group("ref", REFERENCE, reference=True), Group("a", REFERENCE),
+          Group("n", REFERENCE, dither=2.0 ** -8)]
+    for dt in (torch.float32, torch.bfloat16):
+        y = torch.randn(9, 3 * 2, 4, 5).to(dt)
+        gen = torch.Generator().manual_seed((7 * 1_000_003 + 3 * 7_919 + 64 * 104_729 + 2)
+                                            % 2 ** 63)
+        u = torch.rand((9, 2, 4, 5), generator=gen, dtype=torch.float64)
+        want = y.clone()
+        want[:, 4:6] = (y[:, 4:6].double() * (1 + 2.0 ** -8 * (2 * u - 1))).to(dt)
+        copy = dither(y, gs, 2, 7, 3, 64)
+        assert torch.equal(copy, want) and not torch.equal(copy, y)
+        z = y.clone()
+        assert dither(z, gs, 2, 7, 3, 64, inplace=True) is z and torch.equal(z, want)
