@@ -83,13 +83,16 @@ def fast_exp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def decays(family: str, inp64: dict, params64: dict, dtype: torch.dtype,
-           decay_exp: str = "exact") -> dict:
+           decay_exp: str = "exact", need_a: bool = True) -> dict:
     """Per-step decay ``a`` and log-decay ``la`` of a window in ``dtype`` (float64 inputs).
 
     ``exact``: both are the correctly rounded ``dtype`` values of the float64 ones (the truth's).
     ``fast``: ``a`` is the float32 exp of the float32 log-decay (:func:`fast_exp32`).
+    ``need_a`` False: ``la`` alone (a ReplaySSM segment reads no ``a``).
     """
     la64 = FAMILIES[family].log_decay(inp64, params64)
+    if not need_a:
+        return {"la": la64 if dtype == torch.float64 else la64.to(dtype)}
     if dtype == torch.float64:
         return {"a": torch.exp(la64), "la": la64}
     la = la64.to(dtype)

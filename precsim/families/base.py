@@ -23,13 +23,25 @@ def unit(xp, x):
     return x / xp.sqrt((x * x).sum(-1))[..., None]
 
 
+_CAUSAL: dict = {}  # (m, device) -> the (m, m) lower-triangular mask (read only)
+
+
+def causal_mask(m: int, device) -> torch.Tensor:
+    """The ``(m, m)`` boolean mask ``j <= t``, built once per length and device (a one-token
+    generation step would otherwise build it at every segment of every group)."""
+    key = (m, device)
+    mask = _CAUSAL.get(key)
+    if mask is None:
+        mask = _CAUSAL[key] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+    return mask
+
+
 def decay_matrices(la: torch.Tensor):
     """Cumulative log-decay ``Lc (m,S,H)`` and ``D[s,h,t,j] = Lc_t - Lc_j`` masked to j <= t."""
     Lc = torch.cumsum(la, 0)
     Lh = Lc.permute(1, 2, 0)
     D = Lh[..., :, None] - Lh[..., None, :]
-    m = la.shape[0]
-    causal = torch.ones(m, m, dtype=torch.bool, device=D.device).tril()
+    causal = causal_mask(la.shape[0], D.device)
     # (-inf as a scalar: a tensor built from a host value on a GPU is a copy that waits for the
     # device, at every segment)
     return Lc, torch.where(causal, D, float("-inf"))

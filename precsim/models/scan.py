@@ -153,6 +153,7 @@ def _schemes(step, groups, K, cfg, compute, dev, kept=None):
     Dv = step.inp[fam.VALUE].shape[-1]
     Dk = step.inp[fam.KEY].shape[-1]
     out = []
+    params: dict = {}  # dtype -> the per-head constants (one conversion per dtype, not group)
     for i, g in enumerate(groups):
         sc = g.at(step.layer)
         dt = torch.float64 if g.reference else compute
@@ -165,7 +166,9 @@ def _schemes(step, groups, K, cfg, compute, dev, kept=None):
             s.init((K, H, Dv, Dk), dev, dt)
         br = (lambda x: x) if g.reference else buffer_rounder(  # noqa: E731
             cfg.replay.buffer_dtype, 64 if dt == torch.float64 else 32)
-        out.append((s, dt, br, family_params(fam.name, step.const, dev, dt)))
+        if dt not in params:
+            params[dt] = family_params(fam.name, step.const, dev, dt)
+        out.append((s, dt, br, params[dt]))
     return fam, H, out
 
 
@@ -191,12 +194,17 @@ def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
     off -= P
     ys = []
     finite: list[torch.Tensor] = []  # per segment: (its output positions, groups) flags
-    Ds = {dt: D.to(dt)[:, None] for _, dt, _, _ in runs} if D is not None else {}
+    Ds = {dt: D.to(dt)[:, None] for dt in {r[1] for r in runs}} if D is not None else {}
+    # the dtypes whose per-step decay ``a`` a conventional group reads (a replay segment reads
+    # the log-decays alone)
+    conv_dts = {dt for s, dt, _, _ in runs if not s.replay}
     for pos in range(0, T + P, L):
         m = min(L, T + P - pos)
         full = m == L or (carry and pos + m == T + P)
         skip = max(0, P - pos)  # positions of this segment the previous chunk returned
-        seg64 = expand_groups({k: v[pos:pos + m].double() for k, v in inp_all.items()}, H)
+        whole = pos == 0 and m == T + P  # (the call's one segment: no slice to take)
+        seg64 = expand_groups({k: (v if whole else v[pos:pos + m]).double()
+                               for k, v in inp_all.items()}, H)
         # the segment's inputs and decays in each dtype, every row at once (elementwise: each
         # group's rows are what its own cast would give; a one-token step is mostly the host's
         # dispatch of these calls, experiments/bench/bench_floor_gen.md)
@@ -205,9 +213,11 @@ def scan_torch(step, groups, K, cfg, compute, carry: bool = False, chunks=None):
         for gi, (s, dt, br, pc) in enumerate(runs):
             lo = 0 if s.replay else skip
             if (dt, lo) not in prep:
-                i64 = {k: v[lo:] for k, v in seg64.items()}
-                every = {k: v.to(dt) for k, v in i64.items()}
-                every.update(decays(fam.name, i64, p64, dt, cfg.model.decay_exp))
+                i64 = seg64 if lo == 0 else {k: v[lo:] for k, v in seg64.items()}
+                # (float64: seg64's own tensors, as .to would return them)
+                every = dict(i64) if dt == torch.float64 else {k: v.to(dt) for k, v in i64.items()}
+                every.update(decays(fam.name, i64, p64, dt, cfg.model.decay_exp,
+                                    need_a=lo == skip and dt in conv_dts))
                 prep[dt, lo] = every
             inp = {k: v[:, gi * K:(gi + 1) * K] for k, v in prep[dt, lo].items()}
             # a group whose output went non-finite runs on (as the Triton scan does): its
