@@ -40,6 +40,9 @@ TRUTH_PROGRAMS = 256  # a truth-only launch splits heads' rows until it has this
 TRUTH_MIN_ROWS = 16  # ... but keeps at least this many rows per program
 TRUTH_ROWS = 0  # rows per program of a truth-only launch (0: by the two rules above)
 TRUTH_WARPS = 0  # warps of a truth-only launch (0: the caller's)
+# a ReplaySSM scheme's segments as matrix products (:func:`_replay_segments`) instead of one
+# output-only evaluation per step: off (a prototype for issue 44, not yet timed on a GPU)
+SEGMENT_DOTS = False
 
 
 def truth_split(SH: int, P: int, num_warps: int) -> tuple[int, int]:
@@ -94,13 +97,80 @@ def _truth(dt_ptr, a64_ptr, x_ptr, B_ptr, C_ptr, S64_ptr, y64_ptr, n_steps, sh, 
 
 
 @triton.jit
+def _replay_segments(dt_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S, R, E, yp, kp, ph_ptr, k0u,
+                     t0, n_steps, sh, sg, SHT, SGT, base_lo, base_hi, KIND, F, RF, RND, SRB, OVF,
+                     EF, P: tl.constexpr, NB: tl.constexpr, BLK: tl.constexpr,
+                     LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
+                     SCOPE: tl.constexpr):
+    """A ReplaySSM scheme (``KIND`` 1 shared, 2 split) over the window, a segment at a time as
+    matrix products: with ``Lc`` the segment's cumulative log-decay, ``Y = (M o C B^T) X +
+    exp(Lc) (C R^T)``, ``M[t, j] = exp(Lc_t - Lc_j) dt_j`` for ``j <= t``; at a flush the fold
+    as in :func:`_scheme` (its output from the folded state where ``ph`` says so). The same
+    arithmetic as the per-step evaluation in another summation order (``SEGMENT_DOTS``).
+    ``S, R, E``: the state, read copy and residual at the window's start; returns them at its
+    end."""
+    N: tl.constexpr = NB * BLK
+    op = tl.arange(0, P)
+    on2 = tl.arange(0, N)
+    on3 = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    off3 = op[:, None, None] * N + on3[None, :, :]
+    lrow = tl.arange(0, LB)
+    s0 = sh.to(tl.int64) * 0
+    while s0 < n_steps:
+        rows = s0 + lrow
+        inr = rows < n_steps
+        phv = tl.load(ph_ptr + t0 + rows, mask=inr, other=0)
+        fl = ((phv & 1) != 0) & inr
+        m = tl.minimum(tl.min(tl.where(fl, lrow + 1, LB), axis=0), n_steps - s0)
+        ok = lrow < m
+        X = tl.load(x_ptr + (rows[:, None] * SHT + sh) * P + op[None, :], mask=ok[:, None],
+                    other=0.0).to(tl.float32)
+        Xr = round_elem(X, BUF, 0, 0, 0, 0, 0, 0, 0, op[None, :])
+        rb = (rows[:, None] * SGT + sg) * N + on2[None, :]
+        Bm = round_elem(tl.load(B_ptr + rb, mask=ok[:, None], other=0.0).to(tl.float32), BUF, 0,
+                        0, 0, 0, 0, 0, 0, on2[None, :])
+        Cm = tl.load(C_ptr + rb, mask=ok[:, None], other=0.0).to(tl.float32)
+        dtv = tl.load(dt_ptr + rows * SHT + sh, mask=ok, other=0.0).to(tl.float32)
+        dAv = tl.load(dA_ptr + rows * SHT + sh, mask=ok, other=0.0)
+        Lcv = tl.cumsum(dAv, axis=0)
+        Mm = tl.where(lrow[None, :] <= lrow[:, None],
+                      tl.exp(Lcv[:, None] - Lcv[None, :]) * dtv[None, :], 0.0)
+        G = tl.dot(Cm, tl.trans(Bm), input_precision="ieee")
+        Y = tl.dot(Mm * G, Xr, input_precision="ieee") + tl.exp(Lcv)[:, None] * tl.dot(
+            Cm, tl.trans(tl.reshape(R, (P, N))), input_precision="ieee")
+        last = m - 1
+        at = lrow == last
+        ph_last = tl.sum(tl.where(at, phv, 0), axis=0)
+        if (ph_last & 1) != 0:  # the segment ends in a flush: fold, output, write
+            wl = tl.sum(tl.where(at[:, None], Mm, 0.0), axis=0)  # M's last row: w_j
+            fold = tl.dot(tl.trans(wl[:, None] * Xr), Bm, input_precision="ieee")
+            gam = tl.exp(tl.sum(tl.where(at, Lcv, 0.0), axis=0))
+            W = gam * S + tl.reshape(fold, (P, NB, BLK))
+            if (ph_last & 2) != 0:  # the flush step's output from the folded state
+                C3 = tl.load(C_ptr + ((s0 + last) * SGT + sg) * N + on3).to(tl.float32)
+                yl = tl.sum(tl.sum(W * C3[None, :, :], axis=2), axis=1)
+                Y = tl.where(at[:, None], yl[None, :], Y)
+            k1 = tl.load(kp + s0 + last).to(tl.uint32, bitcast=True)
+            S, E = write_state(W, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
+                               base_hi, off3)
+            if KIND == 2:
+                R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi, off3)
+            else:
+                R = S
+        tl.store(yp + (rows[:, None] * SHT + sh) * P + op[None, :], Y, mask=ok[:, None])
+        s0 += m
+    return S, R, E
+
+
+@triton.jit
 def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr, y32_ptr,
             k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE, SSTRIDE, KSTRIDE,
             IDX, CODE, EF, P: tl.constexpr,
             NB: tl.constexpr,
             BLK: tl.constexpr, LB: tl.constexpr, BUF: tl.constexpr, SFLOOR: tl.constexpr,
-            SCOPE: tl.constexpr):
-    """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head."""
+            SCOPE: tl.constexpr, SEGS: tl.constexpr = 0):
+    """One scheme (``CODE``: kind | fmt | read fmt | rounding | overflow | SR bits) on one head.
+    ``SEGS``: a ReplaySSM kind's segments as matrix products (:func:`_replay_segments`)."""
     # the fields of kernels.codes.pack (literal arithmetic; a test checks them): constexprs when
     # CODE is one (a kernel compiled for its schemes), else uniform runtime scalars (RUNTIME)
     KIND = CODE % 4  # 0 conventional, 1 shared, 2 split
@@ -136,6 +206,14 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr
         R = tl.load(rd + off3)  # read copy
     else:
         R = S
+    n_loop = n_steps
+    if SEGS:
+        if KIND != 0:  # the segments as matrix products; the per-step loop then runs no step
+            S, R, E = _replay_segments(dt_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S, R, E, yp, kp,
+                                       ph_ptr, k0u, t0, n_steps, sh, sg, SHT, SGT, base_lo,
+                                       base_hi, KIND, F, RF, RND, SRB, OVF, EF, P, NB, BLK, LB,
+                                       BUF, SFLOOR, SCOPE)
+            n_loop = n_steps * 0
     lrow = tl.arange(0, LB)
     xb = tl.zeros([LB, P], tl.float32)  # buffer of the segment's inputs (buffer dtype)
     Bb = tl.zeros([LB, N], tl.float32)
@@ -153,7 +231,7 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr
     if KIND != 0:  # B and C as vectors too (the buffer's layout), prefetched as well
         nB2 = tl.load(B_ptr + (z64 * SGT + sg) * N + on2)
         nC2 = tl.load(C_ptr + (z64 * SGT + sg) * N + on2)
-    for i in range(n_steps):
+    for i in range(n_loop):
         dt64, a, x64, B64, C64 = ndt, na, nxv, nB, nC
         inext = tl.minimum(z64 + i + 1, n_steps - 1)
         ndt, na, nxv, nB, nC = _load_step(dt_ptr, a_ptr, x_ptr, B_ptr, C_ptr, inext, sh, sg,
@@ -220,7 +298,7 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                   TRUTH: tl.constexpr, NSCH: tl.constexpr, BUF: tl.constexpr,
                   SFLOOR: tl.constexpr, SCOPE: tl.constexpr, ORDER: tl.constexpr,
                   CODES: tl.constexpr, EFS: tl.constexpr = 0, meta_ptr=None,
-                  RUNTIME: tl.constexpr = 0):
+                  RUNTIME: tl.constexpr = 0, SEGS: tl.constexpr = 0):
     """One launch window: grid (S*H, TRUTH + NSCH). See the module docstring for the layout.
     ``EFS = sum ef_k 64^k``: slot k's error-feedback residual format id + 1 (0: none).
 
@@ -249,14 +327,14 @@ def mamba2_window(dt_ptr, a64_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S64_ptr
                     y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE,
                     SSTRIDE, KSTRIDE, k, tl.load(meta_ptr + 16 + k),
                     tl.load(meta_ptr + 32 + k) if EFS else 0,
-                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+                    P, NB, BLK, LB, BUF, SFLOOR, SCOPE, SEGS)
     else:
         for k in tl.static_range(NSCH):  # one slot per scheme; CODES = sum code_k 2^(20 k)
             if slot == TRUTH + k:
                 _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr,
                         y32_ptr, k1_ptr, ph_ptr, k0, t0, n_steps, sh, sg, SHT, SGT, YSTRIDE,
                         SSTRIDE, KSTRIDE, k, (CODES // 1048576**k) % 1048576, (EFS // 64**k) % 64,
-                        P, NB, BLK, LB, BUF, SFLOOR, SCOPE)
+                        P, NB, BLK, LB, BUF, SFLOOR, SCOPE, SEGS)
 
 
 @triton.jit(do_not_specialize=["n_steps", "H", "REP", "G", "SHT", "SGT"])
@@ -310,6 +388,7 @@ def launch(*, dt, a64, a32, dA32, x, B, C, S64, st, rd, y64, y32, k1, ph, k0: in
         (st if ef is None else ef)[i0:], y64, y32[i0:],
         k1[i0:, t0:], ph, k0, t0, n, heads, heads // G, G, SH, (SH // heads) * G,
         y32.stride(0), SH * P * N, total, P=P, NB=N // blk, BLK=blk, LB=LB, TRUTH=int(truth),
-        BUF=buf, SFLOOR=sfloor, SCOPE=scope, meta_ptr=meta, **consts, num_warps=num_warps,
+        BUF=buf, SFLOOR=sfloor, SCOPE=scope, meta_ptr=meta, SEGS=int(SEGMENT_DOTS), **consts,
+        num_warps=num_warps,
         enable_fp_fusion=False,
         **({"maxnreg": maxnreg} if maxnreg else {}))

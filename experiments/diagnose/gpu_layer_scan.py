@@ -6,12 +6,17 @@ the ``split_nvfp4`` schemes with the floor (5 groups: the float64 reference, the
 the noise run, shared NVFP4-SR, split FP32 + NVFP4).
 
     python experiments/diagnose/gpu_layer_scan.py [--docs 4] [--tokens 2048] [--chunks 6]
-        [--heads 80] [--out DIR]
+        [--heads 80] [--variants base,maxnreg,truth,segments] [--docs-list 1,2,3,5]
+        [--whole TOKENS] [--out DIR]
 
 Prints a table: microseconds per token of the layer (a chunk's wall / its tokens, the median
-of ``--chunks`` chunks after a warm-up one) for all groups together and for the reference with
-each group alone, with the launch's warps as the scan picks them and forced to 4 and 8, and
-the groups on streams of their own or on one; then torch.profiler's top operators of one
+of ``--chunks`` chunks after a warm-up one) for all groups together, then per ``--variants``:
+``base`` the groups on one stream and the reference with each group alone; ``maxnreg``
+registers capped at 96 / 128 / 168; ``truth`` the reference's rows split over programs;
+``segments`` the ReplaySSM groups' segments as matrix products
+(``precsim.kernels.mamba2.SEGMENT_DOTS``); ``--docs-list`` the same at other document counts;
+``--whole`` whole-model runs in this process (as run, and at the fastest register cap). Then
+each compiled kernel's warps, registers and spills, and torch.profiler's top operators of one
 chunk. ``--out``: the table as JSON.
 """
 
@@ -56,7 +61,7 @@ def inputs(T: int, b: int, H: int, P: int, N: int, seed: int = 0) -> tuple[dict,
 
 
 def time_variant(groups, K, cfg, inp, const, T, chunks_n, streams=True, warps=0, maxnreg=None,
-                 truth_rows=0, truth_warps=0) -> float:
+                 truth_rows=0, truth_warps=0, segs=False) -> float:
     from precsim.kernels import mamba2 as km
 
     from precsim.models import scan_triton as st
@@ -64,7 +69,7 @@ def time_variant(groups, K, cfg, inp, const, T, chunks_n, streams=True, warps=0,
     from precsim.models.scan import Chunks, scan
 
     st.NUM_WARPS, st.STREAMS, st.MAXNREG = warps, streams, maxnreg
-    km.TRUTH_ROWS, km.TRUTH_WARPS = truth_rows, truth_warps
+    km.TRUTH_ROWS, km.TRUTH_WARPS, km.SEGMENT_DOTS = truth_rows, truth_warps, segs
     rows = len(groups) * K
     sub = {k: v[:, :rows] for k, v in inp.items()}
     ch = Chunks(horizon=T * (chunks_n + 1))
@@ -81,6 +86,7 @@ def time_variant(groups, K, cfg, inp, const, T, chunks_n, streams=True, warps=0,
             walls.append(time.perf_counter() - t)
     st.NUM_WARPS, st.STREAMS, st.MAXNREG = 0, True, None
     km.TRUTH_ROWS = km.TRUTH_WARPS = 0
+    km.SEGMENT_DOTS = False
     return statistics.median(walls) / T * 1e6
 
 
@@ -152,7 +158,8 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=80)
     ap.add_argument("--out", default=None)
     ap.add_argument("--docs-list", default="", help="also: these document counts (1,2,3,...)")
-    ap.add_argument("--variants", default="base", help="base,maxnreg,truth (comma-separated)")
+    ap.add_argument("--variants", default="base",
+                    help="base,maxnreg,truth,segments (comma-separated)")
     ap.add_argument("--whole", type=int, default=0, metavar="TOKENS",
                     help="then whole-model runs in this process (a random bf16 2.7B-shape "
                          "checkpoint, --docs documents of TOKENS): the forward phase as the scan "
@@ -188,6 +195,10 @@ def main() -> int:
             row(f"all 5 groups, maxnreg {r}", groups, maxnreg=r)
             row(f"reference + shared_nvfp4_sr, maxnreg {r}", [groups[0], groups[3]], maxnreg=r)
             row(f"reference alone, maxnreg {r}", groups[:1], maxnreg=r)
+    if "segments" in todo:  # kernels.mamba2.SEGMENT_DOTS: ReplaySSM segments as matrix products
+        row("all 5 groups, segments as matrix products", groups, segs=True)
+        for g in groups[3:]:
+            row(f"reference + {g.name}, segments as matrix products", [groups[0], g], segs=True)
     if "truth" in todo:
         for rows_, w in ((32, 4), (16, 2), (16, 4)):
             row(f"reference alone, {rows_} rows a program, {w} warps", groups[:1],

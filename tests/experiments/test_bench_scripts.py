@@ -173,12 +173,12 @@ def test_gpu_layer_scan_runs_its_variants_on_the_cpu(tmp_path):
     launch knobs then change nothing): every requested row timed and written, exit 0."""
     script = ROOT / "experiments" / "diagnose" / "gpu_layer_scan.py"
     r = subprocess.run([sys.executable, str(script), "--docs", "1", "--tokens", "16",
-                        "--chunks", "1", "--heads", "2", "--variants", "base,truth",
+                        "--chunks", "1", "--heads", "2", "--variants", "base,truth,segments",
                         "--docs-list", "2", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads((tmp_path / "gpu_layer_scan.json").read_text())["rows"]
     names = [row["variant"] for row in rows]
     assert names[0] == "all 5 groups (the scan as run)" and "reference alone" in names
-    assert "2 docs: all 5 groups" in names and len(names) == 7 + 3 + 4
+    assert "2 docs: all 5 groups" in names and len(names) == 7 + 3 + 3 + 4
     assert all(row["us_per_token"] > 0 for row in rows)

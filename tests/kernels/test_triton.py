@@ -529,3 +529,33 @@ def test_a_launcher_built_ahead_is_not_built_again_at_the_first_launch(tmp_path,
     torch.cuda.synchronize()
     assert float(x.sum()) == 100.0
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing new
+
+
+@pytest.mark.parametrize("L,steps,drafts", [(8, 40, 3), (16, 37, 0)])
+def test_segment_dots_equal_the_per_step_evaluation(L, steps, drafts, monkeypatch):
+    """``kernels.mamba2.SEGMENT_DOTS`` (a ReplaySSM segment's outputs as matrix products, the
+    issue-44 prototype): every scheme's outputs equal the per-step evaluation's to float32
+    summation order (1e-6 of the largest), regular and draft-shortened segments, an unflushed
+    last segment, NVFP4-SR and FP16-SR masters, a split read copy, error feedback; a
+    conventional scheme (no segments) bit for bit; the per-window figures within 1e-3."""
+    from precsim.kernels import mamba2 as km
+
+    sch = {"shared_nvfp4_sr": {"kind": "shared", "fmt": "nvfp4", "rounding": "sr"},
+           "split_fp16sr_nvfp4": {"kind": "split", "fmt": "fp16", "rounding": "sr",
+                                  "read_fmt": "nvfp4"},
+           "replay_int8_ef": {"kind": "shared", "fmt": "int8_b128", "rounding": "rne",
+                              "error_feedback": "int8_b128"},
+           "conventional_nvfp4_sr": {"kind": "conventional", "fmt": "nvfp4", "rounding": "sr"}}
+    cfg = cfg_of("mamba2", sch, steps=steps, heads=1, N=128, replay__buffer_len=L,
+                 replay__drafts=drafts)  # (N: the INT8 format's 128-element blocks)
+    want = run_triton(cfg, DEV, progress=False, record_outputs=list(sch))
+    monkeypatch.setattr(km, "SEGMENT_DOTS", True)
+    got = run_triton(cfg, DEV, progress=False, record_outputs=list(sch))
+    for n in sch:
+        a, b = got.info["outputs"][n], want.info["outputs"][n]
+        assert np.isfinite(b).all() and np.abs(b).max() > 0, n
+        if n.startswith("conventional"):
+            np.testing.assert_array_equal(a, b, err_msg=n)
+        else:
+            assert 0 < np.abs(a - b).max() <= 1e-6 * np.abs(b).max(), n
+    assert_rows_match(cfg, got, want)  # (per-window error, drift and KL on the same schedule)
