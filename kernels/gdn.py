@@ -28,7 +28,7 @@ import triton.language as tl
 from .codes import CODE_BITS as _CB
 from .codes import runtime_meta
 from .mamba2 import truth_split
-from .quant import quantize, round_elem, write_state
+from .quant import round_elem, write_and_read
 
 
 @triton.jit
@@ -181,12 +181,8 @@ def _scheme(a32_ptr, g32_ptr, b_ptr, q_ptr, k_ptr, v_ptr, st_ptr, rd_ptr, ef_ptr
                     y = tl.sum(tl.sum(W * q3[None, :, :], axis=2), axis=1)
         if fl != 0:  # the write (one call site for every kind: one copy in a RUNTIME kernel)
             k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-            S, E = write_state(W, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
-                               base_hi, off3)
-            if KIND == 2:
-                R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi, off3)
-            else:
-                R = S
+            S, E, R = write_and_read(W, E, KIND, EF, F, RF, RND, SRB, OVF, SFLOOR, SCOPE, k0u,
+                                     k1, base_lo, base_hi, off3)
             Lc = tl.full([], 0.0, tl.float32)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(st + off3, S)

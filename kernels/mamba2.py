@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .codes import CODE_BITS as _CB
 from .codes import runtime_meta
-from .quant import quantize, round_elem, write_state
+from .quant import round_elem, write_and_read
 
 TRUTH_PROGRAMS = 256  # a truth-only launch splits heads' rows until it has this many programs
 TRUTH_MIN_ROWS = 16  # ... but keeps at least this many rows per program
@@ -151,12 +151,8 @@ def _replay_segments(dt_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, S, R, E, yp, kp, ph_pt
                 yl = tl.sum(tl.sum(W * C3[None, :, :], axis=2), axis=1)
                 Y = tl.where(at[:, None], yl[None, :], Y)
             k1 = tl.load(kp + s0 + last).to(tl.uint32, bitcast=True)
-            S, E = write_state(W, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
-                               base_hi, off3)
-            if KIND == 2:
-                R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi, off3)
-            else:
-                R = S
+            S, E, R = write_and_read(W, E, KIND, EF, F, RF, RND, SRB, OVF, SFLOOR, SCOPE, k0u,
+                                     k1, base_lo, base_hi, off3)
         tl.store(yp + (rows[:, None] * SHT + sh) * P + op[None, :], Y, mask=ok[:, None])
         s0 += m
     return S, R, E
@@ -273,12 +269,8 @@ def _scheme(dt_ptr, a32_ptr, dA_ptr, x_ptr, B_ptr, C_ptr, st_ptr, rd_ptr, ef_ptr
                     y = tl.sum(tl.sum(W * C3[None, :, :], axis=2), axis=1)
         if fl != 0:  # the write (one call site for every kind: one copy in a RUNTIME kernel)
             k1 = tl.load(kp + i).to(tl.uint32, bitcast=True)
-            S, E = write_state(W, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0u, k1, base_lo,
-                               base_hi, off3)
-            if KIND == 2:
-                R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0u, k1, base_lo, base_hi, off3)
-            else:
-                R = S
+            S, E, R = write_and_read(W, E, KIND, EF, F, RF, RND, SRB, OVF, SFLOOR, SCOPE, k0u,
+                                     k1, base_lo, base_hi, off3)
             Lc = tl.full([], 0.0, tl.float32)
         tl.store(yp + ((z64 + i) * SHT + sh) * P + op, y)
     tl.store(st + off3, S)

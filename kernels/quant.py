@@ -310,6 +310,20 @@ def write_state(x, E, EF, F, RND, SRB, OVF, SFLOOR: tl.constexpr, SCOPE: tl.cons
 
 
 @triton.jit
+def write_and_read(W, E, KIND, EF, F, RF, RND, SRB, OVF, SFLOOR: tl.constexpr,
+                   SCOPE: tl.constexpr, k0, k1, base_lo, base_hi, off):
+    """A scheme's write at a flush or step (:func:`write_state`) and the read copy it leaves:
+    ``(S, E, R)``, ``R`` the master rounded to the read format ``RF`` for a split scheme
+    (``KIND == 2``), else the master itself."""
+    S, E = write_state(W, E, EF, F, RND, SRB, OVF, SFLOOR, SCOPE, k0, k1, base_lo, base_hi, off)
+    if KIND == 2:
+        R = quantize(S, RF, 0, 0, OVF, SFLOOR, SCOPE, k0, k1, base_lo, base_hi, off)
+    else:
+        R = S
+    return S, E, R
+
+
+@triton.jit
 def _quantize_kernel(x_ptr, out_ptr, k0, k1, R: tl.constexpr, NB: tl.constexpr,
                      BLK: tl.constexpr, F: tl.constexpr, RND: tl.constexpr, SRB: tl.constexpr,
                      OVF: tl.constexpr, SFLOOR: tl.constexpr, SCOPE: tl.constexpr):
