@@ -182,3 +182,15 @@ def test_gpu_layer_scan_runs_its_variants_on_the_cpu(tmp_path):
     assert names[0] == "all 5 groups (the scan as run)" and "reference alone" in names
     assert "2 docs: all 5 groups" in names and len(names) == 7 + 3 + 3 + 4
     assert all(row["us_per_token"] > 0 for row in rows)
+
+
+def test_step_torch_calls_counts_precsims_calls_per_generated_token(tmp_path):
+    """``experiments/diagnose/step_torch_calls.py``: two generation runs in one process; the
+    calls per extra token and layer, precsim's apart from the model's own (both present: each
+    step runs transformers' layers and precsim's scans)."""
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "diagnose" /
+                                            "step_torch_calls.py"), "--tokens", "4"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(r"precsim ([\d.]+), other \(transformers, torch\) ([\d.]+)", r.stdout)
+    assert m and float(m.group(1)) > 50 and float(m.group(2)) > 10, r.stdout
